@@ -1,0 +1,6 @@
+"""Attention backends over the paged pool: `xla` (reference, CPU default) and `pallas` (GPU)."""
+
+from jaxpaged.attention.backend import AttentionBackend, paged_attention, resolve_backend
+from jaxpaged.attention.batch import AttentionBatch, StepLayout
+
+__all__ = ["AttentionBackend", "AttentionBatch", "StepLayout", "paged_attention", "resolve_backend"]

@@ -1,0 +1,118 @@
+"""Model configuration: a frozen dataclass loaded from `configs/<name>.json`.
+
+Configs are files so that benchmarks, tests and capacity math all read the same
+numbers. `llama3-8b` and `llama3-70b` are shape-only: they carry the real
+architecture for capacity planning and random-weight GPU runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style RoPE frequency scaling (`rope_scaling.rope_type == "llama3"` in HF)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Llama-family decoder."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 8192
+    dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                      "num_kv_heads", "head_dim", "intermediate_size"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def q_per_kv(self) -> int:
+        """Query heads sharing one KV head (the GQA group size)."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> int:
+        """Bytes of K and V, over all layers, that one token occupies in the cache."""
+        itemsize = np.dtype(_np_dtype_name(kv_dtype or self.dtype)).itemsize
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = h * self.num_heads * self.head_dim * 2 + h * kv * 2
+        mlp = 3 * h * self.intermediate_size
+        per_layer = attn + mlp + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build from a plain dict (as stored in configs/*.json)."""
+        d = dict(d)
+        if d.get("rope_scaling") is not None:
+            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        """Plain-dict form, the inverse of `from_dict`."""
+        return dataclasses.asdict(self)
+
+
+def _np_dtype_name(dtype: str) -> str:
+    aliases = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
+               "fp16": "float16", "fp32": "float32"}
+    name = aliases.get(dtype, dtype)
+    if name in ("bfloat16", "float8_e4m3fn"):
+        import ml_dtypes  # numpy knows these dtypes through ml_dtypes (a JAX dependency)
+        return np.dtype(getattr(ml_dtypes, name)).name
+    return name
+
+
+def list_configs() -> list[str]:
+    """Names of the configs shipped in `configs/`."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def load_config(name_or_path: str | Path) -> ModelConfig:
+    """Load a config by name (`tiny`, `small`, `llama3-8b`, ...) or from a JSON path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        raise ValueError(f"unknown model config {name_or_path!r}; shipped configs: {list_configs()}")
+    return ModelConfig.from_dict(json.loads(path.read_text()))

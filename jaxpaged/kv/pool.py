@@ -1,0 +1,135 @@
+"""The paged KV pool: a pytree of immutable arrays, one K and one V array per layer.
+
+Layout per layer: `[num_kv_heads, num_blocks, block_size, head_dim]` (head-major).
+Token `t` of physical block `b` lives at flat slot `b * block_size + t`; the host
+tells the device which slot each new token goes to (`slot_mapping`, -1 = padding).
+Layers are separate arrays, not one stacked array, so a kernel can take one
+layer's pool as an operand without XLA materialising a slice of it.
+
+An fp8 pool (float8_e4m3fn) carries float32 scales per layer and KV head:
+stored = clip(x / scale, ±448); read = stored * scale.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from jaxpaged.config import ModelConfig
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+class KVPool(NamedTuple):
+    """All layers' K/V pages, plus per-layer-per-head scales (1.0 unless fp8)."""
+
+    k: tuple[Array, ...]  # each [num_kv_heads, num_blocks, block_size, head_dim]
+    v: tuple[Array, ...]
+    k_scale: Float[Array, "L Hkv"]
+    v_scale: Float[Array, "L Hkv"]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def dtype(self):
+        return self.k[0].dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.k[0].dtype == jnp.float8_e4m3fn
+
+
+def kv_dtype_from_name(name: str | None, model_dtype: str) -> jnp.dtype:
+    """Map a user-facing KV dtype name (`auto`, `fp8_e4m3`, `bfloat16`, ...) to a JAX dtype."""
+    if name in (None, "auto"):
+        return jnp.dtype(model_dtype)
+    aliases = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
+               "fp16": "float16", "fp32": "float32"}
+    resolved = aliases.get(name, name)
+    if resolved not in ("float32", "bfloat16", "float16", "float8_e4m3fn"):
+        raise ValueError(f"unsupported kv_cache_dtype {name!r}; use auto, float32, bfloat16, fp8_e4m3")
+    return jnp.dtype(resolved)
+
+
+def create_pool(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype=None,
+    *,
+    fill_value: float = 0.0,
+    k_scale: np.ndarray | None = None,
+    v_scale: np.ndarray | None = None,
+) -> KVPool:
+    """Allocate a pool of `num_blocks` blocks of `block_size` tokens for every layer.
+
+    `fill_value=float("nan")` poisons every slot, which tests use to prove that
+    attention never reads a slot a sequence does not own.
+    """
+    if num_blocks <= 0 or block_size <= 0:
+        raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
+    fill = jnp.asarray(fill_value, jnp.float32).astype(dtype)
+    k = tuple(jnp.full(shape, fill, dtype) for _ in range(config.num_layers))
+    v = tuple(jnp.full(shape, fill, dtype) for _ in range(config.num_layers))
+    scale_shape = (config.num_layers, config.num_kv_heads)
+    ks = jnp.ones(scale_shape, jnp.float32) if k_scale is None else jnp.asarray(k_scale, jnp.float32)
+    vs = jnp.ones(scale_shape, jnp.float32) if v_scale is None else jnp.asarray(v_scale, jnp.float32)
+    if ks.shape != scale_shape or vs.shape != scale_shape:
+        raise ValueError(f"kv scales must have shape {scale_shape}, got {ks.shape} and {vs.shape}")
+    return KVPool(k, v, ks, vs)
+
+
+def pool_bytes(config: ModelConfig, num_blocks: int, block_size: int, dtype) -> int:
+    """Device bytes of a pool (K and V over all layers)."""
+    return num_blocks * block_size * config.kv_bytes_per_token(jnp.dtype(dtype).name)
+
+
+def write_layer_kv(
+    k_pages: Float[Array, "Hkv N B D"],
+    v_pages: Float[Array, "Hkv N B D"],
+    k_new: Float[Array, "T Hkv D"],
+    v_new: Float[Array, "T Hkv D"],
+    slot_mapping: Int[Array, "T"],
+    k_scale: Float[Array, "Hkv"],
+    v_scale: Float[Array, "Hkv"],
+) -> tuple[Array, Array]:
+    """Scatter this step's new K/V rows into their slots; slot -1 (padding) is dropped."""
+    num_kv_heads, num_blocks, block_size, head_dim = k_pages.shape
+    num_slots = num_blocks * block_size
+    slots = jnp.where(slot_mapping < 0, num_slots, slot_mapping)
+
+    def scatter(pages, new, scale):
+        new = jnp.swapaxes(new, 0, 1)  # [Hkv, T, D]
+        if pages.dtype == jnp.float8_e4m3fn:
+            new = jnp.clip(new.astype(jnp.float32) / scale[:, None, None], -FP8_MAX, FP8_MAX)
+        flat = pages.reshape(num_kv_heads, num_slots, head_dim)
+        flat = flat.at[:, slots].set(new.astype(pages.dtype), mode="drop")
+        return flat.reshape(pages.shape)
+
+    return scatter(k_pages, k_new, k_scale), scatter(v_pages, v_new, v_scale)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def copy_blocks(pool: KVPool, src: Int[Array, "P"], dst: Int[Array, "P"]) -> KVPool:
+    """Copy whole blocks `src[i] -> dst[i]` in every layer (copy-on-write); pool donated.
+
+    A `dst` outside the pool (e.g. `num_blocks`) is a padding pair and is dropped.
+    """
+
+    def copy(pages):
+        return pages.at[:, dst].set(pages[:, jnp.clip(src, 0, pages.shape[1] - 1)], mode="drop")
+
+    return pool._replace(k=tuple(copy(p) for p in pool.k), v=tuple(copy(p) for p in pool.v))

@@ -1,0 +1,138 @@
+"""The host-side batch descriptor for one step: numpy arrays padded to bucket sizes.
+
+The scheduler says, for each sequence, which tokens to compute this step and
+where they go; `build_step_input` turns that into flat arrays (one device_put).
+Single-row sequences (decodes, and prefill chunks of one token) come first in
+the batch; prefill chunks follow, packed raggedly. `order` maps batch rows back
+to the caller's order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jaxpaged.attention.batch import StepLayout
+from jaxpaged.buckets import pow2_bucket
+
+MIN_PREFILL_TOKENS = 16
+MIN_BLOCKS_PER_SEQ = 4
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    """One sequence's work for a step.
+
+    `token_ids` are the tokens computed this step, at positions
+    `num_computed_tokens ..`; `block_table` must already cover them.
+    """
+
+    token_ids: Sequence[int]
+    num_computed_tokens: int
+    block_table: Sequence[int]
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int = 0
+    sample_index: int = 0  # which generated token this step samples (folds into the RNG key)
+
+
+@dataclasses.dataclass
+class StepInput:
+    """Padded numpy arrays for one step, plus its static layout."""
+
+    token_ids: np.ndarray  # [T] int32
+    positions: np.ndarray  # [T] int32
+    slot_mapping: np.ndarray  # [T] int32, -1 = padding
+    block_tables: np.ndarray  # [S, M] int32
+    context_lens: np.ndarray  # [S] int32
+    query_start: np.ndarray  # [S] int32
+    query_lens: np.ndarray  # [S] int32
+    logits_indices: np.ndarray  # [S] int32: row of each sequence's last token
+    temperature: np.ndarray  # [S] float32
+    top_k: np.ndarray  # [S] int32
+    top_p: np.ndarray  # [S] float32
+    seeds: np.ndarray  # [S] uint32
+    counters: np.ndarray  # [S] int32
+    layout: StepLayout
+    order: np.ndarray  # [num_seqs]: batch row of the caller's i-th sequence
+    num_seqs: int  # real (unpadded) sequences
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (unpadded) tokens computed this step."""
+        return int(self.query_lens.sum())
+
+
+def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int) -> StepInput:
+    """Lay out one step's sequences into bucketed arrays."""
+    if not seqs:
+        raise ValueError("a step needs at least one sequence")
+    for s in seqs:
+        if len(s.token_ids) == 0:
+            raise ValueError("every scheduled sequence must compute at least one token")
+        needed = -(-(s.num_computed_tokens + len(s.token_ids)) // block_size)
+        if len(s.block_table) < needed:
+            raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold "
+                             f"{s.num_computed_tokens + len(s.token_ids)} tokens ({needed} blocks needed)")
+    decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+    prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
+    n_dec = pow2_bucket(len(decode))
+    n_pre = pow2_bucket(len(prefill))
+    prefill_tokens = sum(len(seqs[i].token_ids) for i in prefill)
+    max_chunk = max((len(seqs[i].token_ids) for i in prefill), default=0)
+    t_pre = pow2_bucket(prefill_tokens, MIN_PREFILL_TOKENS)
+    q_max = min(pow2_bucket(max_chunk, MIN_PREFILL_TOKENS), t_pre)
+    max_blocks = max(-(-(s.num_computed_tokens + len(s.token_ids)) // block_size) for s in seqs)
+    blocks_per_seq = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ)
+
+    num_tokens, num_rows = n_dec + t_pre, n_dec + n_pre
+    out = StepInput(
+        token_ids=np.zeros(num_tokens, np.int32),
+        positions=np.zeros(num_tokens, np.int32),
+        slot_mapping=np.full(num_tokens, -1, np.int32),
+        block_tables=np.zeros((num_rows, blocks_per_seq), np.int32),
+        context_lens=np.zeros(num_rows, np.int32),
+        query_start=np.zeros(num_rows, np.int32),
+        query_lens=np.zeros(num_rows, np.int32),
+        logits_indices=np.zeros(num_rows, np.int32),
+        temperature=np.zeros(num_rows, np.float32),
+        top_k=np.full(num_rows, -1, np.int32),
+        top_p=np.ones(num_rows, np.float32),
+        seeds=np.zeros(num_rows, np.uint32),
+        counters=np.zeros(num_rows, np.int32),
+        layout=StepLayout(num_decode_seqs=n_dec, max_prefill_query_len=q_max),
+        order=np.zeros(len(seqs), np.int64),
+        num_seqs=len(seqs),
+    )
+    rows = [(row, i, row) for row, i in enumerate(decode)]
+    start = n_dec
+    for j, i in enumerate(prefill):
+        rows.append((n_dec + j, i, start))
+        start += len(seqs[i].token_ids)
+    for row, i, token_start in rows:
+        _fill_row(out, row, token_start, seqs[i], block_size)
+        out.order[i] = row
+    return out
+
+
+def _fill_row(out: StepInput, row: int, start: int, s: ScheduledSeq, block_size: int) -> None:
+    n = len(s.token_ids)
+    positions = np.arange(s.num_computed_tokens, s.num_computed_tokens + n, dtype=np.int32)
+    table = np.asarray(s.block_table, np.int32)
+    out.token_ids[start:start + n] = s.token_ids
+    out.positions[start:start + n] = positions
+    out.slot_mapping[start:start + n] = table[positions // block_size] * block_size + positions % block_size
+    kept = min(len(table), out.block_tables.shape[1])
+    out.block_tables[row, :kept] = table[:kept]
+    out.context_lens[row] = s.num_computed_tokens + n
+    out.query_start[row] = start
+    out.query_lens[row] = n
+    out.logits_indices[row] = start + n - 1
+    out.temperature[row] = s.temperature
+    out.top_k[row] = s.top_k
+    out.top_p[row] = s.top_p
+    out.seeds[row] = np.uint32(s.seed & 0xFFFFFFFF)
+    out.counters[row] = s.sample_index
