@@ -1,0 +1,27 @@
+"""Host-side KV cache manager: block pool, chained-hash prefix cache, ref counts, CoW.
+
+Pure Python + numpy; importing it does not import JAX.
+"""
+
+from jaxpaged.cache.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from jaxpaged.cache.hashing import (
+    HASH_ALGOS,
+    chain_block_hashes,
+    hash_block_tokens,
+    hash_request_blocks,
+)
+from jaxpaged.cache.kv_cache_manager import KVCacheManager
+from jaxpaged.cache.records import CacheStats, PrefixMatch
+
+__all__ = [
+    "HASH_ALGOS",
+    "BlockPool",
+    "CacheStats",
+    "FreeBlockQueue",
+    "KVBlock",
+    "KVCacheManager",
+    "PrefixMatch",
+    "chain_block_hashes",
+    "hash_block_tokens",
+    "hash_request_blocks",
+]

@@ -1,0 +1,84 @@
+"""Plain records the KV cache manager hands out and keeps per sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jaxpaged.cache.block_pool import KVBlock
+
+
+@dataclass
+class PrefixMatch:
+    """Result of :meth:`KVCacheManager.match_prefix`; pass it to ``allocate_new``.
+
+    Attributes:
+      blocks: physical ids of the longest run of cached full blocks.
+      num_cached_tokens: ``len(blocks) * block_size``; at most ``len(token_ids) - 1``
+        so that at least one prompt token is computed.
+      block_hashes: chained hashes of all full blocks of the token ids (reused by
+        ``allocate_new`` and ``commit`` instead of re-hashing).
+      num_pending_tokens: tokens in further full blocks, right after the cached
+        run, that another running sequence is computing now (allocated, not yet
+        committed). A scheduler may defer the request a step to hit them instead
+        of computing them again.
+    """
+
+    blocks: list[int]
+    num_cached_tokens: int
+    block_hashes: list[bytes]
+    num_pending_tokens: int = 0
+    num_tokens: int = 0
+    request_keys: tuple = ()
+    cache_epoch: int = 0
+    matched: list[KVBlock] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of pool occupancy and prefix-cache counters.
+
+    ``usage`` counts only blocks held by sequences (``ref_count > 0``); cached
+    blocks nobody holds are free, as in vLLM. Query and hit counts are in tokens,
+    counted once per successful admission.
+    """
+
+    num_blocks: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_sequences: int
+    usage: float
+    prefix_queries_tokens: int
+    prefix_hits_tokens: int
+    num_evictions: int
+    num_cow_copies: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Hit tokens over queried tokens (0 before any query)."""
+        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+
+
+@dataclass
+class SequenceState:
+    """What the manager knows about one live sequence.
+
+    Attributes:
+      table: physical block ids, in token order.
+      num_computed: leading tokens whose K/V are in the pool.
+      num_cached_tokens: tokens served from the prefix cache at admission.
+      block_hashes: known chained hashes of leading full blocks (from the prompt
+        at admission, extended at commit as generated tokens fill blocks).
+      num_hashed_blocks: leading full computed blocks already offered to the cache.
+      request_keys: block 0's extra keys (salt and request-level keys).
+      pending: ``[start, end)`` block indices registered as "being computed" in
+        the manager's in-flight map.
+    """
+
+    table: list[int]
+    num_computed: int
+    num_cached_tokens: int
+    block_hashes: list[bytes]
+    num_hashed_blocks: int
+    request_keys: tuple
+    pending: tuple[int, int] = (0, 0)
