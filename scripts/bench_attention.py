@@ -1,0 +1,299 @@
+"""Benchmark paged attention: the Pallas kernel beside the XLA gather, dense attention and JAX's kernel.
+
+Decode (one query per sequence, `--batch` sequences of `--context_len` tokens) and a
+chunked prefill (`--prefill_batch` chunks of `--prefill_chunk` queries at the end of
+`--context_len`-token contexts), timed as the median of `--repeats` calls after a
+warm-up, each ended by `block_until_ready`. Achieved bandwidth is the K/V bytes the
+attention must read (every context token, K and V, once) over the median time,
+against the device's peak HBM bandwidth (n/a off H100/H200).
+
+Implementations, measured in one run:
+  pallas       pallas_kernels.ragged_paged_attention (on CPU only with --backend_interpret)
+  xla_gather   pallas_kernels.reference (gathers the block table's pages, then einsum)
+  dense        attention over a contiguous `[batch, kv_heads, context, head_dim]` cache
+  jax_bundled  jax.experimental.pallas.ops.gpu.paged_attention, decode on GPU only
+
+CPU smoke test:
+  python scripts/bench_attention.py --batch=2 --context_len=256 --num_q_heads=4 \
+      --num_kv_heads=2 --head_dim=32 --prefill_chunk=16 --repeats=3 --backend_interpret
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.reference import ragged_paged_attention_reference
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch", 64, "Decode sequences.")
+flags.DEFINE_integer("context_len", 8192, "Tokens of context per sequence.")
+flags.DEFINE_integer("num_q_heads", 32, "Query heads (Llama-3-8B: 32).")
+flags.DEFINE_integer("num_kv_heads", 8, "KV heads (Llama-3-8B: 8).")
+flags.DEFINE_integer("head_dim", 128, "Head dimension (Llama-3-8B: 128).")
+flags.DEFINE_integer("block_size", 16, "Tokens per KV block.")
+flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32", "float8_e4m3fn"], "K/V pool dtype.")
+flags.DEFINE_integer("prefill_batch", 4, "Prefill chunks (0 skips prefill).")
+flags.DEFINE_integer("prefill_chunk", 512, "Queries per prefill chunk.")
+flags.DEFINE_integer("repeats", 20, "Timed calls per implementation.")
+flags.DEFINE_integer("warmup", 2, "Untimed calls before timing (the first compiles).")
+flags.DEFINE_bool("backend_interpret", False, "Run the Pallas kernel in interpret mode (CPU smoke test).")
+flags.DEFINE_string("json_out", None, "Write results as JSON here.")
+flags.DEFINE_string("md_out", None, "Write a Markdown table here.")
+
+PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
+# Decode targets of issue 5 on an H200 (batch 64 x 8K, Llama-3-8B heads, bf16).
+TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_dense": 1 / 1.15}
+
+
+def peak_bandwidth(device) -> float | None:
+    """Peak HBM bytes/s of a known GPU, else None."""
+    kind = getattr(device, "device_kind", "")
+    return next((peak for name, peak in PEAK_HBM_BYTES_PER_S.items() if name in kind), None)
+
+
+def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
+    """Median wall time of `fn(*args)` over `repeats` calls, after `warmup` calls."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first_call_s = time.perf_counter() - start
+    for _ in range(max(warmup - 1, 0)):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "first_call_s": first_call_s}
+
+
+def make_paged_inputs(num_seqs: int, context_len: int, query_len: int, key: jax.Array) -> dict:
+    """A pool holding `num_seqs` contexts in shuffled blocks, queries at each context's end."""
+    block_size, heads, kv_heads, dim = FLAGS.block_size, FLAGS.num_q_heads, FLAGS.num_kv_heads, FLAGS.head_dim
+    blocks_per_seq = -(-context_len // block_size)
+    num_blocks = num_seqs * blocks_per_seq
+    kq, kk, kv, kp = jax.random.split(key, 4)
+    pool_dtype = jnp.dtype(FLAGS.dtype)
+    q_dtype = jnp.bfloat16 if pool_dtype.itemsize == 1 else pool_dtype
+    shape = (kv_heads, num_blocks, block_size, dim)
+    scales = None
+    if pool_dtype.itemsize == 1:
+        scales = jnp.full((kv_heads,), 0.5, jnp.float32)
+    tables = jax.random.permutation(kp, num_blocks).reshape(num_seqs, blocks_per_seq).astype(jnp.int32)
+    return {
+        "q": jax.random.normal(kq, (num_seqs * query_len, heads, dim), q_dtype),
+        "k_pages": jax.random.normal(kk, shape, jnp.bfloat16).astype(pool_dtype),
+        "v_pages": jax.random.normal(kv, shape, jnp.bfloat16).astype(pool_dtype),
+        "block_tables": tables,
+        "context_lens": jnp.full((num_seqs,), context_len, jnp.int32),
+        "query_start": jnp.arange(num_seqs, dtype=jnp.int32) * query_len,
+        "query_lens": jnp.full((num_seqs,), query_len, jnp.int32),
+        "k_scale": scales,
+        "v_scale": scales,
+    }
+
+
+def to_contiguous(pages: jax.Array, tables: jax.Array) -> jax.Array:
+    """`[Hkv, N, B, D]` pool + `[S, M]` tables -> contiguous `[S, Hkv, M * B, D]` cache."""
+    gathered = pages[:, tables]  # [Hkv, S, M, B, D]
+    kv_heads, seqs, blocks, block_size, dim = gathered.shape
+    return gathered.reshape(kv_heads, seqs, blocks * block_size, dim).transpose(1, 0, 2, 3)
+
+
+@functools.partial(jax.jit, static_argnames=("query_len", "sm_scale"))
+def dense_attention(q, k, v, context_lens, *, query_len: int, sm_scale: float, k_scale=None, v_scale=None):
+    """Causal attention of each sequence's last `query_len` queries over a contiguous cache.
+
+    q `[S * query_len, Hq, D]`; k, v `[S, Hkv, C, D]`; returns `[S * query_len, Hq, D]`.
+    """
+    seqs, kv_heads, ctx, dim = k.shape
+    heads = q.shape[1]
+    qs = q.reshape(seqs, query_len, kv_heads, heads // kv_heads, dim)
+    k = k.astype(q.dtype) if k.dtype.itemsize == 1 else k
+    v = v.astype(q.dtype) if v.dtype.itemsize == 1 else v
+    if jax.default_backend() == "cpu":  # XLA:CPU has no bf16 x bf16 -> f32 dot
+        qs, k, v = (x.astype(jnp.float32) for x in (qs, k, v))
+    scores = jnp.einsum("sqhgd,shcd->shgqc", qs, k, preferred_element_type=jnp.float32) * sm_scale
+    if k_scale is not None:
+        scores = scores * k_scale[None, :, None, None, None]
+    q_pos = context_lens[:, None] - query_len + jnp.arange(query_len)[None, :]
+    visible = jnp.arange(ctx)[None, None, :] <= q_pos[:, :, None]  # [S, Q, C]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v, preferred_element_type=jnp.float32)
+    if v_scale is not None:
+        out = out * v_scale[None, None, :, None, None]
+    return out.reshape(seqs * query_len, heads, dim).astype(q.dtype)
+
+
+def bundled_paged_attention() -> tuple[Callable | None, str]:
+    """JAX's deprecated GPU paged_attention, or None and the reason it is unavailable."""
+    if jax.default_backend() != "gpu":
+        return None, f"skipped: needs a GPU (backend is {jax.default_backend()})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from jax.experimental.pallas.ops.gpu import paged_attention as bundled
+    except Exception as error:  # noqa: BLE001 - any import failure means "not available"
+        return None, f"skipped: import failed ({error!r})"
+    return bundled.paged_attention, ""
+
+
+def benchmark_phase(phase: str, num_seqs: int, query_len: int, key: jax.Array) -> list[dict]:
+    """Time every available implementation on one decode or prefill workload."""
+    inputs = make_paged_inputs(num_seqs, FLAGS.context_len, query_len, key)
+    sm_scale = FLAGS.head_dim**-0.5
+    scales = {"k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
+    paged_args = tuple(inputs[name] for name in (
+        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
+    kv_bytes = 2 * num_seqs * FLAGS.context_len * FLAGS.num_kv_heads * FLAGS.head_dim * inputs["k_pages"].dtype.itemsize
+    static = {"max_query_len": query_len, "sm_scale": sm_scale}
+
+    candidates: dict[str, tuple[Callable | None, tuple, str]] = {}
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and not FLAGS.backend_interpret:
+        candidates["pallas"] = (None, (), "skipped on CPU (pass --backend_interpret)")
+    else:
+        pallas = jax.jit(functools.partial(ragged_paged_attention, **static, **scales,
+                                           interpret=FLAGS.backend_interpret))
+        candidates["pallas"] = (pallas, paged_args, "interpret mode" if FLAGS.backend_interpret else "")
+    reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static, **scales))
+    candidates["xla_gather"] = (reference, paged_args, "")
+    k_dense = to_contiguous(inputs["k_pages"], inputs["block_tables"])
+    v_dense = to_contiguous(inputs["v_pages"], inputs["block_tables"])
+    dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, **scales)
+    candidates["dense"] = (dense, (inputs["q"], k_dense, v_dense, inputs["context_lens"]), "contiguous cache")
+    if phase == "decode":
+        candidates["jax_bundled"] = bundled_candidate(inputs, sm_scale)
+    else:
+        candidates["jax_bundled"] = (None, (), "skipped: decode only")
+
+    expected = reference(*paged_args)
+    peak = peak_bandwidth(jax.devices()[0])
+    rows = []
+    for name, (fn, args, note) in candidates.items():
+        row = {"phase": phase, "impl": name, "note": note, "kv_bytes": kv_bytes}
+        if fn is not None:
+            try:
+                row.update(time_call(fn, args, FLAGS.repeats, FLAGS.warmup))
+                row["max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(
+                    fn(*args).astype(jnp.float32) - expected.astype(jnp.float32))))
+            except Exception as error:  # noqa: BLE001 - report a failing baseline, keep measuring
+                row["note"] = f"failed: {error!r}"[:300]
+        if "median_s" in row:
+            row["gb_per_s"] = kv_bytes / row["median_s"] / 1e9
+            row["pct_peak"] = 100 * kv_bytes / row["median_s"] / peak if peak else None
+        rows.append(row)
+    add_ratios(rows)
+    return rows
+
+
+def bundled_candidate(inputs: dict, sm_scale: float) -> tuple[Callable | None, tuple, str]:
+    """JAX's kernel on the same pool; it has no softmax scale, so q is pre-scaled."""
+    bundled, reason = bundled_paged_attention()
+    if bundled is None:
+        return None, (), reason
+    q = (inputs["q"].astype(jnp.float32) * sm_scale).astype(inputs["q"].dtype)
+    if inputs["k_scale"] is not None:
+        return None, (), "skipped: its fp8 path takes per-token scale pages"
+    args = (q, inputs["k_pages"], inputs["v_pages"], inputs["block_tables"], inputs["context_lens"])
+    return bundled, args, "jax.experimental.pallas.ops.gpu.paged_attention"
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """`pallas_speedup`: this implementation's time over the Pallas kernel's."""
+    pallas = next((r for r in rows if r["impl"] == "pallas" and "median_s" in r), None)
+    for row in rows:
+        if pallas and "median_s" in row:
+            row["pallas_speedup"] = row["median_s"] / pallas["median_s"]
+
+
+def decode_targets(rows: list[dict]) -> dict:
+    """Issue-5 decode targets met or not (None where a figure is missing)."""
+    by_impl = {r["impl"]: r for r in rows if r["phase"] == "decode"}
+    pallas = by_impl.get("pallas", {})
+
+    def ratio(name):
+        return by_impl.get(name, {}).get("pallas_speedup")
+
+    def meets(value, target):
+        return None if value is None else bool(value >= target)
+
+    return {
+        "pct_peak>=70": meets(pallas.get("pct_peak"), TARGETS["pct_peak"]),
+        "vs_xla_gather>=3x": meets(ratio("xla_gather"), TARGETS["vs_xla_gather"]),
+        "vs_jax_bundled>=1.2x": meets(ratio("jax_bundled"), TARGETS["vs_jax_bundled"]),
+        "within_15pct_of_dense": meets(ratio("dense"), TARGETS["vs_dense"]),
+    }
+
+
+def machine() -> dict:
+    device = jax.devices()[0]
+    return {
+        "device": getattr(device, "device_kind", str(device)),
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "host": platform.node(),
+        "peak_hbm_bytes_per_s": peak_bandwidth(device),
+    }
+
+
+def markdown(report: dict) -> str:
+    """The results as a Markdown table, with the machine and configuration above it."""
+    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
+    lines = [
+        f"# Paged attention benchmark — {report['machine']['device']} (JAX {report['machine']['jax']})",
+        "",
+        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()),
+        "",
+        "| phase | impl | median ms | first call s | K/V GB/s | % peak HBM | time / pallas | max abs err | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        median_ms = r["median_s"] * 1e3 if "median_s" in r else None
+        lines.append(
+            f"| {r['phase']} | {r['impl']} | {fmt(median_ms, '.3f')} | {fmt(r.get('first_call_s'), '.2f')} "
+            f"| {fmt(r.get('gb_per_s'), '.1f')} | {fmt(r.get('pct_peak'), '.1f')} "
+            f"| {fmt(r.get('pallas_speedup'), '.2f')} | {fmt(r.get('max_abs_err_vs_xla'), '.2e')} | {r['note']} |"
+        )
+    lines += ["", "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    key = jax.random.key(0)
+    results = benchmark_phase("decode", FLAGS.batch, 1, key)
+    if FLAGS.prefill_batch > 0:
+        results += benchmark_phase("prefill", FLAGS.prefill_batch, FLAGS.prefill_chunk, jax.random.fold_in(key, 1))
+    config_names = ("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype",
+                    "prefill_batch", "prefill_chunk", "repeats", "warmup", "backend_interpret")
+    report = {
+        "machine": machine(),
+        "config": {name: FLAGS[name].value for name in config_names},
+        "results": results,
+        "decode_targets": decode_targets(results),
+    }
+    table = markdown(report)
+    print(table)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(report, f, indent=2, default=float)
+    if FLAGS.md_out:
+        with open(FLAGS.md_out, "w") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    app.run(main)
