@@ -1,0 +1,194 @@
+"""Tokenizers: a byte-level fallback, a Hugging Face `tokenizer.json` wrapper, and streaming decode.
+
+The engine depends only on the `Tokenizer` protocol. Models without a
+`tokenizer.json` (the shipped random-weight configs) use `ByteTokenizer`:
+ids 0-255 are raw bytes, then BOS and EOS (256 and 257 in configs/tiny.json).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+from jaxpaged.config import ModelConfig
+
+REPLACEMENT_CHAR = "\ufffd"  # what UTF-8 decoding with errors="replace" yields for a partial character
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the engine needs from a tokenizer."""
+
+    bos_token_id: int | None
+    eos_token_id: int | None
+    stop_token_ids: frozenset[int]  # generation stops on any of these (EOS may be several ids)
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`."""
+        ...
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; incomplete UTF-8 sequences become U+FFFD."""
+        ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: ids 0-255 are bytes, `bos_token_id`/`eos_token_id` follow."""
+
+    def __init__(self, bos_token_id: int = 256, eos_token_id: int = 257, vocab_size: int = 258):
+        if min(bos_token_id, eos_token_id) < 256 or max(bos_token_id, eos_token_id) >= vocab_size:
+            raise ValueError(f"BOS/EOS ids ({bos_token_id}, {eos_token_id}) must lie in [256, {vocab_size})")
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.stop_token_ids = frozenset({eos_token_id})
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """The UTF-8 bytes of `text`, preceded by BOS when `add_bos`."""
+        return ([self.bos_token_id] if add_bos else []) + list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Bytes decoded as UTF-8 (invalid sequences become U+FFFD).
+
+        Ids above 255 are special (BOS, EOS, or unused vocabulary a random model may
+        sample): dropped when `skip_special_tokens`, else shown as `<|bos|>`, `<|eos|>`, `<|id|>`.
+        """
+        pieces: list[str] = []
+        run = bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            if skip_special_tokens:
+                continue
+            pieces.append(run.decode("utf-8", errors="replace"))
+            run.clear()
+            pieces.append(self._special_name(i))
+        pieces.append(run.decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+    def _special_name(self, token_id: int) -> str:
+        return {self.bos_token_id: "<|bos|>", self.eos_token_id: "<|eos|>"}.get(token_id, f"<|{token_id}|>")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer (from `tokenizer.json`) behind the `Tokenizer` protocol."""
+
+    def __init__(self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None,
+                 stop_token_ids: Iterable[int] = ()):
+        self._tok = tokenizer
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        stops = set(stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+        self.stop_token_ids = frozenset(stops)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "HFTokenizer":
+        """Load `tokenizer.json` from `model_dir`, with BOS/EOS/stop ids from the configs beside it."""
+        from tokenizers import Tokenizer as _Tokenizer  # heavy import, only for HF models
+
+        model_dir = Path(model_dir)
+        tok = _Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        bos, eos, stops = read_special_ids(model_dir, tok.token_to_id)
+        return cls(tok, bos, eos, stops)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; the tokenizer's post-processor adds BOS when it is configured to."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`, by the tokenizer's own decoder."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def read_special_ids(model_dir: Path, token_to_id=None) -> tuple[int | None, int | None, set[int]]:
+    """(bos, eos, stop ids) for a model directory.
+
+    Stop ids are the union of `eos_token_id` in generation_config.json and
+    config.json (each an int or a list). BOS/EOS prefer config.json, then
+    generation_config.json, then the token strings of tokenizer_config.json.
+    """
+    configs = [_read_json(model_dir / name) for name in ("config.json", "generation_config.json")]
+    stops: set[int] = set()
+    for cfg in configs:
+        stops |= set(_as_list(cfg.get("eos_token_id")))
+    tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+
+    def pick(key: str) -> int | None:
+        for cfg in configs:
+            found = _as_list(cfg.get(f"{key}_id"))
+            if found:
+                return found[0]
+        token = tok_cfg.get(key)
+        if isinstance(token, dict):  # {"content": "<|eot_id|>", ...} in older exports
+            token = token.get("content")
+        return token_to_id(token) if token and token_to_id else None
+
+    bos, eos = pick("bos_token"), pick("eos_token")
+    if eos is not None:
+        stops.add(eos)
+    return bos, eos, stops
+
+
+def load_tokenizer(model_dir: str | Path | None, config: ModelConfig) -> Tokenizer:
+    """`HFTokenizer` when `model_dir` holds a `tokenizer.json`, else a `ByteTokenizer` sized to `config`."""
+    if model_dir is not None and (Path(model_dir) / "tokenizer.json").is_file():
+        return HFTokenizer.from_dir(model_dir)
+    bos = 256 if config.bos_token_id is None else config.bos_token_id
+    eos = 257 if config.eos_token_id is None else config.eos_token_id
+    return ByteTokenizer(bos, eos, vocab_size=max(config.vocab_size, bos + 1, eos + 1))
+
+
+class IncrementalDetokenizer:
+    """Streams text as tokens arrive, never emitting half of a multi-byte character.
+
+    Each push decodes a short window: the tokens since the last emission
+    (`_read`) plus the tokens before them back to the previous emission
+    (`_prefix`), which give the decoder context (e.g. sentencepiece's leading
+    spaces). The new text is the window's text minus the prefix's text; it is
+    held back while it ends in U+FFFD, i.e. while a character is incomplete.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""  # everything emitted so far
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (often "", sometimes several characters)."""
+        self.ids.append(token_id)
+        new = self._pending()
+        if not new or new.endswith(REPLACEMENT_CHAR):
+            return ""
+        return self._emit(new)
+
+    def flush(self) -> str:
+        """At the end of the stream: emit whatever is held back, U+FFFD included."""
+        return self._emit(self._pending()) if self._read < len(self.ids) else ""
+
+    def _pending(self) -> str:
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        before = decode(self.ids[self._prefix:self._read])
+        window = decode(self.ids[self._prefix:])
+        return window[len(before):] if len(window) > len(before) else ""
+
+    def _emit(self, new: str) -> str:
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text += new
+        return new
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _as_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]

@@ -1,0 +1,89 @@
+"""Orbax save/load, the `load_model` dispatcher, and the HF -> Orbax conversion script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpaged.checkpoint import (convert_hf_to_orbax, is_orbax_checkpoint_dir, load_model,
+                                 load_params, save_hf_checkpoint, save_params)
+from jaxpaged.config import load_config
+from jaxpaged.model import init_model
+
+TOKENS = jnp.asarray([[1, 200, 33, 7, 7, 150, 64, 9]])
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "convert_checkpoint.py"
+
+
+def logits(model) -> np.ndarray:
+    return np.asarray(model.forward_dense(TOKENS))
+
+
+def test_orbax_round_trip_gives_identical_logits(tmp_path, tiny_model):
+    save_params(tiny_model, tmp_path / "ckpt")
+    assert is_orbax_checkpoint_dir(tmp_path / "ckpt")
+    restored = load_params(tmp_path / "ckpt")
+    assert restored.config == tiny_model.config
+    np.testing.assert_array_equal(logits(restored), logits(tiny_model))
+    assert not np.array_equal(logits(init_model(tiny_model.config, seed=1)), logits(tiny_model))
+
+
+def test_orbax_keeps_bfloat16_and_rope_scaling(tmp_path):
+    config = load_config("tiny").replace(rope_scaling=load_config("llama3-8b").rope_scaling, tie_embeddings=True)
+    model = init_model(config, seed=3, dtype="bfloat16")
+    save_params(model, tmp_path / "ckpt")
+    restored = load_params(tmp_path / "ckpt")
+    assert restored.embed_tokens.embedding.dtype == jnp.bfloat16 and restored.lm_head is None
+    assert restored.config.dtype == "bfloat16" and restored.config.rope_scaling == config.rope_scaling
+    np.testing.assert_array_equal(np.asarray(restored.inv_freq[...]), np.asarray(model.inv_freq[...]))
+    np.testing.assert_array_equal(logits(restored), logits(model))
+
+
+def test_load_model_dispatch(tmp_path, tiny_model):
+    by_name = load_model("tiny", seed=0)
+    np.testing.assert_array_equal(logits(by_name), logits(tiny_model))
+    assert load_model("tiny", dtype="bfloat16").config.dtype == "bfloat16"
+    save_hf_checkpoint(tiny_model, tmp_path / "hf")
+    save_params(tiny_model, tmp_path / "orbax")
+    for kind in ("hf", "orbax"):
+        np.testing.assert_array_equal(logits(load_model(tmp_path / kind)), logits(tiny_model))
+    with pytest.raises(ValueError, match="neither"):
+        load_model(tmp_path)
+    with pytest.raises(ValueError, match="unknown model config"):
+        load_model("no-such-config")
+
+
+def test_convert_script_end_to_end(tmp_path, tiny_model):
+    hf_dir, out_dir = tmp_path / "hf", tmp_path / "orbax"
+    save_hf_checkpoint(tiny_model, hf_dir)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 258]}))
+    # A subprocess, so the script's absl flags cannot collide with other scripts' in this process.
+    subprocess.run([sys.executable, str(SCRIPT), f"--hf_dir={hf_dir}", f"--out_dir={out_dir}",
+                    "--dtype=bfloat16"], check=True, capture_output=True, timeout=120,
+                   env=os.environ | {"JAX_PLATFORMS": "cpu"})
+    assert (out_dir / "generation_config.json").is_file()
+    converted = load_model(out_dir)
+    assert converted.embed_tokens.embedding.dtype == jnp.bfloat16
+    expected = logits(load_model(hf_dir, dtype="bfloat16"))
+    np.testing.assert_array_equal(logits(converted), expected)
+
+
+def test_convert_library_keeps_float32(tmp_path, tiny_model):
+    save_hf_checkpoint(tiny_model, tmp_path / "hf")
+    convert_hf_to_orbax(tmp_path / "hf", tmp_path / "orbax")
+    np.testing.assert_array_equal(logits(load_params(tmp_path / "orbax")), logits(tiny_model))
+
+
+def test_save_refuses_to_overwrite_unless_asked(tmp_path, tiny_model):
+    save_params(tiny_model, tmp_path / "ckpt")
+    other = init_model(tiny_model.config, seed=5)
+    with pytest.raises(ValueError, match="already exists"):
+        save_params(other, tmp_path / "ckpt")
+    save_params(other, tmp_path / "ckpt", overwrite=True)
+    np.testing.assert_array_equal(logits(load_params(tmp_path / "ckpt")), logits(other))
