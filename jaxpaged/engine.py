@@ -1,0 +1,415 @@
+"""The serving loop: scheduler + KV cache manager on the host, one jitted step on the device.
+
+`Engine` is the low-level API benchmarks drive (`add_request`, `step`, `abort`,
+`has_unfinished_requests`); `jaxpaged.llm.LLM` wraps it for offline batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import time
+from typing import Callable, Sequence as Seq
+
+import numpy as np
+
+from jaxpaged.attention import resolve_backend
+from jaxpaged.buckets import pow2_bucket
+from jaxpaged.cache import KVCacheManager
+from jaxpaged.kv.pool import kv_dtype_from_name
+from jaxpaged.model import LlamaModel
+from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxpaged.runner import ModelRunner
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.scheduler import Scheduler, SchedulerConfig
+from jaxpaged.sequence import Request, Sequence, SeqStatus
+from jaxpaged.step_input import ScheduledSeq, build_step_input
+
+DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes an engine; `LLM(**kwargs)` fills it."""
+
+    model: str = "tiny"
+    block_size: int = 16
+    num_blocks: int | None = None  # or derive it from kv_cache_bytes
+    kv_cache_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # default: the model's, capped by the pool
+    attention_backend: str = "auto"
+    pallas_interpret: bool = False
+    kv_cache_dtype: str = "auto"
+    dtype: str | None = None
+    seed: int = 0
+    hash_algo: str = "sha256"
+    pool_fill_value: float = 0.0  # NaN in tests proves stale slots never leak
+    kv_layout: str = "paged"  # or "contiguous": the naive baseline, max_model_len reserved per sequence
+
+    def __post_init__(self):
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Cumulative counters plus the last step's batch (read by metrics and benchmarks)."""
+
+    num_steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (cache hits excluded)
+    generation_tokens: int = 0
+    last_step_tokens: int = 0
+    last_step_seqs: int = 0
+
+
+class Engine:
+    """Continuous-batching engine over one model and one paged KV pool."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaModel | None = None,
+        *,
+        tokenizer=None,
+        runner=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """Build the engine; `runner` replaces the device (e.g. a simulator), `clock` the time source."""
+        self.config = config
+        self.clock = clock
+        if runner is None and model is None:
+            from jaxpaged.checkpoint import load_model
+            model = load_model(config.model, dtype=config.dtype, seed=config.seed)
+        self.model_config = runner.config if runner is not None else model.config
+        self._tokenizer = tokenizer
+        kv_dtype = kv_dtype_from_name(config.kv_cache_dtype, config.dtype or self.model_config.dtype)
+        self.num_blocks = config.num_blocks or self._blocks_for_bytes(kv_dtype)
+        self.block_size = config.block_size
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.num_blocks * self.block_size)
+        if runner is None:
+            backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)
+            runner = ModelRunner(model, self.num_blocks, self.block_size, kv_dtype=kv_dtype,
+                                 backend=backend, pool_fill_value=config.pool_fill_value)
+        self.runner = runner
+        self.kv = self._make_kv_manager()
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
+                                   self.kv)
+        self.stats = EngineStats()
+        # called as logger(engine, finished_outputs) after every step (metrics, progress logs)
+        self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
+        self._requests: dict[str, Request] = {}
+        self._finished: list[Request] = []
+        self._arrivals = itertools.count()
+        self._seed_rng = np.random.default_rng(config.seed)
+
+    def _make_kv_manager(self):
+        if self.config.kv_layout == "contiguous":
+            from jaxpaged.cache.contiguous import ContiguousKVCacheManager
+            return ContiguousKVCacheManager(self.num_blocks, self.block_size,
+                                            max_model_len=self.max_model_len)
+        return KVCacheManager(self.num_blocks, self.block_size,
+                              enable_prefix_caching=self.config.enable_prefix_caching,
+                              hash_algo=self.config.hash_algo)
+
+    def _blocks_for_bytes(self, kv_dtype) -> int:
+        budget = self.config.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+        per_block = self.config.block_size * self.model_config.kv_bytes_per_token(np.dtype(kv_dtype).name)
+        if budget < per_block:
+            raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")
+        return budget // per_block
+
+    @property
+    def tokenizer(self):
+        """The tokenizer for string prompts and output text (bytes unless the checkpoint has one)."""
+        if self._tokenizer is None:
+            from jaxpaged.tokenizer import load_tokenizer
+            self._tokenizer = load_tokenizer(self.config.model, self.model_config)
+        return self._tokenizer
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end a sequence unless ignore_eos: the model's EOS plus the tokenizer's stop ids."""
+        ids = set(getattr(self.tokenizer, "stop_token_ids", ()))
+        if self.model_config.eos_token_id is not None:
+            ids.add(self.model_config.eos_token_id)
+        return frozenset(ids)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Seq[int] | dict,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Validate and queue a request; raises ValueError (changing nothing) on bad input."""
+        params = params or SamplingParams()
+        text, token_ids, cache_salt = self._parse_prompt(prompt, cache_salt)
+        self._validate(request_id, token_ids, params)
+        request = Request(request_id, token_ids, params,
+                          arrival_time=self.clock() if arrival_time is None else arrival_time,
+                          arrival_order=next(self._arrivals), prompt=text, cache_salt=cache_salt)
+        base_seed = int(self._seed_rng.integers(2**31)) if params.seed is None else params.seed
+        request.base_seed = base_seed
+        # n > 1: one sequence prefills all but the last prompt token, then forks n ways
+        width = params.n if not params.use_beam_search else 1
+        request.fork_pending = width > 1 and len(token_ids) > 1
+        copies = 1 if request.fork_pending else width
+        request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        self._requests[request_id] = request
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+
+    def validate_prompt(self, prompt: str | Seq[int] | dict, params: SamplingParams | None = None) -> None:
+        """Raise ValueError if `add_request` would reject this prompt (changes nothing)."""
+        _, token_ids, _ = self._parse_prompt(prompt, None)
+        self._validate(None, token_ids, params or SamplingParams())
+
+    def _parse_prompt(self, prompt, cache_salt):
+        text = None
+        if isinstance(prompt, dict):
+            cache_salt = prompt.get("cache_salt", cache_salt)
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt_token_ids' or 'prompt'")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            token_ids = [int(t) for t in prompt]
+        return text, token_ids, cache_salt
+
+    def _validate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds max_model_len ({self.max_model_len})")
+        width = max(params.n, params.beam_width)
+        bs = self.block_size
+        # the prompt's blocks, shared, plus each sequence's own tail: the most the request can hold
+        needed = -(-len(token_ids) // bs) + width * (-(-params.max_tokens // bs) + 1)
+        if needed > self.num_blocks:
+            raise ValueError(f"request can never fit the KV pool: it may need {needed} blocks of {bs} tokens, "
+                             f"the pool has {self.num_blocks}")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its blocks; unknown or finished ids are ignored."""
+        request = self._requests.get(request_id)
+        if request is None or request.finish_time is not None:
+            return
+        request.aborted = True
+        for seq in list(request.seqs):
+            self._finish_seq(seq, "abort", self.clock())
+
+    def has_unfinished_requests(self) -> bool:
+        return any(r.finish_time is None for r in self._requests.values())
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(r.finish_time is None for r in self._requests.values())
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one device step, and return the requests that finished in it."""
+        out = self.scheduler.schedule()
+        if out.copies:
+            self.runner.copy_blocks(out.copies)
+        if out.scheduled:
+            self._run(out.scheduled)
+        finished, self._finished = self._finished, []
+        for request in finished:
+            del self._requests[request.request_id]
+        outputs = [self._output(r) for r in finished]
+        for logger in self.stat_loggers:
+            logger(self, outputs)
+        return outputs
+
+    def _run(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        now = self.clock()
+        beam = max((s.request.params.beam_width for s, _ in scheduled
+                    if s.request.params.use_beam_search), default=0)
+        batch = [self._schedule_entry(seq, n) for seq, n in scheduled]
+        result = self.runner.execute(build_step_input(batch, self.block_size),
+                                     num_top_logprobs=pow2_bucket(2 * beam) if beam else 0)
+        done = self.clock()
+        self.stats.num_steps += 1
+        self.stats.last_step_tokens = sum(n for _, n in scheduled)
+        self.stats.last_step_seqs = len(scheduled)
+        touched = {}
+        for i, (seq, n) in enumerate(scheduled):
+            request = seq.request
+            touched[id(request)] = request
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            self.stats.prompt_tokens += max(0, min(seq.num_computed_tokens + n, seq.num_prompt_tokens)
+                                            - seq.num_computed_tokens)
+            seq.num_computed_tokens += n
+            self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if request.fork_pending:
+                if seq.num_computed_tokens == seq.compute_limit:
+                    self._fork_samples(request)
+            elif seq.num_computed_tokens == seq.num_tokens:
+                if request.params.use_beam_search:
+                    seq.pending_candidates = list(zip(result.top_ids[i].tolist(),
+                                                      result.top_logprobs[i].tolist()))
+                else:
+                    self._append(seq, int(result.token_ids[i]), float(result.logprobs[i]), done)
+        for request in touched.values():
+            if request.params.use_beam_search and request.seqs and all(
+                    s.pending_candidates is not None for s in request.seqs):
+                self._beam_step(request, done)
+            self._record_block_usage(request)
+
+    def _schedule_entry(self, seq: Sequence, n: int) -> ScheduledSeq:
+        p = seq.request.params
+        start = seq.num_computed_tokens
+        return ScheduledSeq(
+            token_ids=seq.token_ids[start:start + n],
+            num_computed_tokens=start,
+            block_table=self.kv.block_table(seq.seq_id),
+            temperature=0.0 if p.use_beam_search else p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            seed=(seq.request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF,
+            sample_index=len(seq.output_token_ids),
+        )
+
+    def _fork_samples(self, request: Request) -> None:
+        """The prompt (all but its last token) is in the pool: fork it into n sequences."""
+        request.fork_pending = False
+        parent = request.seqs[0]
+        for index in range(1, request.params.n):
+            self._fork(parent, index)
+
+    def _fork(self, parent: Sequence, index: int) -> Sequence:
+        child = parent.fork(index)
+        self.kv.fork(parent.seq_id, child.seq_id)
+        parent.request.seqs.append(child)
+        self.scheduler.add_running(child)
+        return child
+
+    def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += logprob
+        self.stats.generation_tokens += 1
+        if seq.request.first_token_time is None:
+            seq.request.first_token_time = now
+        if seq.index == 0:
+            seq.request.token_times.append(now)
+        reason = self._stop_reason(seq, token)
+        if reason:
+            self._finish_seq(seq, reason, now)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.request.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _beam_step(self, request: Request, now: float) -> None:
+        """Keep the beam_width best extensions of the live beams; fork where a beam is kept twice."""
+        p = request.params
+        live = list(request.seqs)
+        candidates = [(seq, tok, seq.cumulative_logprob + lp)
+                      for seq in live for tok, lp in seq.pending_candidates]
+        eos = self.eos_token_ids
+        candidates.sort(key=lambda c: beam_score(len(c[0].output_token_ids) + 1, c[2],
+                                                 c[1] in eos and not p.ignore_eos, p.length_penalty),
+                        reverse=True)
+        chosen, kept = [], set()
+        for seq, tok, cum in candidates[:p.beam_width]:
+            if seq in kept:  # fork before the parent appends its own token
+                seq = self._fork(seq, index=len(request.seqs) + len(request.finished_seqs))
+            kept.add(seq)
+            chosen.append((seq, tok, cum))
+        for seq in live:
+            seq.pending_candidates = None
+            if seq not in kept:  # a pruned beam: drop it without an output
+                self.scheduler.finish(seq)
+                request.seqs.remove(seq)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.token_times.append(now)
+        for seq, tok, cum in chosen:
+            seq.token_ids.append(tok)
+            seq.cumulative_logprob = cum
+            self.stats.generation_tokens += 1
+            reason = self._stop_reason(seq, tok)
+            if reason:
+                self._finish_seq(seq, reason, now)
+
+    def _finish_seq(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        request = seq.request
+        request.seqs.remove(seq)
+        request.finished_seqs.append(seq)
+        if not request.seqs:
+            request.finish_time = now
+            self._finished.append(request)
+
+    def _record_block_usage(self, request: Request) -> None:
+        tables = [self.kv.block_table(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
+        request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
+        request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
+
+    def _output(self, request: Request) -> RequestOutput:
+        p = request.params
+        seqs = request.finished_seqs
+        if p.use_beam_search:
+            eos = self.eos_token_ids
+            seqs = sorted(seqs, key=lambda s: beam_score(
+                len(s.output_token_ids), s.cumulative_logprob,
+                bool(s.output_token_ids) and s.output_token_ids[-1] in eos and not p.ignore_eos,
+                p.length_penalty), reverse=True)[:p.beam_width]
+        else:
+            seqs = sorted(seqs, key=lambda s: s.index)
+        completions = [CompletionOutput(
+            index=i if p.use_beam_search else s.index,
+            token_ids=list(s.output_token_ids),
+            text=self._decode(s.output_token_ids),
+            cumulative_logprob=s.cumulative_logprob,
+            finish_reason=s.finish_reason) for i, s in enumerate(seqs)]
+        metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time,
+                                 request.first_token_time, request.finish_time, request.num_preemptions,
+                                 request.peak_blocks_shared, request.peak_blocks_unshared,
+                                 list(request.token_times))
+        return RequestOutput(request.request_id, request.prompt, list(request.prompt_token_ids),
+                             completions, finished=not request.aborted,
+                             num_cached_tokens=request.num_cached_tokens or 0, metrics=metrics)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+
+def beam_score(num_generated: int, cumulative_logprob: float, ends_with_eos: bool,
+               length_penalty: float) -> float:
+    """Length-normalised beam score: logprob / len ** penalty, len counting generated tokens but not EOS."""
+    length = max(num_generated - int(ends_with_eos), 1)
+    return cumulative_logprob / (length ** length_penalty)

@@ -1,0 +1,59 @@
+"""`LLM`: vLLM-shaped offline API over the engine."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generate for a batch of prompts: `LLM(model="tiny").generate(prompts, SamplingParams(...))`.
+
+    Keyword arguments are `EngineConfig` fields (block_size, num_blocks or kv_cache_bytes,
+    enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len,
+    attention_backend, seed, ...).
+    """
+
+    def __init__(self, model: str = "tiny", **kwargs):
+        self.engine = Engine(EngineConfig(model=model, **kwargs))
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order.
+
+        A prompt is a token-id list, a string, or a dict with `prompt_token_ids`
+        or `prompt` and optionally `cache_salt`. If any prompt is invalid,
+        ValueError is raised before anything runs.
+        """
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+        for prompt, params in zip(prompts, sampling_params):
+            self.engine.validate_prompt(prompt, params)  # all or nothing
+        ids = []
+        for prompt, params in zip(prompts, sampling_params):
+            request_id = f"llm-{self._next_id}"
+            self._next_id += 1
+            self.engine.add_request(request_id, prompt, params)
+            ids.append(request_id)
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            while len(results) < len(ids):
+                for out in self.engine.step():
+                    results[out.request_id] = out
+                    bar.update(1)
+        return [results[i] for i in ids]

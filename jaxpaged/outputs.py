@@ -1,0 +1,64 @@
+"""What `generate` and `Engine.step` hand back, shaped like vLLM's RequestOutput."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """One generated sequence of a request."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    cumulative_logprob: float
+    finish_reason: str | None  # "stop", "length" or "abort"
+
+
+@dataclasses.dataclass
+class RequestMetrics:
+    """Per-request timings (time.monotonic seconds) and KV accounting."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    num_preemptions: int = 0
+    peak_blocks_shared: int = 0  # most distinct blocks the request's sequences held at once
+    peak_blocks_unshared: int = 0  # the same sequences' block-table entries: what no sharing would cost
+    token_times: list[float] = dataclasses.field(default_factory=list)  # arrival of each output token (seq 0)
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        """Gaps between consecutive output tokens (ITL)."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, from arrival."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """A finished (or aborted) request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    metrics: RequestMetrics

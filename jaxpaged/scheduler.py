@@ -1,0 +1,160 @@
+"""Continuous-batching scheduler that speaks in token budgets.
+
+Each step: running sequences first (decodes and unfinished prefill chunks, in
+arrival order), then waiting ones admitted FCFS while the token budget, the
+sequence cap and free blocks allow. When a running sequence cannot get a
+block, the latest-arrived running request is preempted by recompute: its
+blocks are freed (cached full blocks stay in the prefix cache) and it rejoins
+the front of the queue, where resuming re-hits those blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from jaxpaged.cache import KVCacheManager
+from jaxpaged.sequence import Request, Sequence, SeqStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits on one step's batch."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One step's work: which sequences compute how many tokens, and the CoW copies to apply first."""
+
+    scheduled: list[tuple[Sequence, int]]
+    copies: list[tuple[int, int]]
+    preempted: list[Request]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    """Decides each step's batch; owns the waiting queue and the running list."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence at the back."""
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Register a sequence already holding blocks (a fork) as running."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and free its blocks."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.kv.free(seq.seq_id)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch under the token budget."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        copies: list[tuple[int, int]] = []
+        preempted: list[Request] = []
+
+        for seq in sorted(self.running, key=_arrival):
+            if seq.status is not SeqStatus.RUNNING or budget == 0:
+                continue
+            num_new = min(seq.num_schedulable_tokens, budget)
+            if num_new == 0:
+                continue
+            seq_copies = self._allocate_or_preempt(seq, num_new, preempted)
+            if seq_copies is None:
+                continue  # seq itself was preempted
+            copies.extend(seq_copies)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+        # a preemption may have hit a request scheduled earlier in this loop
+        scheduled = [(s, n) for s, n in scheduled if s.status is SeqStatus.RUNNING]
+        budget = self.config.max_num_batched_tokens - sum(n for _, n in scheduled)
+
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled)
+        return SchedulerOutput(scheduled, copies, preempted)
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Request]):
+        while True:
+            seq_copies = self.kv.allocate_slots(seq.seq_id, num_new)
+            if seq_copies is not None:
+                return seq_copies
+            victim = max((s.request for s in self.running), key=lambda r: r.arrival_order)
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is seq.request:
+                return None
+
+    def preempt(self, request: Request) -> None:
+        """Free every running sequence of `request` and put them at the front of the queue."""
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        for seq in reversed(request.seqs):
+            if seq.status is SeqStatus.RUNNING:
+                self.running.remove(seq)
+                self.kv.free(seq.seq_id)
+                seq.num_computed_tokens = 0
+                seq.status = SeqStatus.WAITING
+                self.waiting.appendleft(seq)
+
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[Sequence, int]]) -> int:
+        deferred = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.token_ids[:seq.compute_limit] if seq.request.fork_pending else seq.token_ids
+            match = self.kv.match_prefix(tokens, cache_salt=seq.request.cache_salt)
+            if match.num_pending_tokens > 0 and (self.running or scheduled):
+                # Another running sequence is computing this prefix right now: wait a step
+                # and hit its blocks instead of computing them twice.
+                deferred.append(self.waiting.popleft())
+                continue
+            num_new = min(seq.compute_limit - match.num_cached_tokens, budget)
+            if num_new <= 0:
+                num_new = 0
+            if not self.kv.allocate_new(seq.seq_id, tokens, num_new, match,
+                                        cache_salt=seq.request.cache_salt):
+                break  # not enough free blocks: FCFS, so nobody behind it goes first
+            self.waiting.popleft()
+            seq.num_computed_tokens = match.num_cached_tokens
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            if seq.request.num_cached_tokens is None:
+                seq.request.num_cached_tokens = match.num_cached_tokens
+            if num_new:
+                scheduled.append((seq, num_new))
+                budget -= num_new
+        self.waiting.extendleft(reversed(deferred))
+        return budget
+
+
+def _arrival(seq: Sequence) -> tuple[int, int]:
+    return seq.request.arrival_order, seq.index

@@ -1,0 +1,98 @@
+"""Requests and their sequences: the explicit host state the scheduler reads and updates.
+
+A request owns one or more sequences. Parallel sampling (`n > 1`) and beam
+search start with one sequence that prefills the prompt once; it is then
+forked, sharing every block, and the forks diverge with copy-on-write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+
+from jaxpaged.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One token stream of a request, and how much of it has K/V in the pool."""
+
+    request: "Request"
+    token_ids: list[int]
+    index: int  # which of the request's outputs (sample or beam slot)
+    seq_id: int = dataclasses.field(default_factory=lambda: next(_seq_counter))
+    num_computed_tokens: int = 0
+    cumulative_logprob: float = 0.0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+    # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
+    pending_candidates: list[tuple[int, float]] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def compute_limit(self) -> int:
+        """Tokens this sequence may compute now: all but the last prompt token while a fork is pending."""
+        if self.request.fork_pending:
+            return self.num_prompt_tokens - 1
+        return self.num_tokens
+
+    @property
+    def num_schedulable_tokens(self) -> int:
+        if self.pending_candidates is not None:
+            return 0
+        return max(self.compute_limit - self.num_computed_tokens, 0)
+
+    def fork(self, index: int) -> "Sequence":
+        """A child with the same tokens and computed state (its blocks are shared by the cache manager)."""
+        return Sequence(self.request, list(self.token_ids), index,
+                        num_computed_tokens=self.num_computed_tokens,
+                        cumulative_logprob=self.cumulative_logprob, status=self.status)
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """A user request: prompt, sampling settings, its live and finished sequences, and timings."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    arrival_order: int
+    prompt: str | None = None
+    cache_salt: str | None = None
+    seqs: list[Sequence] = dataclasses.field(default_factory=list)  # live (waiting or running)
+    finished_seqs: list[Sequence] = dataclasses.field(default_factory=list)
+    fork_pending: bool = False  # n > 1 or beam search, before the first fork
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache at first admission
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    aborted: bool = False
+    peak_blocks_shared: int = 0  # most distinct blocks its sequences held at once
+    peak_blocks_unshared: int = 0  # what the same sequences would hold without sharing
+    num_preemptions: int = 0
+    token_times: list[float] = dataclasses.field(default_factory=list)  # when each output token arrived
+
+    @property
+    def finished(self) -> bool:
+        return not self.seqs and self.finish_time is not None
