@@ -12,6 +12,7 @@ import itertools
 import time
 from typing import Callable, Sequence as Seq
 
+import jax
 import numpy as np
 
 from jaxpaged.attention import resolve_backend
@@ -24,7 +25,7 @@ from jaxpaged.runner import ModelRunner
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
 from jaxpaged.sequence import Request, Sequence, SeqStatus
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.step_input import ScheduledSeq
 
 DEFAULT_KV_CACHE_BYTES = 256 << 20
 
@@ -70,6 +71,8 @@ class EngineStats:
     generation_tokens: int = 0
     last_step_tokens: int = 0
     last_step_seqs: int = 0
+    # the last step's batch: (request id, sequence index, tokens computed), in schedule order
+    last_step_batch: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
 
 class Engine:
@@ -235,9 +238,11 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one device step, and return the requests that finished in it."""
-        out = self.scheduler.schedule()
+        with jax.profiler.TraceAnnotation("schedule"):
+            out = self.scheduler.schedule()
         if out.copies:
             self.runner.copy_blocks(out.copies)
+        self.stats.last_step_batch = [(s.request.request_id, s.index, n) for s, n in out.scheduled]
         if out.scheduled:
             self._run(out.scheduled)
         finished, self._finished = self._finished, []
@@ -252,10 +257,14 @@ class Engine:
         now = self.clock()
         beam = max((s.request.params.beam_width for s, _ in scheduled
                     if s.request.params.use_beam_search), default=0)
-        batch = [self._schedule_entry(seq, n) for seq, n in scheduled]
-        result = self.runner.execute(build_step_input(batch, self.block_size),
-                                     num_top_logprobs=pow2_bucket(2 * beam) if beam else 0)
+        with jax.profiler.TraceAnnotation("prepare_inputs"):
+            batch = [self._schedule_entry(seq, n) for seq, n in scheduled]
+        result = self.runner.run_batch(batch, num_top_logprobs=pow2_bucket(2 * beam) if beam else 0)
         done = self.clock()
+        with jax.profiler.TraceAnnotation("process_samples"):
+            self._process(scheduled, result, now, done)
+
+    def _process(self, scheduled, result, now: float, done: float) -> None:
         self.stats.num_steps += 1
         self.stats.last_step_tokens = sum(n for _, n in scheduled)
         self.stats.last_step_seqs = len(scheduled)

@@ -21,7 +21,7 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
 from jaxpaged.model import LlamaModel
 from jaxpaged.sampling import SamplingBatch, sample
-from jaxpaged.step_input import StepInput
+from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
 
 
 class DeviceStepInput(NamedTuple):
@@ -91,6 +91,12 @@ class ModelRunner:
             out["top_logprobs"], out["top_ids"] = top_lp, top_ids
         return out, pool
 
+    def run_batch(self, batch: list[ScheduledSeq], *, num_top_logprobs: int = 0) -> StepOutput:
+        """Lay out the scheduler's batch and run it (the engine's entry point)."""
+        with jax.profiler.TraceAnnotation("layout_inputs"):
+            step = build_step_input(batch, self.block_size)
+        return self.execute(step, num_top_logprobs=num_top_logprobs)
+
     def execute(self, step: StepInput, *, return_logits: bool = False,
                 num_top_logprobs: int = 0) -> StepOutput:
         """Run one step and bring back the sampled tokens (and logits if asked)."""
@@ -103,10 +109,11 @@ class ModelRunner:
             sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds,
                                    step.counters),
         )
-        inputs = jax.device_put(inputs)
-        out, self.pool = self._step(self.params, self.pool, inputs, layout=step.layout,
-                                    return_logits=return_logits, num_top_logprobs=num_top_logprobs)
-        host = jax.device_get(out)
+        with jax.profiler.TraceAnnotation("device_step"):
+            inputs = jax.device_put(inputs)
+            out, self.pool = self._step(self.params, self.pool, inputs, layout=step.layout,
+                                        return_logits=return_logits, num_top_logprobs=num_top_logprobs)
+            host = jax.device_get(out)
         rows = step.order
         return StepOutput(
             token_ids=host["token_ids"][rows],
