@@ -1,0 +1,1 @@
+"""Serving benchmark: workloads, the driver that runs them through an Engine, and reports."""
