@@ -26,6 +26,13 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
 
+    def __post_init__(self):
+        if self.factor <= 0:
+            raise ValueError(f"rope_scaling.factor must be positive, got {self.factor}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                             f"low_freq_factor ({self.low_freq_factor})")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
