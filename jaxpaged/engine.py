@@ -13,11 +13,13 @@ import time
 from typing import Callable, Sequence as Seq
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.attention import resolve_backend
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import KVCacheManager
+from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, calibrate_kv_scales, validate_kv_scales
 from jaxpaged.kv.pool import kv_dtype_from_name
 from jaxpaged.model import LlamaModel
 from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -39,6 +41,8 @@ class EngineConfig:
     num_blocks: int | None = None  # or derive it from kv_cache_bytes
     kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    prefix_cache_snapshot: str | None = None  # directory: restored at start if it exists
+    save_prefix_cache_on_shutdown: bool = False  # shutdown() writes the snapshot there
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # default: the model's, capped by the pool
@@ -50,8 +54,13 @@ class EngineConfig:
     hash_algo: str = "sha256"
     pool_fill_value: float = 0.0  # NaN in tests proves stale slots never leak
     kv_layout: str = "paged"  # or "contiguous": the naive baseline, max_model_len reserved per sequence
+    # fp8 KV: (k_scale, v_scale), each [num_layers, num_kv_heads]; None = calibrate on the first prefill
+    kv_scales: tuple | None = None
+    kv_scale_margin: float = DEFAULT_SCALE_MARGIN
 
     def __post_init__(self):
+        if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
+            raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks <= 0:
@@ -60,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if not self.kv_scale_margin >= 1.0:
+            raise ValueError(f"kv_scale_margin must be >= 1.0, got {self.kv_scale_margin}")
 
 
 @dataclasses.dataclass
@@ -100,10 +111,17 @@ class Engine:
         self.block_size = config.block_size
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.num_blocks * self.block_size)
+        kv_scales = None
+        if config.kv_scales is not None:
+            kv_scales = validate_kv_scales(self.model_config, config.kv_scales)
+        # fp8 without given scales: calibrate on the first prefill, before anything is written
+        self._calibration_model = (model if runner is None and kv_scales is None
+                                   and kv_dtype == np.dtype("float8_e4m3fn") else None)
         if runner is None:
             backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)
             runner = ModelRunner(model, self.num_blocks, self.block_size, kv_dtype=kv_dtype,
-                                 backend=backend, pool_fill_value=config.pool_fill_value)
+                                 backend=backend, pool_fill_value=config.pool_fill_value,
+                                 kv_scales=kv_scales)
         self.runner = runner
         self.kv = self._make_kv_manager()
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
@@ -115,6 +133,8 @@ class Engine:
         self._finished: list[Request] = []
         self._arrivals = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
+        if config.prefix_cache_snapshot:
+            self._restore_prefix_cache_at_start(config.prefix_cache_snapshot)
 
     def _make_kv_manager(self):
         if self.config.kv_layout == "contiguous":
@@ -234,6 +254,37 @@ class Engine:
     def get_num_unfinished_requests(self) -> int:
         return sum(r.finish_time is None for r in self._requests.values())
 
+    # ---- persistent prefix cache (jaxpaged.snapshot) ----------------------------------------
+
+    def save_prefix_cache(self, path: str | None = None) -> int:
+        """Snapshot the cached blocks (hashes, tokens, K/V) to `path` (default: `prefix_cache_snapshot`).
+
+        Returns the number of blocks written; an earlier snapshot at `path` is replaced.
+        """
+        from jaxpaged.snapshot import save_prefix_cache
+        path = path or self.config.prefix_cache_snapshot
+        if not path:
+            raise ValueError("save_prefix_cache needs a path (or EngineConfig.prefix_cache_snapshot)")
+        return save_prefix_cache(self, path)
+
+    def load_prefix_cache(self, path: str):
+        """Restore a snapshot into the prefix cache; ValueError if it was made for another engine.
+
+        Returns `jaxpaged.snapshot.RestoreStats` (blocks restored / skipped / dropped for room).
+        """
+        from jaxpaged.snapshot import load_prefix_cache
+        return load_prefix_cache(self, path)
+
+    def shutdown(self) -> None:
+        """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
+        if self.config.save_prefix_cache_on_shutdown:
+            self.save_prefix_cache()
+
+    def _restore_prefix_cache_at_start(self, path: str) -> None:
+        from pathlib import Path
+        if Path(path).exists():  # absent: a first start, nothing to restore
+            self.load_prefix_cache(path)
+
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -257,12 +308,25 @@ class Engine:
         now = self.clock()
         beam = max((s.request.params.beam_width for s, _ in scheduled
                     if s.request.params.use_beam_search), default=0)
+        if self._calibration_model is not None:
+            self._calibrate_fp8(scheduled)
         with jax.profiler.TraceAnnotation("prepare_inputs"):
             batch = [self._schedule_entry(seq, n) for seq, n in scheduled]
         result = self.runner.run_batch(batch, num_top_logprobs=pow2_bucket(2 * beam) if beam else 0)
         done = self.clock()
         with jax.profiler.TraceAnnotation("process_samples"):
             self._process(scheduled, result, now, done)
+
+    def _calibrate_fp8(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """Set the fp8 pool's scales from the first scheduled chunk (the first step writes nothing before)."""
+        seq, n = scheduled[0]
+        tokens = seq.token_ids[:seq.num_computed_tokens + n]
+        with jax.profiler.TraceAnnotation("fp8_calibration"):
+            k_scale, v_scale = calibrate_kv_scales(self._calibration_model, tokens, self.block_size,
+                                                   self.config.kv_scale_margin)
+        self.runner.pool = self.runner.pool._replace(k_scale=jnp.asarray(k_scale),
+                                                     v_scale=jnp.asarray(v_scale))
+        self._calibration_model = None
 
     def _process(self, scheduled, result, now: float, done: float) -> None:
         self.stats.num_steps += 1
