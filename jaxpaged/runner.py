@@ -100,6 +100,7 @@ class ModelRunner:
     def execute(self, step: StepInput, *, return_logits: bool = False,
                 num_top_logprobs: int = 0) -> StepOutput:
         """Run one step and bring back the sampled tokens (and logits if asked)."""
+        step.check_shapes()
         inputs = DeviceStepInput(
             token_ids=step.token_ids,
             positions=step.positions,

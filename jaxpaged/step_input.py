@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import chex
 import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
@@ -59,6 +60,18 @@ class StepInput:
     layout: StepLayout
     order: np.ndarray  # [num_seqs]: batch row of the caller's i-th sequence
     num_seqs: int  # real (unpadded) sequences
+
+    def check_shapes(self) -> None:
+        """Assert the arrays agree with each other (the host -> device boundary)."""
+        num_tokens = self.token_ids.shape[0]
+        num_rows = self.block_tables.shape[0]
+        chex.assert_shape([self.token_ids, self.positions, self.slot_mapping], (num_tokens,))
+        chex.assert_shape([self.context_lens, self.query_start, self.query_lens, self.logits_indices,
+                           self.temperature, self.top_k, self.top_p, self.seeds, self.counters], (num_rows,))
+        chex.assert_rank(self.block_tables, 2)
+        if self.layout.num_decode_seqs > num_rows or self.layout.num_decode_seqs > num_tokens:
+            raise ValueError(f"layout claims {self.layout.num_decode_seqs} decode rows; "
+                             f"the step has {num_rows} sequences and {num_tokens} tokens")
 
     @property
     def num_tokens(self) -> int:
