@@ -30,7 +30,7 @@ from jaxpaged.cache.hashing import (
 )
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.invariants import check_manager
-from jaxpaged.cache.records import CacheStats, PrefixMatch, SequenceState
+from jaxpaged.cache.records import CachedBlockInfo, CacheStats, PrefixMatch, SequenceState
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -122,6 +122,18 @@ class KVCacheManager:
             num_evictions=pool.num_evictions,
             num_cow_copies=self._cow_copies,
         )
+
+    def cached_blocks(self) -> list[CachedBlockInfo]:
+        """Every prefix-cache entry, coldest first: evictable ones in eviction order, then in-use ones.
+
+        Read-only; used to snapshot the cache (the block ids say where the K/V live).
+        """
+        evictable = [block for block in self._pool.free_queue if block.block_hash is not None]
+        in_use = [block for block in self._pool.cached.values() if block.ref_count > 0]
+        return [
+            CachedBlockInfo(b.block_id, b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, b.ref_count)
+            for b in evictable + in_use
+        ]
 
     def _seq(self, seq_id: Hashable) -> SequenceState:
         seq = self._seqs.get(seq_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from jaxpaged.cache.block_pool import KVBlock
 
@@ -82,3 +83,18 @@ class SequenceState:
     num_hashed_blocks: int
     request_keys: tuple
     pending: tuple[int, int] = (0, 0)
+
+
+class CachedBlockInfo(NamedTuple):
+    """One prefix-cache entry as :meth:`KVCacheManager.cached_blocks` reports it.
+
+    ``parent_hash`` is None for a sequence's first block, whose ``extra_keys``
+    are the request keys (cache salt, ...); later blocks have none.
+    """
+
+    block_id: int
+    block_hash: bytes
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    extra_keys: tuple
+    ref_count: int

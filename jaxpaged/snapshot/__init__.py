@@ -1,0 +1,67 @@
+"""Persistent prefix cache: snapshot the cached KV blocks to disk and restore them into a new engine.
+
+`save_prefix_cache(engine, path)` writes every cached block (hash, parent hash,
+token ids, extra keys, tier, K/V contents) plus the engine's identity (model
+config, weights fingerprint, block size, KV dtype and scales, hash function).
+`load_prefix_cache(engine, path)` refuses a snapshot whose identity differs
+(ValueError naming the field), then re-admits its blocks through the cache
+manager and writes their K/V into the pool, so the first repeated prompt after
+a restart hits the cache. `Engine.save_prefix_cache` / `EngineConfig.prefix_cache_snapshot`
+are the usual entry points.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxpaged.snapshot.device import read_blocks, write_blocks
+from jaxpaged.snapshot.identity import check_identity, engine_identity, params_fingerprint
+from jaxpaged.snapshot.restore import RestoreStats, restore_into
+from jaxpaged.snapshot.store import BlockRecord, is_snapshot_dir, read_kv, read_meta, write_snapshot
+
+__all__ = ["RestoreStats", "is_snapshot_dir", "load_prefix_cache", "params_fingerprint",
+           "save_prefix_cache"]
+
+
+def save_prefix_cache(engine, path: str | Path) -> int:
+    """Snapshot `engine`'s prefix cache (device tier) to directory `path`; returns the block count.
+
+    An earlier snapshot at `path` is replaced; any other existing path is refused
+    (ValueError), as is an engine without prefix caching.
+    """
+    _require_prefix_caching(engine, "save")
+    blocks = engine.kv.cached_blocks()
+    records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device")
+               for b in blocks]
+    kv = read_blocks(engine.runner.pool, [b.block_id for b in blocks]) if blocks else None
+    write_snapshot(path, engine_identity(engine), records, kv)
+    return len(records)
+
+
+def load_prefix_cache(engine, path: str | Path) -> RestoreStats:
+    """Restore the snapshot at `path` into `engine`'s prefix cache and KV pool.
+
+    Blocks go only into free, uncached pool blocks (hottest chains first when
+    they do not all fit); nothing the engine holds is evicted.
+
+    Raises:
+      ValueError: `path` is not a snapshot, prefix caching is off, or the
+        snapshot was made for a different model, weights, block size, KV dtype
+        or hash function (the message names the field and both values).
+    """
+    _require_prefix_caching(engine, "restore")
+    identity, records = read_meta(path)
+    check_identity(identity, engine_identity(engine), str(path))
+    if not records:
+        return RestoreStats(0, 0, 0)
+    kv = read_kv(path, len(records), engine.runner.pool)  # before touching the manager
+    writes, stats = restore_into(engine.kv, records)
+    if writes:
+        block_ids, rows = zip(*writes)
+        engine.runner.pool = write_blocks(engine.runner.pool, list(block_ids), kv, list(rows))
+    return stats
+
+
+def _require_prefix_caching(engine, action: str) -> None:
+    if not getattr(engine.kv, "enable_prefix_caching", False):
+        raise ValueError(f"cannot {action} a prefix-cache snapshot: prefix caching is disabled")

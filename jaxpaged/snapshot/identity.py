@@ -1,0 +1,70 @@
+"""What a prefix-cache snapshot is valid for: the model, its weights, and the cache's layout.
+
+K/V contents are only meaningful to the engine that computed them: the same
+architecture and weights, the same block size (a block's tokens and hash depend
+on it), the same KV dtype and fp8 scales, and the same hash function (block
+hashes are the cache's keys). A snapshot records all of these, and restoring it
+into an engine where any differs is refused with a ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import jax
+import numpy as np
+
+FORMAT_VERSION = 1
+_SAMPLE_ELEMENTS = 1 << 16
+
+
+def params_fingerprint(params) -> str:
+    """SHA-256 over every parameter's path, shape, dtype and (a strided sample of) its values.
+
+    Leaves up to 65,536 elements are hashed whole; larger ones through 65,536
+    evenly strided elements, so fingerprinting a 70B model moves a few MB, not
+    its weights. Different seeds or checkpoints change every sample; a fine-tune
+    touching only unsampled elements would not be noticed.
+    """
+    digest = hashlib.sha256()
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(params)[0],
+                             key=lambda item: jax.tree_util.keystr(item[0])):
+        flat = leaf.reshape(-1)
+        if flat.size > _SAMPLE_ELEMENTS:
+            flat = flat[:: flat.size // _SAMPLE_ELEMENTS][:_SAMPLE_ELEMENTS]
+        values = np.asarray(jax.device_get(flat))
+        digest.update(f"{jax.tree_util.keystr(path)}|{leaf.shape}|{leaf.dtype}|".encode())
+        digest.update(values.tobytes())
+    return digest.hexdigest()
+
+
+def engine_identity(engine) -> dict:
+    """The JSON-able record of everything a snapshot must match in `engine`."""
+    pool = engine.runner.pool
+    return {
+        "format_version": FORMAT_VERSION,
+        "block_size": engine.block_size,
+        "kv_cache_dtype": np.dtype(pool.dtype).name,
+        "hash_algo": engine.kv.hash_algo,
+        "model_config": engine.model_config.to_dict(),
+        "params_fingerprint": params_fingerprint(engine.runner.params),
+        "kv_scales": [np.asarray(pool.k_scale).tolist(), np.asarray(pool.v_scale).tolist()],
+    }
+
+
+def check_identity(saved: dict, current: dict, where: str) -> None:
+    """Raise ValueError naming the first field where snapshot `saved` differs from engine `current`."""
+    for field in ("format_version", "block_size", "kv_cache_dtype", "hash_algo"):
+        _require_equal(field, saved.get(field), current[field], where)
+    saved_model, model = saved.get("model_config") or {}, current["model_config"]
+    for key in sorted(set(saved_model) | set(model)):
+        _require_equal(f"model_config.{key}", saved_model.get(key), model.get(key), where)
+    _require_equal("params_fingerprint (model weights)", saved.get("params_fingerprint"),
+                   current["params_fingerprint"], where)
+    _require_equal("kv_scales", saved.get("kv_scales"), current["kv_scales"], where)
+
+
+def _require_equal(field: str, saved, current, where: str) -> None:
+    if saved != current:
+        raise ValueError(f"prefix-cache snapshot {where} was made for a different engine: "
+                         f"{field} differs (snapshot: {saved!r}, this engine: {current!r})")
