@@ -21,6 +21,7 @@ from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, calibrate_kv_scales, validate_kv_scales
 from jaxpaged.kv.pool import kv_dtype_from_name
+from jaxpaged.offload.setup import build_tiers, validate_tier_options
 from jaxpaged.model import LlamaModel
 from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxpaged.runner import ModelRunner
@@ -57,6 +58,11 @@ class EngineConfig:
     # fp8 KV: (k_scale, v_scale), each [num_layers, num_kv_heads]; None = calibrate on the first prefill
     kv_scales: tuple | None = None
     kv_scale_margin: float = DEFAULT_SCALE_MARGIN
+    # lower tiers: host RAM cache of evicted cached blocks (off unless set), optional disk cache behind it
+    host_cache_bytes: int | None = None
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 1 << 30
+    preemption_mode: str = "recompute"  # or "swap": preempted blocks go to the host tier and back
 
     def __post_init__(self):
         if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
@@ -71,6 +77,7 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if not self.kv_scale_margin >= 1.0:
             raise ValueError(f"kv_scale_margin must be >= 1.0, got {self.kv_scale_margin}")
+        validate_tier_options(self)
 
 
 @dataclasses.dataclass
@@ -124,8 +131,11 @@ class Engine:
                                  kv_scales=kv_scales)
         self.runner = runner
         self.kv = self._make_kv_manager()
+        self.tiers = build_tiers(config, self.kv, self.runner)
+        if self.tiers is not None and self.tiers.disk is not None and self._calibration_model is None:
+            self.tiers.set_format(self.runner.pool)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens),
-                                   self.kv)
+                                   self.kv, self.tiers, config.preemption_mode)
         self.stats = EngineStats()
         # called as logger(engine, finished_outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
@@ -291,6 +301,8 @@ class Engine:
         """Schedule, run one device step, and return the requests that finished in it."""
         with jax.profiler.TraceAnnotation("schedule"):
             out = self.scheduler.schedule()
+        if self.tiers is not None:  # before CoW copies: offloads must read blocks before reuse
+            self.runner.pool = self.tiers.apply(self.runner.pool)
         if out.copies:
             self.runner.copy_blocks(out.copies)
         self.stats.last_step_batch = [(s.request.request_id, s.index, n) for s, n in out.scheduled]
@@ -327,6 +339,8 @@ class Engine:
         self.runner.pool = self.runner.pool._replace(k_scale=jnp.asarray(k_scale),
                                                      v_scale=jnp.asarray(v_scale))
         self._calibration_model = None
+        if self.tiers is not None:
+            self.tiers.set_format(self.runner.pool)
 
     def _process(self, scheduled, result, now: float, done: float) -> None:
         self.stats.num_steps += 1

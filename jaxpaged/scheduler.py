@@ -5,7 +5,13 @@ arrival order), then waiting ones admitted FCFS while the token budget, the
 sequence cap and free blocks allow. When a running sequence cannot get a
 block, the latest-arrived running request is preempted by recompute: its
 blocks are freed (cached full blocks stay in the prefix cache) and it rejoins
-the front of the queue, where resuming re-hits those blocks.
+the front of the queue, where resuming re-hits those blocks. In swap mode
+(``preemption_mode="swap"``, needs the host tier) its computed blocks are first
+copied to the host and copied back on resume instead of being recomputed.
+
+With lower tiers (``tiers``), admission continues a prefix match into the host
+(and disk) tier: those blocks are copied into freshly allocated device blocks
+and committed as computed before the step runs.
 """
 
 from __future__ import annotations
@@ -47,9 +53,17 @@ class SchedulerOutput:
 class Scheduler:
     """Decides each step's batch; owns the waiting queue and the running list."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tiers=None,
+                 preemption_mode: str = "recompute"):
+        """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it."""
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
+        if preemption_mode == "swap" and tiers is None:
+            raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
         self.config = config
         self.kv = kv
+        self.tiers = tiers
+        self.preemption_mode = preemption_mode
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -71,6 +85,8 @@ class Scheduler:
             self.kv.free(seq.seq_id)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
+            if self.tiers is not None:
+                self.tiers.drop_swap(seq.seq_id)
         seq.status = SeqStatus.FINISHED
 
     def has_work(self) -> bool:
@@ -121,6 +137,10 @@ class Scheduler:
         for seq in reversed(request.seqs):
             if seq.status is SeqStatus.RUNNING:
                 self.running.remove(seq)
+                if self.preemption_mode == "swap":
+                    num_blocks = -(-seq.num_computed_tokens // self.kv.block_size)
+                    self.tiers.swap_out(seq.seq_id, self.kv.block_table(seq.seq_id)[:num_blocks],
+                                        seq.num_computed_tokens)
                 self.kv.free(seq.seq_id)
                 seq.num_computed_tokens = 0
                 seq.status = SeqStatus.WAITING
@@ -132,23 +152,32 @@ class Scheduler:
             seq = self.waiting[0]
             tokens = seq.token_ids[:seq.compute_limit] if seq.request.fork_pending else seq.token_ids
             match = self.kv.match_prefix(tokens, cache_salt=seq.request.cache_salt)
-            if match.num_pending_tokens > 0 and (self.running or scheduled):
+            restore = None
+            if self.tiers is not None:
+                restore = self.tiers.plan_restore(seq.seq_id, match, len(tokens), seq.compute_limit)
+            num_restored = restore.num_tokens if restore else 0
+            if match.num_pending_tokens > 0 and not num_restored and (self.running or scheduled):
                 # Another running sequence is computing this prefix right now: wait a step
                 # and hit its blocks instead of computing them twice.
                 deferred.append(self.waiting.popleft())
                 continue
-            num_new = min(seq.compute_limit - match.num_cached_tokens, budget)
+            num_cached = match.num_cached_tokens + num_restored
+            num_new = min(seq.compute_limit - num_cached, budget)
             if num_new <= 0:
                 num_new = 0
-            if not self.kv.allocate_new(seq.seq_id, tokens, num_new, match,
+            if not self.kv.allocate_new(seq.seq_id, tokens, num_restored + num_new, match,
                                         cache_salt=seq.request.cache_salt):
                 break  # not enough free blocks: FCFS, so nobody behind it goes first
             self.waiting.popleft()
-            seq.num_computed_tokens = match.num_cached_tokens
+            if self.tiers is not None:
+                self.tiers.admitted(seq.seq_id, restore)
+            if num_restored:  # the device copy lands before the step: count those tokens as computed
+                self.kv.commit(seq.seq_id, tokens, num_cached)
+            seq.num_computed_tokens = num_cached
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             if seq.request.num_cached_tokens is None:
-                seq.request.num_cached_tokens = match.num_cached_tokens
+                seq.request.num_cached_tokens = num_cached
             if num_new:
                 scheduled.append((seq, num_new))
                 budget -= num_new

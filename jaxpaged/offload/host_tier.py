@@ -1,0 +1,82 @@
+"""The host (CPU RAM) tier: an LRU cache of KV blocks keyed by block hash, bounded in bytes.
+
+Swapped-out sequences share the byte budget but are pinned (never evicted)
+until they are swapped back in or dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import numpy as np
+
+
+class HostBlock:
+    """One block's K/V in host memory. ``data`` is None until this step's gather fills it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: np.ndarray | None = None) -> None:
+        self.data = data
+
+
+class HostKVCache:
+    """LRU map ``block hash -> HostBlock`` holding at most ``capacity_bytes`` (cached plus pinned)."""
+
+    def __init__(self, capacity_bytes: int, block_bytes: int,
+                 on_evict: Callable[[bytes, HostBlock], None] | None = None) -> None:
+        if block_bytes <= 0 or capacity_bytes < block_bytes:
+            raise ValueError(f"host_cache_bytes={capacity_bytes} is smaller than one KV block "
+                             f"({block_bytes} bytes)")
+        self.capacity_blocks = capacity_bytes // block_bytes
+        self.block_bytes = block_bytes
+        self.on_evict = on_evict  # called with each entry pushed out (e.g. to spill it to disk)
+        self._lru: collections.OrderedDict[bytes, HostBlock] = collections.OrderedDict()
+        self.num_pinned = 0
+        self.num_evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self._lru
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of cached plus pinned blocks."""
+        return (len(self._lru) + self.num_pinned) * self.block_bytes
+
+    def get(self, block_hash: bytes) -> HostBlock | None:
+        """The block under ``block_hash`` (now most recently used), or None."""
+        block = self._lru.get(block_hash)
+        if block is not None:
+            self._lru.move_to_end(block_hash)
+        return block
+
+    def put(self, block_hash: bytes, block: HostBlock) -> None:
+        """Insert (or refresh) an entry, evicting least recently used ones beyond capacity."""
+        self._lru[block_hash] = block
+        self._lru.move_to_end(block_hash)
+        self._shrink(self.capacity_blocks - self.num_pinned)
+
+    def pin(self, num_blocks: int) -> bool:
+        """Reserve room for ``num_blocks`` pinned blocks, evicting cached ones; False if they can't fit."""
+        if self.num_pinned + num_blocks > self.capacity_blocks:
+            return False
+        self.num_pinned += num_blocks
+        self._shrink(self.capacity_blocks - self.num_pinned)
+        return True
+
+    def unpin(self, num_blocks: int) -> None:
+        """Give back room reserved by :meth:`pin`."""
+        if not 0 <= num_blocks <= self.num_pinned:
+            raise ValueError(f"unpin({num_blocks}) with only {self.num_pinned} blocks pinned")
+        self.num_pinned -= num_blocks
+
+    def _shrink(self, limit: int) -> None:
+        while len(self._lru) > limit:
+            block_hash, block = self._lru.popitem(last=False)
+            self.num_evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(block_hash, block)

@@ -1,0 +1,198 @@
+"""Glue between the KV cache manager and the lower tiers: what to offload, what to restore, when.
+
+During ``Scheduler.schedule`` (host only) this records:
+
+* offloads: cached blocks the manager evicts (its ``on_evict`` hook) and the
+  blocks of sequences preempted in swap mode. Their device data is intact
+  until the next device op, because scheduling never touches the device.
+* restores: for an admitted sequence, the blocks right after its device prefix
+  hit that the host (or disk) tier holds, or its swapped-out blocks; they go
+  into freshly allocated device blocks and are committed as computed.
+
+``apply(pool)`` then runs before the step and before copy-on-write copies: one
+gather + one device->host transfer of every offloaded block, then one
+host->device transfer + donated scatter of every restored block. Offloads go
+first, so a block evicted and reused in the same step is saved before it is
+overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from jaxpaged.cache import KVCacheManager, PrefixMatch
+from jaxpaged.kv.pool import KVPool
+from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
+from jaxpaged.offload.host_tier import HostBlock, HostKVCache
+from jaxpaged.offload.transfer import gather_blocks, scatter_blocks
+
+
+@dataclasses.dataclass
+class Restore:
+    """Blocks a sequence gets back from the lower tiers instead of recomputing them.
+
+    ``blocks[i]`` fills table index ``first_index + i``; ``num_tokens`` is how
+    many tokens past the device prefix hit they make computed.
+    """
+
+    first_index: int
+    blocks: list[HostBlock]
+    num_tokens: int
+    swapped: bool = False
+
+
+@dataclasses.dataclass
+class _SwapRecord:
+    blocks: list[HostBlock]
+    num_computed: int
+
+
+@dataclasses.dataclass
+class TierStats:
+    """Cumulative counters of the lower tiers (blocks unless named otherwise)."""
+
+    offloaded: int = 0
+    host_hits: int = 0
+    disk_hits: int = 0
+    swapped_out: int = 0
+    swapped_in: int = 0
+    swap_fallbacks: int = 0  # swap preemptions that recomputed because the host tier was full
+    transfers_out: int = 0  # device->host transfers (one per step with offloads)
+    transfers_in: int = 0
+
+
+class KVTiers:
+    """Host tier (+ optional disk tier) behind a :class:`KVCacheManager`; see the module docstring."""
+
+    def __init__(self, kv: KVCacheManager, host: HostKVCache, disk: DiskKVCache | None = None) -> None:
+        self.kv = kv
+        self.host = host
+        self.disk = disk
+        self.block_size = kv.block_size
+        self.stats = TierStats()
+        self._outgoing: list[tuple[int, HostBlock]] = []  # (device block id, its host copy to fill)
+        self._incoming: list[tuple[int, HostBlock]] = []  # (device block id, data to put there)
+        self._spilled: list[tuple[bytes, HostBlock]] = []  # host evictions to write to disk
+        self._swapped: dict[Hashable, _SwapRecord] = {}
+        kv.on_evict = self._on_device_evict
+        host.on_evict = self._on_host_evict
+
+    # ---------------------------------------------------------------- offload
+
+    def _on_device_evict(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
+        copy = HostBlock()
+        self._outgoing.append((block_id, copy))
+        self.host.put(block_hash, copy)
+        self.stats.offloaded += 1
+
+    def _on_host_evict(self, block_hash: bytes, block: HostBlock) -> None:
+        if self.disk is not None:
+            self._spilled.append((block_hash, block))
+
+    def swap_out(self, seq_id: Hashable, block_ids: Sequence[int], num_computed: int) -> bool:
+        """Keep a preempted sequence's computed blocks on the host; False (nothing kept) if they don't fit."""
+        self.drop_swap(seq_id)
+        if not block_ids or not self.host.pin(len(block_ids)):
+            self.stats.swap_fallbacks += bool(block_ids)
+            return False
+        copies = [HostBlock() for _ in block_ids]
+        self._outgoing.extend(zip(block_ids, copies))
+        self._swapped[seq_id] = _SwapRecord(copies, num_computed)
+        self.stats.swapped_out += len(copies)
+        return True
+
+    def drop_swap(self, seq_id: Hashable) -> None:
+        """Forget a swapped-out sequence (finished or aborted while waiting)."""
+        record = self._swapped.pop(seq_id, None)
+        if record is not None:
+            self.host.unpin(len(record.blocks))
+
+    @property
+    def num_swapped_seqs(self) -> int:
+        """Sequences whose blocks are held on the host waiting to be swapped in."""
+        return len(self._swapped)
+
+    # ---------------------------------------------------------------- restore
+
+    def plan_restore(self, seq_id: Hashable, match: PrefixMatch, num_tokens: int,
+                     compute_limit: int) -> Restore | None:
+        """What the lower tiers can restore after ``match`` for a sequence being admitted (no commitments).
+
+        At least one token of ``compute_limit`` is always left to compute.
+        """
+        first = len(match.blocks)
+        record = self._swapped.get(seq_id)
+        if record is not None:
+            restored = min(record.num_computed, compute_limit - 1)
+            if restored > match.num_cached_tokens:
+                blocks = record.blocks[first:-(-restored // self.block_size)]
+                return Restore(first, blocks, restored - match.num_cached_tokens, swapped=True)
+        limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
+        blocks = []
+        for block_hash in match.block_hashes[first:limit]:
+            block = self._lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return Restore(first, blocks, len(blocks) * self.block_size) if blocks else None
+
+    def _lookup(self, block_hash: bytes) -> HostBlock | None:
+        block = self.host.get(block_hash)
+        if block is not None or self.disk is None:
+            return block
+        data = self.disk.load(block_hash)
+        if data is None:
+            return None
+        block = HostBlock(data)
+        self.host.put(block_hash, block)
+        self.stats.disk_hits += 1
+        return block
+
+    def admitted(self, seq_id: Hashable, restore: Restore | None) -> None:
+        """The sequence was admitted: queue its restored blocks (if any) for this step's scatter."""
+        self.drop_swap(seq_id)  # whatever was not restored is on the device or will be recomputed
+        if restore is None:
+            return
+        table = self.kv.block_table(seq_id)
+        dst = table[restore.first_index:restore.first_index + len(restore.blocks)]
+        self._incoming.extend(zip(dst, restore.blocks))
+        if restore.swapped:
+            self.stats.swapped_in += len(restore.blocks)
+        else:
+            self.stats.host_hits += len(restore.blocks)
+
+    # ---------------------------------------------------------------- device
+
+    def set_format(self, pool: KVPool) -> None:
+        """Tie disk files to this pool's dtype, block shape and scales (call once scales are final)."""
+        if self.disk is not None:
+            scales = np.asarray(pool.k_scale).tobytes() + np.asarray(pool.v_scale).tobytes()
+            self.disk.tag = format_tag(self.disk.dtype, self.disk.block_shape, scales)
+
+    def apply(self, pool: KVPool) -> KVPool:
+        """Run this step's transfers: every offload (one gather), then every restore (one scatter)."""
+        if self._outgoing:
+            ids = [block_id for block_id, _ in self._outgoing]
+            for (_, copy), data in zip(self._outgoing, gather_blocks(pool, ids)):
+                copy.data = data
+            self._outgoing.clear()
+            self.stats.transfers_out += 1
+        if self._spilled:
+            for block_hash, block in self._spilled:
+                if block.data is not None:
+                    self.disk.store(block_hash, block.data)
+            self._spilled.clear()
+        if self._incoming:
+            ids = [block_id for block_id, _ in self._incoming]
+            pool = scatter_blocks(pool, ids, [block.data for _, block in self._incoming])
+            self._incoming.clear()
+            self.stats.transfers_in += 1
+        return pool
+
+    @property
+    def idle(self) -> bool:
+        """No transfer is queued (true between steps)."""
+        return not (self._outgoing or self._incoming or self._spilled)

@@ -1,0 +1,63 @@
+"""Batched block transfers between the device pool and host memory: one gather, one scatter per step.
+
+Block data travels as one array per block ``[2, num_layers, num_kv_heads,
+block_size, head_dim]`` (K then V) in the pool's dtype; fp8 blocks stay fp8,
+so a host copy costs what the device block costs. Block-id vectors are padded
+to powers of two so the number of compiled shapes stays small.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int
+
+from jaxpaged.kv.pool import KVPool
+
+
+def _padded(ids: list[int], fill: int) -> np.ndarray:
+    out = np.full(1 << max(len(ids) - 1, 0).bit_length(), fill, np.int32)
+    out[:len(ids)] = ids
+    return out
+
+
+@jax.jit
+def _gather(pool: KVPool, block_ids: Int[Array, "P"]) -> Array:
+    k = jnp.stack([pages[:, block_ids] for pages in pool.k])  # [L, Hkv, P, B, D]
+    v = jnp.stack([pages[:, block_ids] for pages in pool.v])
+    return jnp.moveaxis(jnp.stack([k, v]), 3, 0)  # [P, 2, L, Hkv, B, D]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter(pool: KVPool, block_ids: Int[Array, "P"], data: Array) -> KVPool:
+    data = jnp.moveaxis(data, 0, 3)  # [2, L, Hkv, P, B, D]
+    k = tuple(pages.at[:, block_ids].set(data[0, i], mode="drop") for i, pages in enumerate(pool.k))
+    v = tuple(pages.at[:, block_ids].set(data[1, i], mode="drop") for i, pages in enumerate(pool.v))
+    return pool._replace(k=k, v=v)
+
+
+def gather_blocks(pool: KVPool, block_ids: list[int]) -> list[np.ndarray]:
+    """Copy the given blocks to host memory in one gather and one transfer; one array per block."""
+    if not block_ids:
+        return []
+    host = np.asarray(jax.device_get(_gather(pool, jnp.asarray(_padded(block_ids, 0)))))
+    return [np.array(host[i]) for i in range(len(block_ids))]  # own copies: no shared backing buffer
+
+
+def scatter_blocks(pool: KVPool, block_ids: list[int], blocks: list[np.ndarray]) -> KVPool:
+    """Write host blocks into the given device blocks in one transfer and one donated scatter."""
+    if not block_ids:
+        return pool
+    ids = _padded(block_ids, pool.num_blocks)  # out of range: padding rows are dropped
+    data = np.zeros((len(ids),) + blocks[0].shape, blocks[0].dtype)
+    data[:len(blocks)] = blocks
+    return _scatter(pool, jnp.asarray(ids), jnp.asarray(data))
+
+
+def block_nbytes(pool: KVPool) -> int:
+    """Bytes of one block (K and V, every layer) in the pool's dtype."""
+    heads, _, block_size, head_dim = pool.k[0].shape
+    return 2 * len(pool.k) * heads * block_size * head_dim * pool.k[0].dtype.itemsize
