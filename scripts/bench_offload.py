@@ -1,0 +1,47 @@
+"""Benchmarks the memory tiers and the fp8 KV cache; prints Markdown, writes JSON.
+
+    .venv/bin/python scripts/bench_offload.py --json_out=out/bench_offload.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+from jaxpaged.offload.benchmark import bench_budget, bench_ttft, capacity_table, markdown
+
+_MODEL = flags.DEFINE_string("model", "small", "Model config for the timed runs.")
+_PREFIX_LEN = flags.DEFINE_integer("prefix_len", 4000, "Shared prefix length for the TTFT comparison.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds of the TTFT comparison (median reported).")
+_KV_BYTES = flags.DEFINE_integer("kv_cache_bytes", 32 << 20, "KV budget of the fp8 vs default run.")
+_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 64, "Requests in the fixed-budget run.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 256, "Prompt length in the fixed-budget run.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Generated tokens per request in the fixed-budget run.")
+_PLAN_MODELS = flags.DEFINE_list("plan_models", ["small", "llama3-8b", "llama3-70b"], "Models for the planner.")
+_PLAN_BYTES = flags.DEFINE_integer("plan_bytes", 16 << 30, "KV budget for the capacity planner table.")
+_PLAN_SEQ_LEN = flags.DEFINE_integer("plan_seq_len", 4096, "Sequence length for the planner's concurrency.")
+_PARTS = flags.DEFINE_list("parts", ["capacity", "ttft", "budget"], "Which benchmarks to run.")
+_JSON_OUT = flags.DEFINE_string("json_out", "out/bench_offload.json", "Where to write the JSON results.")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    results = {}
+    if "capacity" in _PARTS.value:
+        results["capacity"] = capacity_table(_PLAN_MODELS.value, _PLAN_BYTES.value, 16, _PLAN_SEQ_LEN.value)
+    if "ttft" in _PARTS.value:
+        results["ttft"] = bench_ttft(_MODEL.value, _PREFIX_LEN.value, _REPEATS.value)
+    if "budget" in _PARTS.value:
+        results["budget"] = bench_budget(_MODEL.value, _KV_BYTES.value, _NUM_REQUESTS.value,
+                                         _PROMPT_LEN.value, _MAX_TOKENS.value)
+    print(markdown(results))
+    if _JSON_OUT.value:
+        os.makedirs(os.path.dirname(_JSON_OUT.value) or ".", exist_ok=True)
+        with open(_JSON_OUT.value, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
