@@ -1,0 +1,64 @@
+"""absl flags shared by the benchmark scripts: workload shape and KV budget."""
+
+from __future__ import annotations
+
+import jax
+from absl import flags
+
+from jaxpaged.bench.serving import ServingSetup
+from jaxpaged.bench.workloads import WORKLOADS, WorkloadRequest, assign_arrivals, make_workload
+
+CONFIG = flags.DEFINE_string("config", "small", "model config name or path")
+NUM_REQUESTS = flags.DEFINE_integer("num_requests", 16, "requests per workload")
+REQUEST_RATE = flags.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 = all at once")
+SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
+KV_BUDGET = flags.DEFINE_integer("kv_budget_tokens", 8192, "KV pool size in tokens, the same for every mode")
+MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", 1024,
+                                     "longest sequence; the contiguous baseline reserves this per sequence")
+MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "most sequences running at once")
+MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 512, "token budget of one step")
+COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
+                                    "persistent XLA compile cache ('' = off); compile time is excluded anyway")
+# workload scales: None keeps the workload's own default (see jaxpaged/bench/workloads.py)
+_SCALES = {
+    "system_len": flags.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
+    "user_len": flags.DEFINE_integer("user_len", None, "user turn tokens (chatbot, multiturn, multitenant)"),
+    "prompt_len": flags.DEFINE_integer("prompt_len", None, "prompt tokens (unique)"),
+    "output_len": flags.DEFINE_integer("output_len", None, "generated tokens per request"),
+    "num_turns": flags.DEFINE_integer("num_turns", None, "turns per conversation (multiturn)"),
+    "num_tenants": flags.DEFINE_integer("num_tenants", None, "tenants (multitenant)"),
+    "max_prompt_len": flags.DEFINE_integer("max_prompt_len", None, "longest prompt (mixed)"),
+    "max_output_len": flags.DEFINE_integer("max_output_len", None, "longest output (mixed)"),
+}
+_ACCEPTS = {
+    "chatbot": {"system_len", "user_len", "output_len"},
+    "unique": {"prompt_len", "output_len"},
+    "multiturn": {"num_turns", "user_len", "output_len"},
+    "multitenant": {"num_tenants", "system_len", "user_len", "output_len"},
+    "mixed": {"max_prompt_len", "max_output_len"},
+}
+assert set(_ACCEPTS) == set(WORKLOADS)
+
+
+def workload_from_flags(name: str) -> list[WorkloadRequest]:
+    """The workload ``name`` scaled by whichever scale flags were set and apply to it, with arrivals."""
+    scales = {key: flag.value for key, flag in _SCALES.items() if flag.value is not None and key in _ACCEPTS[name]}
+    if name == "mixed":  # keep the minimums below scaled-down maximums
+        scales.setdefault("min_prompt_len", min(16, scales.get("max_prompt_len", 16)))
+        scales.setdefault("min_output_len", min(8, scales.get("max_output_len", 8)))
+    requests = make_workload(name, num_requests=NUM_REQUESTS.value, seed=SEED.value, **scales)
+    return assign_arrivals(requests, REQUEST_RATE.value, seed=SEED.value)
+
+
+def enable_compile_cache() -> None:
+    """Turn on JAX's persistent compile cache at ``--compile_cache_dir`` (reruns skip compiles)."""
+    if COMPILE_CACHE.value:
+        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def setup_from_flags(block_size: int) -> ServingSetup:
+    """The shared KV budget and engine limits from the flags, in blocks of ``block_size`` tokens."""
+    return ServingSetup(num_blocks=KV_BUDGET.value // block_size, block_size=block_size,
+                        max_model_len=MAX_MODEL_LEN.value, max_num_seqs=MAX_NUM_SEQS.value,
+                        max_num_batched_tokens=MAX_BATCHED.value)

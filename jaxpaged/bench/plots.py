@@ -1,0 +1,35 @@
+"""PNG plots of ablation rows: one figure per metric against block size, a line per workload."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, title: str = "") -> Path:
+    """Plot ``metric`` against ``block_size`` (log2 axis) for each workload in ``rows``; returns ``path``."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        points = sorted((r["block_size"], r[metric]) for r in rows if r["workload"] == workload)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=workload)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{metric} vs block size")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_all(rows: Sequence[dict], metrics: Sequence[str], out_dir: Path, prefix: str = "block_size_") -> list[Path]:
+    """One PNG per metric under ``out_dir`` named ``<prefix><metric>.png``."""
+    return [plot_metric_vs_block_size(rows, m, Path(out_dir) / f"{prefix}{m}.png") for m in metrics]

@@ -1,0 +1,163 @@
+"""Prometheus metrics for an Engine, named like vLLM's (``jaxpaged:`` instead of ``vllm:``).
+
+    metrics = attach_metrics(engine)           # registers itself as an engine stat logger
+    metrics.serve(8000)                        # optional: HTTP /metrics on port 8000
+    ...engine.step() ...
+    metrics.snapshot()["jaxpaged:prefix_cache_hits_total"]
+
+Each engine gets its own ``CollectorRegistry`` so several engines (and tests)
+never clash in the process-wide default registry. Counters are fed the deltas
+of the engine's cumulative counters after every step, so they always equal the
+engine's own numbers. Token counts for the prefix cache are in tokens, as vLLM's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from jaxpaged.engine import Engine
+    from jaxpaged.outputs import RequestOutput
+
+PREFIX = "jaxpaged:"
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class EngineMetrics:
+    """A stat logger (``logger(engine, finished_outputs)``) that keeps Prometheus metrics current."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Create every metric in ``registry`` (a fresh one by default)."""
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(PREFIX + name, doc, registry=r)
+
+        def counter(name, doc):
+            return Counter(PREFIX + name, doc, registry=r)
+
+        def histogram(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=r)
+
+        self.kv_cache_usage = gauge("kv_cache_usage_perc", "Fraction of KV blocks held by sequences (0-1).")
+        self.running = gauge("num_requests_running", "Sequences running (holding KV blocks).")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting for admission.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.evictions = counter("kv_cache_evictions", "Cached KV blocks evicted for reuse.")
+        self.preemptions = counter("num_preemptions", "Requests preempted (recompute).")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (cache hits excluded).")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.iteration_tokens = histogram("iteration_tokens", "Tokens computed per engine step.", _TOKEN_BUCKETS)
+        self._last: dict[str, int] = {}
+        self._last_step = 0
+
+    def __call__(self, engine: Engine, finished: list[RequestOutput]) -> None:
+        """Update from the engine after one step; ``finished`` are the requests it completed."""
+        kv = engine.kv.stats
+        self.kv_cache_usage.set(kv.usage)
+        self.running.set(len(engine.scheduler.running))
+        self.waiting.set(len(engine.scheduler.waiting))
+        totals = {
+            "prefix_queries": kv.prefix_queries_tokens,
+            "prefix_hits": kv.prefix_hits_tokens,
+            "evictions": kv.num_evictions,
+            "preemptions": engine.scheduler.num_preemptions,
+            "prompt_tokens": engine.stats.prompt_tokens,
+            "generation_tokens": engine.stats.generation_tokens,
+        }
+        for name, total in totals.items():
+            delta = total - self._last.get(name, 0)
+            if delta > 0:
+                getattr(self, name).inc(delta)
+            self._last[name] = total
+        if engine.stats.num_steps > self._last_step:  # a step that ran on the device
+            self._last_step = engine.stats.num_steps
+            self.iteration_tokens.observe(engine.stats.last_step_tokens)
+        for out in finished:
+            m = out.metrics
+            if m.ttft is not None:
+                self.ttft.observe(m.ttft)
+            if m.e2e_latency is not None:
+                self.e2e.observe(m.e2e_latency)
+            for gap in m.inter_token_latencies:
+                self.itl.observe(gap)
+
+    def snapshot(self) -> dict[str, float]:
+        """Every sample now, keyed by its exposition name (``..._total``, ``..._sum``, ``..._count``,
+        bucket samples as ``name{le="x"}``); ``_created`` timestamps are left out."""
+        values = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = sample.name
+                if sample.labels:
+                    key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"
+                values[key] = sample.value
+        return values
+
+    def serve(self, port: int, addr: str = "0.0.0.0"):
+        """Serve this registry over HTTP at ``addr:port/metrics`` (a daemon thread); returns the server."""
+        return start_http_server(port, addr=addr, registry=self.registry)
+
+
+class PeriodicLogger:
+    """Logs a one-line summary at most every ``interval_s`` seconds, as vLLM's LoggingStatLogger."""
+
+    def __init__(self, interval_s: float = 5.0, *, log: Callable[[str], None] = logging.getLogger(__name__).info,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``log`` receives each line; ``clock`` is the time source."""
+        self.interval_s = interval_s
+        self.log = log
+        self.clock = clock
+        self._last_time = clock()
+        self._last_prompt = 0
+        self._last_generation = 0
+
+    def __call__(self, engine: Engine, finished: list[RequestOutput]) -> None:
+        """Log when the interval has passed since the last line."""
+        now = self.clock()
+        elapsed = now - self._last_time
+        if elapsed < self.interval_s:
+            return
+        self.log(self.format_line(engine, elapsed))
+        self._last_time = now
+        self._last_prompt = engine.stats.prompt_tokens
+        self._last_generation = engine.stats.generation_tokens
+
+    def format_line(self, engine: Engine, elapsed: float) -> str:
+        """The summary line for the ``elapsed`` seconds since the previous one."""
+        kv = engine.kv.stats
+        prompt_rate = (engine.stats.prompt_tokens - self._last_prompt) / elapsed if elapsed > 0 else 0.0
+        gen_rate = (engine.stats.generation_tokens - self._last_generation) / elapsed if elapsed > 0 else 0.0
+        return (f"Avg prompt throughput: {prompt_rate:.1f} tokens/s, "
+                f"Avg generation throughput: {gen_rate:.1f} tokens/s, "
+                f"Running: {len(engine.scheduler.running)} reqs, Waiting: {len(engine.scheduler.waiting)} reqs, "
+                f"KV cache usage: {kv.usage * 100:.1f}%, Prefix cache hit rate: {kv.prefix_hit_rate * 100:.1f}%, "
+                f"Preemptions: {engine.scheduler.num_preemptions}")
+
+
+def attach_metrics(engine: Engine, *, port: int | None = None, log_interval_s: float | None = None,
+                   registry: CollectorRegistry | None = None) -> EngineMetrics:
+    """Register Prometheus metrics (and, if ``log_interval_s``, the periodic log line) on ``engine``.
+
+    ``port`` also serves them over HTTP. Returns the metrics; ``snapshot()`` reads them.
+    """
+    metrics = EngineMetrics(registry)
+    engine.stat_loggers.append(metrics)
+    if log_interval_s is not None:
+        engine.stat_loggers.append(PeriodicLogger(log_interval_s, clock=engine.clock))
+    if port is not None:
+        metrics.serve(port)
+    return metrics

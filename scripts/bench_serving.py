@@ -1,0 +1,67 @@
+"""Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side.
+
+    python scripts/bench_serving.py --config=small --workload=chatbot --num_requests=16 \
+        --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+
+Latencies and throughput exclude compile time (reported separately); see
+jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from absl import app, flags
+from tqdm.auto import tqdm
+
+from jaxpaged.bench import flags as bench_flags
+from jaxpaged.bench.serving import MODES, compare_modes
+from jaxpaged.bench.report import markdown_table
+from jaxpaged.bench.workloads import WORKLOADS
+from jaxpaged.checkpoint import load_model
+from jaxpaged.metrics import attach_metrics
+
+WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to serve")
+MODES_FLAG = flags.DEFINE_list("modes", list(MODES), "modes to compare")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
+REPEATS = flags.DEFINE_integer("repeats", 1, "interleaved repeats per mode; medians reported")
+JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
+MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
+METRICS_PORT = flags.DEFINE_integer("metrics_port", None, "serve Prometheus metrics of the running engine here")
+LOG_INTERVAL = flags.DEFINE_float("log_interval_s", None, "log a one-line engine summary this often")
+PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
+
+
+def main(argv):
+    """Build the workload, run every mode, print and write the results."""
+    del argv
+    logging.getLogger("jaxpaged").setLevel(logging.INFO)
+    bench_flags.enable_compile_cache()
+    requests = bench_flags.workload_from_flags(WORKLOAD.value)
+    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value)
+    model = load_model(bench_flags.CONFIG.value)
+    bar = tqdm(total=len(requests) * len(MODES_FLAG.value) * REPEATS.value, desc="requests",
+               disable=not PROGRESS.value)
+    port = iter([METRICS_PORT.value])  # the HTTP server can bind once; it serves the first engine's registry
+
+    def hook(engine):
+        attach_metrics(engine, port=next(port, None), log_interval_s=LOG_INTERVAL.value)
+
+    result = compare_modes(model, setup, requests, modes=MODES_FLAG.value, repeats=REPEATS.value,
+                           on_finish=lambda _: bar.update(), engine_hook=hook)
+    bar.close()
+    table = markdown_table(result["median"], result["ratios"])
+    print(table)
+    meta = {"config": bench_flags.CONFIG.value, "workload": WORKLOAD.value, "num_requests": len(requests),
+            "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
+    for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,41 @@
+"""KV-cache capacity for a model config: bytes per token, blocks and sequences for a budget.
+
+    python scripts/kv_capacity.py --config=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
+
+Reproduces the reference figures: Llama-3-70B fp16 = 327,680 bytes per token,
+a 16-token block ~5.2 MB, ~8,600 blocks in 45 GB (and weights ~141 GB in fp16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from absl import app, flags
+
+from jaxpaged.capacity import format_capacity, kv_capacity
+from jaxpaged.config import load_config
+
+CONFIG = flags.DEFINE_string("config", "llama3-70b", "model config name or path")
+KV_DTYPE = flags.DEFINE_string("kv_dtype", "float16", "KV cache dtype (float16, bfloat16, float32, fp8)")
+WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", None, "weight dtype (default: the KV dtype)")
+BUDGET_GB = flags.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes)")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
+CONTEXT_LEN = flags.DEFINE_integer("context_len", 2048, "tokens per sequence")
+JSON_OUT = flags.DEFINE_string("json_out", None, "also write the figures here as JSON")
+
+
+def main(argv):
+    """Print the capacity figures (and write JSON if asked)."""
+    del argv
+    cap = kv_capacity(load_config(CONFIG.value), budget_bytes=int(BUDGET_GB.value * 1e9),
+                      block_size=BLOCK_SIZE.value, context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
+                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value)
+    print(format_capacity(cap))
+    if JSON_OUT.value:
+        with open(JSON_OUT.value, "w") as f:
+            json.dump(dataclasses.asdict(cap), f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,72 @@
+"""Each benchmark script runs end to end on the tiny config and writes valid JSON."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+TINY = ["--config=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
+        "--output_len=3", "--kv_budget_tokens=256", "--max_model_len=64", f"--compile_cache_dir={CACHE}"]
+
+
+def run_script(name: str, *args: str) -> str:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_bench_serving(tmp_path):
+    out = run_script("bench_serving.py", *TINY, "--progress=false", f"--json_out={tmp_path}/s.json",
+                     f"--md_out={tmp_path}/s.md")
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert set(result["median"]) == {"prefix_on", "prefix_off", "contiguous"}
+    for summary in result["median"].values():
+        assert summary["num_requests"] == 3
+    assert result["median"]["prefix_on"]["prefix_hit_rate"] > 0  # the 16-token system prompt is shared
+    assert result["median"]["prefix_off"]["prefix_hit_rate"] == 0
+    # 4 regions of 64 tokens in 256: the baseline can never run more than 4
+    assert result["median"]["contiguous"]["max_running_seqs"] <= 4
+    assert "request_throughput: prefix_on/prefix_off" in result["ratios"]
+    assert (tmp_path / "s.md").read_text().startswith("| metric | prefix_on | prefix_off | contiguous |")
+    assert "| metric |" in out
+
+
+def test_ablate_block_size(tmp_path):
+    run_script("ablate_block_size.py", *TINY, "--block_sizes=4,16", "--workloads=chatbot,multiturn",
+               "--num_turns=2", "--progress=false", f"--json_out={tmp_path}/a.json", f"--plot_dir={tmp_path}/p")
+    rows = json.loads((tmp_path / "a.json").read_text())["rows"]
+    assert [(r["block_size"], r["workload"]) for r in rows] == [
+        (4, "chatbot"), (4, "multiturn"), (16, "chatbot"), (16, "multiturn")]
+    assert all(r["num_requests"] == 3 for r in rows)
+    assert rows[0]["max_concurrent_seqs"] >= rows[2]["max_concurrent_seqs"]  # coarser blocks round up more
+    pngs = sorted(p.name for p in (tmp_path / "p").glob("*.png"))
+    assert "block_size_kv_waste.png" in pngs and len(pngs) == 6
+
+
+def test_profile(tmp_path):
+    out = run_script("profile.py", *TINY, f"--trace_dir={tmp_path}/trace", f"--json_out={tmp_path}/p.json")
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert 0 < result["host_share"] < 1
+    assert result["device_s"] > 0 and result["num_steps"] >= result["device_steps"] > 0
+    assert list((tmp_path / "trace").rglob("*.xplane.pb"))
+    assert "host share" in out
+
+
+@pytest.mark.parametrize("dtype, per_token", [("float16", 327_680), ("fp8", 163_840)])
+def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
+    out = run_script("kv_capacity.py", "--config=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
+                     f"--json_out={tmp_path}/c.json")
+    cap = json.loads((tmp_path / "c.json").read_text())
+    assert cap["bytes_per_token"] == per_token
+    assert cap["bytes_per_block"] == 16 * per_token
+    assert cap["num_blocks"] == 45_000_000_000 // (16 * per_token)
+    if dtype == "float16":
+        assert cap["num_blocks"] == 8583 and "5.24 MB" in out
+        assert 140e9 < cap["weight_bytes"] < 142e9  # not ~35 GB
