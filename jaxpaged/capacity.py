@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 
-from jaxpaged.config import ModelConfig, _np_dtype_name
+from jaxpaged.config import ModelConfig, dtype_itemsize
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -37,11 +36,6 @@ class KVCapacity:
     weight_dtype: str
     num_params: int
     weight_bytes: int
-
-
-def dtype_itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype name (aliases such as fp16, bf16, fp8 accepted)."""
-    return np.dtype(_np_dtype_name(dtype)).itemsize
 
 
 def max_concurrent_seqs(num_blocks: int, block_size: int, context_len: int) -> int:

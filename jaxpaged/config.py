@@ -71,7 +71,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None) -> int:
         """Bytes of K and V, over all layers, that one token occupies in the cache."""
-        itemsize = np.dtype(_np_dtype_name(kv_dtype or self.dtype)).itemsize
+        itemsize = dtype_itemsize(kv_dtype or self.dtype)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
     def num_params(self) -> int:
@@ -100,14 +100,27 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
-def _np_dtype_name(dtype: str) -> str:
-    aliases = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
-               "fp16": "float16", "fp32": "float32"}
-    name = aliases.get(dtype, dtype)
+DTYPE_ALIASES = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
+                 "fp16": "float16", "fp32": "float32"}
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn")
+
+
+def canonical_dtype_name(dtype: str) -> str:
+    """Resolve a user-facing dtype name (`fp16`, `bf16`, `fp8_e4m3`, ...) to its canonical name."""
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {SUPPORTED_DTYPES} "
+                         f"or an alias {tuple(DTYPE_ALIASES)}")
+    return name
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name (aliases accepted)."""
+    name = canonical_dtype_name(dtype)
     if name in ("bfloat16", "float8_e4m3fn"):
         import ml_dtypes  # numpy knows these dtypes through ml_dtypes (a JAX dependency)
-        return np.dtype(getattr(ml_dtypes, name)).name
-    return name
+        return np.dtype(getattr(ml_dtypes, name)).itemsize
+    return np.dtype(name).itemsize
 
 
 def list_configs() -> list[str]:

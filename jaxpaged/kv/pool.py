@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.config import ModelConfig
+from jaxpaged.config import ModelConfig, canonical_dtype_name
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -54,12 +54,10 @@ def kv_dtype_from_name(name: str | None, model_dtype: str) -> jnp.dtype:
     """Map a user-facing KV dtype name (`auto`, `fp8_e4m3`, `bfloat16`, ...) to a JAX dtype."""
     if name in (None, "auto"):
         return jnp.dtype(model_dtype)
-    aliases = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
-               "fp16": "float16", "fp32": "float32"}
-    resolved = aliases.get(name, name)
-    if resolved not in ("float32", "bfloat16", "float16", "float8_e4m3fn"):
-        raise ValueError(f"unsupported kv_cache_dtype {name!r}; use auto, float32, bfloat16, fp8_e4m3")
-    return jnp.dtype(resolved)
+    try:
+        return jnp.dtype(canonical_dtype_name(name))
+    except ValueError as e:
+        raise ValueError(f"kv_cache_dtype: {e} (or 'auto')") from None
 
 
 def create_pool(
