@@ -308,6 +308,8 @@ class Engine:
         self.stats.last_step_batch = [(s.request.request_id, s.index, n) for s, n in out.scheduled]
         if out.scheduled:
             self._run(out.scheduled)
+        if self.tiers is not None:
+            self.tiers.finish()
         finished, self._finished = self._finished, []
         for request in finished:
             del self._requests[request.request_id]

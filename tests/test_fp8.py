@@ -12,7 +12,7 @@ import pytest
 
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.kv.capacity import plan_capacity
+from jaxpaged.capacity import kv_capacity
 from jaxpaged.kv.fp8 import calibrate_kv_scales, pool_absmax, scales_from_absmax, validate_kv_scales
 from jaxpaged.kv.pool import FP8_MAX, write_layer_kv
 from jaxpaged.model import init_model
@@ -50,10 +50,11 @@ def test_fp8_write_saturates_instead_of_overflowing():
 
 
 def test_capacity_quadruples_against_float32_and_doubles_against_bf16(tiny_config):
-    plans = {d: plan_capacity(tiny_config, 1 << 20, 16, d, seq_len=256)
-             for d in (jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn)}
-    fp8 = plans[jnp.float8_e4m3fn]
-    assert fp8.num_blocks == 2 * plans[jnp.bfloat16].num_blocks == 4 * plans[jnp.float32].num_blocks
+    plans = {d: kv_capacity(tiny_config, budget_bytes=1 << 20, context_len=256, kv_dtype=d)
+             for d in ("float32", "bfloat16", "fp8_e4m3")}
+    fp8 = plans["fp8_e4m3"]
+    assert fp8.num_blocks == 2 * plans["bfloat16"].num_blocks == 4 * plans["float32"].num_blocks
+    assert fp8.max_concurrent_seqs == 4 * plans["float32"].max_concurrent_seqs
     engines = {d: Engine(EngineConfig(model="tiny", kv_cache_bytes=1 << 20, kv_cache_dtype=d),
                          model=init_model(tiny_config)).num_blocks for d in ("float32", "fp8_e4m3")}
     assert engines["fp8_e4m3"] == fp8.num_blocks == 4 * engines["float32"]

@@ -14,8 +14,7 @@ import numpy as np
 
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.kv.capacity import plan_capacity
-from jaxpaged.kv.pool import kv_dtype_from_name
+from jaxpaged.capacity import kv_capacity
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
 
@@ -75,9 +74,9 @@ def capacity_table(model_names: list[str], kv_cache_bytes: int, block_size: int,
     for name in model_names:
         config = load_config(name)
         for dtype_name in ("float32", "bfloat16", "fp8_e4m3"):
-            plan = plan_capacity(config, kv_cache_bytes, block_size,
-                                 kv_dtype_from_name(dtype_name, config.dtype), seq_len)
-            rows.append({"model": name, **plan.as_dict()})
+            cap = kv_capacity(config, budget_bytes=kv_cache_bytes, block_size=block_size, context_len=seq_len,
+                              kv_dtype=dtype_name)
+            rows.append({"model": name, **dataclasses.asdict(cap), "num_tokens": cap.num_blocks * block_size})
     return rows
 
 

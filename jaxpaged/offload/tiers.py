@@ -9,11 +9,13 @@ During ``Scheduler.schedule`` (host only) this records:
   hit that the host (or disk) tier holds, or its swapped-out blocks; they go
   into freshly allocated device blocks and are committed as computed.
 
-``apply(pool)`` then runs before the step and before copy-on-write copies: one
-gather + one device->host transfer of every offloaded block, then one
-host->device transfer + donated scatter of every restored block. Offloads go
-first, so a block evicted and reused in the same step is saved before it is
-overwritten.
+``apply(pool)`` then runs before the step and before copy-on-write copies: it
+dispatches one gather of every offloaded block and starts its copy to the host,
+then one host->device transfer + donated scatter of every restored block. The
+gather is dispatched first, so a block evicted and reused in the same step is
+read before it is overwritten; JAX orders the later donating ops after it.
+``finish()`` after the step lands the gathered data (the copy overlapped the
+step) and spills host evictions to disk.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.kv.pool import KVPool
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
-from jaxpaged.offload.transfer import gather_blocks, scatter_blocks
+from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 
 
 @dataclasses.dataclass
@@ -77,6 +79,7 @@ class KVTiers:
         self._incoming: list[tuple[int, HostBlock]] = []  # (device block id, data to put there)
         self._spilled: list[tuple[bytes, HostBlock]] = []  # host evictions to write to disk
         self._swapped: dict[Hashable, _SwapRecord] = {}
+        self._gathering: tuple[list[HostBlock], object] | None = None  # offload in flight to the host
         kv.on_evict = self._on_device_evict
         host.on_evict = self._on_host_evict
 
@@ -173,26 +176,37 @@ class KVTiers:
             self.disk.tag = format_tag(self.disk.dtype, self.disk.block_shape, scales)
 
     def apply(self, pool: KVPool) -> KVPool:
-        """Run this step's transfers: every offload (one gather), then every restore (one scatter)."""
+        """Before the step: dispatch the offload gather, then the restore scatter; returns the new pool.
+
+        The gather's copy to the host overlaps the step; :meth:`finish` lands it.
+        """
         if self._outgoing:
-            ids = [block_id for block_id, _ in self._outgoing]
-            for (_, copy), data in zip(self._outgoing, gather_blocks(pool, ids)):
-                copy.data = data
+            copies = [copy for _, copy in self._outgoing]
+            self._gathering = (copies, start_gather(pool, [block_id for block_id, _ in self._outgoing]))
             self._outgoing.clear()
             self.stats.transfers_out += 1
-        if self._spilled:
-            for block_hash, block in self._spilled:
-                if block.data is not None:
-                    self.disk.store(block_hash, block.data)
-            self._spilled.clear()
         if self._incoming:
+            if any(block.data is None for _, block in self._incoming):
+                self.finish()  # a block evicted and restored in the same step: land its data first
             ids = [block_id for block_id, _ in self._incoming]
             pool = scatter_blocks(pool, ids, [block.data for _, block in self._incoming])
             self._incoming.clear()
             self.stats.transfers_in += 1
         return pool
 
+    def finish(self) -> None:
+        """After the step: land the offloaded blocks on the host and spill host evictions to disk."""
+        if self._gathering is not None:
+            copies, gathered = self._gathering
+            self._gathering = None
+            for copy, data in zip(copies, finish_gather(gathered, len(copies))):
+                copy.data = data
+        for block_hash, block in self._spilled:
+            if block.data is not None:
+                self.disk.store(block_hash, block.data)
+        self._spilled.clear()
+
     @property
     def idle(self) -> bool:
         """No transfer is queued (true between steps)."""
-        return not (self._outgoing or self._incoming or self._spilled)
+        return not (self._outgoing or self._incoming or self._spilled or self._gathering)

@@ -39,12 +39,24 @@ def _scatter(pool: KVPool, block_ids: Int[Array, "P"], data: Array) -> KVPool:
     return pool._replace(k=k, v=v)
 
 
+def start_gather(pool: KVPool, block_ids: list[int]) -> Array:
+    """Dispatch one gather of the given blocks and start its copy to the host; returns at once."""
+    gathered = _gather(pool, jnp.asarray(_padded(block_ids, 0)))
+    gathered.copy_to_host_async()
+    return gathered
+
+
+def finish_gather(gathered: Array, num_blocks: int) -> list[np.ndarray]:
+    """Wait for a :func:`start_gather` and split it into one host array per block."""
+    host = np.asarray(jax.device_get(gathered))
+    return [np.array(host[i]) for i in range(num_blocks)]  # own copies: no shared backing buffer
+
+
 def gather_blocks(pool: KVPool, block_ids: list[int]) -> list[np.ndarray]:
     """Copy the given blocks to host memory in one gather and one transfer; one array per block."""
     if not block_ids:
         return []
-    host = np.asarray(jax.device_get(_gather(pool, jnp.asarray(_padded(block_ids, 0)))))
-    return [np.array(host[i]) for i in range(len(block_ids))]  # own copies: no shared backing buffer
+    return finish_gather(start_gather(pool, block_ids), len(block_ids))
 
 
 def scatter_blocks(pool: KVPool, block_ids: list[int], blocks: list[np.ndarray]) -> KVPool:

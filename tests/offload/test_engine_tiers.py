@@ -8,6 +8,7 @@ from jaxpaged.sampling_params import SamplingParams
 
 BS = 4
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+TINY_BLOCK_BYTES = 2 * 2 * 2 * BS * 16 * 4  # K/V x layers x kv heads x block size x head dim x float32
 
 
 def _run(engine, prompts, prefix="r", params=PARAMS):
@@ -71,7 +72,7 @@ def test_without_host_tier_the_prefix_is_recomputed(tiny_model, recomputed):
 
 
 def test_disk_tier_behind_a_small_host_tier(tiny_model, recomputed, tmp_path):
-    config = dict(host_cache_bytes=4 * 2 * 2 * 2 * BS * 16 * 4, disk_cache_dir=str(tmp_path),
+    config = dict(host_cache_bytes=4 * TINY_BLOCK_BYTES, disk_cache_dir=str(tmp_path),
                   disk_cache_bytes=1 << 20)  # host: 4 blocks only, so most go on to disk
     engine, tokens, _ = _serve(tiny_model, **config)
     assert tokens == recomputed
@@ -84,7 +85,7 @@ def test_disk_tier_behind_a_small_host_tier(tiny_model, recomputed, tmp_path):
 
 
 def test_flipped_byte_on_disk_is_recomputed_not_read(tiny_model, recomputed, tmp_path):
-    config = dict(host_cache_bytes=4 * 2 * 2 * 2 * BS * 16 * 4, disk_cache_dir=str(tmp_path))
+    config = dict(host_cache_bytes=4 * TINY_BLOCK_BYTES, disk_cache_dir=str(tmp_path))
     engine = Engine(EngineConfig(model="tiny", num_blocks=24, block_size=BS, **config), model=tiny_model)
     first, filler, again = _waves()
     _run(engine, first + filler)
@@ -117,7 +118,7 @@ def test_swap_preemption_equals_recompute(tiny_model):
     assert tokens == reference
     _assert_no_leaks(engine)
     # a host tier too small to hold a swap falls back to recompute, still correct
-    tight, tokens = serve(host_cache_bytes=2 * 2 * 2 * 2 * BS * 16 * 4, preemption_mode="swap")
+    tight, tokens = serve(host_cache_bytes=2 * TINY_BLOCK_BYTES, preemption_mode="swap")
     assert tight.tiers.stats.swap_fallbacks > 0 and tokens == reference
     _assert_no_leaks(tight)
 
