@@ -119,3 +119,20 @@ def test_engine_calibrates_on_first_prefill(tiny_model):
     np.testing.assert_allclose(np.asarray(engine.runner.pool.v_scale), expected[1], rtol=1e-5)
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
     assert engine.kv.stats.num_used_blocks == 0
+
+
+def test_pallas_fp8_path_matches_xla(tiny_model):
+    """The Pallas kernel's fp8 option (interpreted on CPU) reads the same calibrated pool as the XLA path."""
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(0, 250, n)) for n in (20, 7)]
+    tokens = {}
+    for backend in ("xla", "pallas"):
+        engine = Engine(EngineConfig(model="tiny", num_blocks=16, kv_cache_dtype="fp8_e4m3",
+                                     attention_backend=backend, pallas_interpret=True), model=tiny_model)
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        tokens[backend] = sorted((o.request_id, o.outputs[0].token_ids) for o in outs)
+    assert tokens["xla"] == tokens["pallas"]

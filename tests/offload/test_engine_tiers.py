@@ -134,3 +134,19 @@ def test_swap_preemption_equals_recompute(tiny_model):
 def test_bad_tier_options_are_rejected(tiny_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         Engine(EngineConfig(model="tiny", num_blocks=8, block_size=BS, **kwargs), model=tiny_model)
+
+
+def test_aborting_swapped_requests_releases_the_host_tier(tiny_model):
+    rng = np.random.default_rng(9)
+    engine = Engine(EngineConfig(model="tiny", num_blocks=20, block_size=BS, max_num_batched_tokens=32,
+                                 host_cache_bytes=1 << 20, preemption_mode="swap"), model=tiny_model)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for i in range(6):
+        engine.add_request(str(i), list(rng.integers(0, 250, 24)), params)
+    while engine.tiers.num_swapped_seqs == 0:
+        assert engine.has_unfinished_requests(), "the workload was meant to swap"
+        engine.step()
+    for i in range(6):
+        engine.abort(str(i))
+    engine.step()
+    _assert_no_leaks(engine)
