@@ -14,9 +14,12 @@ from jaxpaged.sampling_params import SamplingParams
 class LLM:
     """Generate for a batch of prompts: `LLM(model="tiny").generate(prompts, SamplingParams(...))`.
 
-    Keyword arguments are `EngineConfig` fields (block_size, num_blocks or kv_cache_bytes,
+    Keyword arguments are `EngineConfig` fields: block_size, num_blocks or kv_cache_bytes,
     enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len,
-    attention_backend, seed, ...).
+    attention_backend ("auto" | "xla" | "pallas", pallas_interpret), kv_cache_dtype
+    ("auto" | "bfloat16" | "fp8_e4m3", kv_scales), host_cache_bytes / disk_cache_dir
+    (lower cache tiers), preemption_mode ("recompute" | "swap"), prefix_cache_snapshot,
+    hash_algo, seed. See `jaxpaged.engine.EngineConfig`.
     """
 
     def __init__(self, model: str = "tiny", **kwargs):
