@@ -1,0 +1,9 @@
+"""Simulated serving: the real scheduler and KV cache manager over a roofline cost model.
+
+- `profiles`: device profiles (A100/H100/H200 datasheet peaks, the calibrated "cpu").
+- `cost_model`: FLOPs and bytes of one step, per phase, and its predicted time.
+- `runner`: `SimulatedRunner` (the engine's device backend) and `SimClock`.
+- `driver`: serve a workload in simulated time; `scenario`: build a simulated
+  deployment and sweep request rates for the sustainable one.
+- `calibrate`, `validate`: fit the "cpu" profile and check it against measured steps.
+"""

@@ -1,0 +1,116 @@
+"""Roofline cost of one engine step: FLOPs and bytes per phase against a device profile.
+
+A step computes `n` new tokens for each scheduled sequence that already has
+`c` tokens of context in the KV pool. Two phases, each taking
+`max(FLOPs / peak_flops, bytes / bandwidth)`, plus per-step and per-sequence overheads:
+
+- dense (the linear layers and the LM head): `2 * P_layers` FLOPs per token,
+  `2 * vocab * hidden` per sequence for its last token's logits; every weight
+  is read once per step (the embedding table is gathered, not read).
+- attention: `4 * num_heads * head_dim` FLOPs per layer for each (query, key)
+  pair (QK^T and PV); each sequence reads the K/V of its whole context
+  (`c + n` tokens) once and writes the K/V of its `n` new tokens.
+
+Activations are not counted (small next to weights and KV at serving shapes).
+With `profile.padded_shapes` the step is costed as jaxpaged's bucketed XLA
+reference runs it (see `jaxpaged/step_input.py`): tokens, rows and the
+block table padded to powers of two, attention over whole block tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from jaxpaged.buckets import pow2_bucket
+from jaxpaged.config import ModelConfig
+from jaxpaged.sim.profiles import DeviceProfile
+from jaxpaged.step_input import MIN_BLOCKS_PER_SEQ, MIN_PREFILL_TOKENS
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """FLOPs and bytes of one step, per phase, and the predicted time."""
+
+    dense_flops: float
+    dense_bytes: float
+    attn_flops: float
+    attn_bytes: float
+    num_seqs: int
+    time_s: float
+
+    @property
+    def flops(self) -> float:
+        return self.dense_flops + self.attn_flops
+
+    @property
+    def bytes(self) -> float:
+        return self.dense_bytes + self.attn_bytes
+
+
+class CostModel:
+    """Predicts step times for one model (at given weight and KV precisions) on one device."""
+
+    def __init__(self, config: ModelConfig, profile: DeviceProfile, *,
+                 weight_bytes_per_param: float = 2.0, kv_bytes_per_element: float = 2.0,
+                 block_size: int = 16):
+        """`weight_bytes_per_param`: 2 for bf16/fp16, 1 for fp8/int8, 0.5 for 4-bit."""
+        self.config = config
+        self.profile = profile
+        self.block_size = block_size
+        h = config.hidden_size
+        q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        layer_params = 2 * h * q_dim + 2 * h * kv_dim + 3 * h * config.intermediate_size
+        self.layer_flops_per_token = 2.0 * config.num_layers * layer_params
+        self.lm_head_flops_per_seq = 2.0 * config.vocab_size * h
+        self.weight_bytes = (config.num_layers * layer_params + config.vocab_size * h) * weight_bytes_per_param
+        self.attn_flops_per_pair = 4.0 * config.num_layers * q_dim
+        self.kv_bytes_per_token = 2.0 * config.num_layers * kv_dim * kv_bytes_per_element
+
+    def step_cost(self, seqs: Iterable[tuple[int, int]]) -> StepCost:
+        """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
+        seqs = list(seqs)
+        if self.profile.padded_shapes:
+            tokens, rows, pairs, kv_read = self._padded_work(seqs)
+        else:
+            tokens, rows, pairs, kv_read = self._exact_work(seqs)
+        kv_written = sum(n for n, _ in seqs)
+        dense_flops = self.layer_flops_per_token * tokens + self.lm_head_flops_per_seq * rows
+        attn_flops = self.attn_flops_per_pair * pairs
+        attn_bytes = self.kv_bytes_per_token * (kv_read + kv_written)
+        p = self.profile
+        time_s = (p.step_overhead_s + p.per_seq_overhead_s * len(seqs)
+                  + max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
+                  + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
+        return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, len(seqs), time_s)
+
+    def step_time(self, seqs: Iterable[tuple[int, int]]) -> float:
+        """Predicted seconds for one step (see `step_cost`)."""
+        return self.step_cost(seqs).time_s
+
+    def copy_time(self, num_blocks: int) -> float:
+        """Seconds to copy `num_blocks` KV blocks (copy-on-write): read and write each once."""
+        return 2 * num_blocks * self.block_size * self.kv_bytes_per_token / self.profile.memory_bandwidth
+
+    @staticmethod
+    def _exact_work(seqs: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """Ideal ragged kernels: only real tokens, causal (query, key) pairs."""
+        tokens = pairs = kv_read = 0
+        for n, c in seqs:
+            tokens += n
+            pairs += n * c + n * (n + 1) // 2
+            kv_read += c + n
+        return tokens, len(seqs), pairs, kv_read
+
+    def _padded_work(self, seqs: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """jaxpaged's bucketed step: decode rows [S_d, ctx], prefill rows [S_p, q_max, ctx]."""
+        decode = sum(1 for n, _ in seqs if n == 1)
+        prefill = [n for n, _ in seqs if n > 1]
+        n_dec, n_pre = pow2_bucket(decode), pow2_bucket(len(prefill))
+        t_pre = pow2_bucket(sum(prefill), MIN_PREFILL_TOKENS)
+        q_max = min(pow2_bucket(max(prefill, default=0), MIN_PREFILL_TOKENS), t_pre)
+        bs = self.block_size
+        max_blocks = max(-(-(n + c) // bs) for n, c in seqs)
+        ctx = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ) * bs
+        pairs = n_dec * ctx + n_pre * q_max * ctx
+        return n_dec + t_pre, n_dec + n_pre, pairs, (n_dec + n_pre) * ctx

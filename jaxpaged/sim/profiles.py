@@ -1,0 +1,87 @@
+"""Device profiles for the roofline cost model: peak FLOP/s, memory bandwidth, per-step overhead.
+
+GPU figures are vendor datasheet peaks (dense bf16/fp16 tensor-core FLOP/s,
+HBM bandwidth) for the SXM parts, so simulated times are a roofline: an upper
+bound on speed that real kernels approach but do not reach. The "cpu" profile
+is fitted to measured steps of the small config on this machine
+(`scripts/calibrate_cpu_profile.py` writes `cpu_profile.json` beside this file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+CPU_PROFILE_PATH = Path(__file__).resolve().parent / "cpu_profile.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What the cost model needs to know about one accelerator.
+
+    `padded_shapes` says the device runs jaxpaged's bucketed XLA reference
+    step (token, row and block-table sizes padded to powers of two, attention
+    over whole block tables) rather than an ideal ragged kernel.
+    """
+
+    name: str
+    peak_flops: float  # FLOP/s
+    memory_bandwidth: float  # bytes/s
+    step_overhead_s: float  # fixed cost per step: launches, host round trip
+    memory_bytes: int  # device memory, for capacity planning
+    padded_shapes: bool = False
+    per_seq_overhead_s: float = 0.0  # host work per scheduled sequence (input layout)
+    attention_flops: float | None = None  # effective FLOP/s of attention if unlike the GEMMs' (CPU)
+
+    @property
+    def attn_flops_rate(self) -> float:
+        """FLOP/s the attention phase runs at."""
+        return self.attention_flops or self.peak_flops
+
+    def __post_init__(self):
+        for field in ("peak_flops", "memory_bandwidth"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.step_overhead_s < 0 or self.per_seq_overhead_s < 0:
+            raise ValueError("overheads must be non-negative")
+
+
+GB = 10**9
+GIB = 1 << 30
+
+# Datasheet peaks (dense, no sparsity). Step overhead: a typical CUDA-graph decode step's launch and
+# host round trip, a few tens of microseconds; an assumption, not a measurement.
+GPU_PROFILES = {
+    "a100-80gb": DeviceProfile("a100-80gb", peak_flops=312e12, memory_bandwidth=2.039e12,
+                               step_overhead_s=50e-6, memory_bytes=80 * GIB),
+    "h100-80gb": DeviceProfile("h100-80gb", peak_flops=989e12, memory_bandwidth=3.35e12,
+                               step_overhead_s=50e-6, memory_bytes=80 * GIB),
+    "h200-141gb": DeviceProfile("h200-141gb", peak_flops=989e12, memory_bandwidth=4.8e12,
+                                step_overhead_s=50e-6, memory_bytes=141 * GB),
+}
+
+
+def save_profile(profile: DeviceProfile, path: Path = CPU_PROFILE_PATH, **extra) -> None:
+    """Write a profile (plus free-form provenance fields) as JSON."""
+    path.write_text(json.dumps({**dataclasses.asdict(profile), **extra}, indent=2) + "\n")
+
+
+def load_profile_file(path: Path) -> DeviceProfile:
+    """Read a profile written by `save_profile`, ignoring provenance fields."""
+    data = json.loads(Path(path).read_text())
+    names = {f.name for f in dataclasses.fields(DeviceProfile)}
+    return DeviceProfile(**{k: v for k, v in data.items() if k in names})
+
+
+def get_profile(name: str) -> DeviceProfile:
+    """A profile by name: one of `GPU_PROFILES`, "cpu" (the calibrated file), or a JSON path."""
+    if name in GPU_PROFILES:
+        return GPU_PROFILES[name]
+    if name == "cpu":
+        if not CPU_PROFILE_PATH.exists():
+            raise ValueError("no calibrated cpu profile: run scripts/calibrate_cpu_profile.py first")
+        return load_profile_file(CPU_PROFILE_PATH)
+    if Path(name).suffix == ".json":
+        return load_profile_file(Path(name))
+    raise ValueError(f"unknown device profile {name!r}; known: {sorted(GPU_PROFILES) + ['cpu']}")

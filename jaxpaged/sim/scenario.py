@@ -1,0 +1,137 @@
+"""A simulated deployment (model, precision, device, engine limits) and request-rate sweeps.
+
+`Deployment` says how a model is served: weight and KV precision, which device
+profile, how much memory the KV cache gets. `run_at_rate` serves a workload at
+one Poisson arrival rate; `sweep` runs several rates and `sustainable_rate`
+picks the highest rate whose p99 time-to-first-token stays under a bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from jaxpaged.bench.workloads import WorkloadRequest, assign_arrivals
+from jaxpaged.config import ModelConfig, load_config
+from jaxpaged.engine import EngineConfig
+from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.driver import SimResult, make_sim_engine, simulate
+from jaxpaged.sim.profiles import DeviceProfile, get_profile
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """How one model is served on one device (all that a simulated run depends on besides the workload)."""
+
+    model: str = "llama3-70b"
+    profile: str = "a100-80gb"
+    weight_bytes_per_param: float = 2.0  # 2 = bf16/fp16, 1 = fp8/int8, 0.5 = 4-bit
+    kv_bytes_per_element: float = 2.0
+    kv_cache_bytes: int | None = None  # None: memory_utilization * device memory - weights
+    memory_utilization: float = 0.9  # vLLM's gpu_memory_utilization default
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    hash_algo: str = "xxh3_128"
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return load_config(self.model)
+
+    @property
+    def device(self) -> DeviceProfile:
+        return get_profile(self.profile)
+
+    def weight_bytes(self) -> float:
+        """Bytes of every parameter at the deployment's weight precision."""
+        return self.model_config.num_params() * self.weight_bytes_per_param
+
+    def block_bytes(self) -> float:
+        """Bytes of one KV block (all layers, K and V)."""
+        c = self.model_config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes_per_element * self.block_size
+
+    def num_blocks(self) -> int:
+        """KV blocks that fit the cache budget; raises if the weights leave no room."""
+        budget = self.kv_cache_bytes
+        if budget is None:
+            budget = self.memory_utilization * self.device.memory_bytes - self.weight_bytes()
+        blocks = int(budget // self.block_bytes())
+        if blocks <= 0:
+            raise ValueError(f"{self.model} weights ({self.weight_bytes() / 1e9:.1f} GB) leave no room for a KV "
+                             f"cache on {self.profile}; quantize the weights or set kv_cache_bytes")
+        return blocks
+
+    def cost_model(self) -> CostModel:
+        """The roofline cost model for this model, precision and device."""
+        return CostModel(self.model_config, self.device, weight_bytes_per_param=self.weight_bytes_per_param,
+                         kv_bytes_per_element=self.kv_bytes_per_element, block_size=self.block_size)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine settings the simulated engine runs with."""
+        return EngineConfig(model=self.model, block_size=self.block_size, num_blocks=self.num_blocks(),
+                            enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens, hash_algo=self.hash_algo)
+
+
+def run_at_rate(deployment: Deployment, requests: list[WorkloadRequest], rate: float, seed: int = 0) -> SimResult:
+    """Serve `requests` with Poisson arrivals at `rate` requests/s (<= 0: all at once) in simulated time."""
+    requests = assign_arrivals([dataclasses.replace(r) for r in requests], rate, seed)
+    engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
+    return simulate(engine, clock, requests)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """Latency and throughput at one offered request rate (simulated seconds)."""
+
+    rate: float
+    throughput_rps: float
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    prefix_hit_rate: float
+    num_preemptions: int
+    wall_s: float
+
+
+def summarize(rate: float, result: SimResult) -> SweepPoint:
+    """Percentiles of one run's per-request records."""
+    ttft = np.array([r.ttft for r in result.records])
+    tpot = np.array([r.tpot for r in result.records if r.tpot is not None])
+    return SweepPoint(rate, result.throughput_rps, float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99)),
+                      float(np.median(tpot)) if len(tpot) else float("nan"), result.prefix_hit_rate,
+                      result.num_preemptions, result.wall_s)
+
+
+def sweep(run: Callable[[float], SimResult], rates: Sequence[float]) -> list[SweepPoint]:
+    """Run and summarise each rate, in order."""
+    return [summarize(rate, run(rate)) for rate in rates]
+
+
+def sustainable_rate(points: Sequence[SweepPoint], ttft_p99_bound_s: float) -> float | None:
+    """The highest rate such that it and every lower swept rate keep p99 TTFT within the bound."""
+    best = None
+    for p in sorted(points, key=lambda p: p.rate):
+        if p.ttft_p99 > ttft_p99_bound_s:
+            break
+        best = p.rate
+    return best
+
+
+def refine_sustainable_rate(run: Callable[[float], SimResult], lo: float, hi: float, ttft_p99_bound_s: float,
+                            iterations: int = 4) -> tuple[float, list[SweepPoint]]:
+    """Bisect between a passing rate `lo` and a failing rate `hi`; returns the best passing rate and the runs."""
+    points = []
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        point = summarize(mid, run(mid))
+        points.append(point)
+        if point.ttft_p99 <= ttft_p99_bound_s:
+            lo = mid
+        else:
+            hi = mid
+    return lo, points

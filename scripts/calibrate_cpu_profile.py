@@ -1,0 +1,120 @@
+"""Calibrate the "cpu" device profile on this machine, then validate it on a different workload.
+
+    python scripts/calibrate_cpu_profile.py --json_out=out/sim_calibration.json
+
+1. Calibration: the small config's real ModelRunner on synthetic pure-prefill
+   and pure-decode steps; fit FLOP/s, bandwidth and overheads
+   (`jaxpaged/sim/calibrate.py`); the profile goes to `jaxpaged/sim/cpu_profile.json`.
+2. Validation: the real engine serves the `mixed` workload (chunked prefills
+   batched with decodes); its batches are replayed on the runner, interleaved
+   with the calibration steps (side by side), and each step's measured time is
+   compared with the fitted cost model's prediction. One-sequence decode steps
+   are left out of the fit: on this CPU they take ~1 s, 10x or more a batch of 8.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from jaxpaged.bench.workloads import make_workload
+from jaxpaged.config import load_config
+from jaxpaged.engine import EngineConfig
+from jaxpaged.model import init_model
+from jaxpaged.runner import ModelRunner
+from jaxpaged.sim import calibrate
+from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.profiles import CPU_PROFILE_PATH, save_profile
+from jaxpaged.sim.validate import record_engine_batches
+
+CONFIG = flags.DEFINE_string("config", "small", "model config to calibrate and validate on")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
+NUM_BLOCKS = flags.DEFINE_integer("num_blocks", 4200, "KV pool blocks (covers 64 x 1K-token decodes)")
+REPEATS = flags.DEFINE_integer("repeats", 5, "timed repeats per step, interleaved (median)")
+NUM_REQUESTS = flags.DEFINE_integer("num_requests", 32, "validation requests (mixed workload)")
+SAVE = flags.DEFINE_bool("save", True, f"write the fitted profile to {CPU_PROFILE_PATH.name}")
+JSON_OUT = flags.DEFINE_string("json_out", None, "write calibration and validation results here")
+PLOT = flags.DEFINE_string("plot", None, "write a predicted-vs-measured PNG here")
+REFIT_FROM = flags.DEFINE_string("refit_from", None, "refit from the measurements in an earlier --json_out")
+COMPILE_CACHE = flags.DEFINE_string("compile_cache", "out/jax-compile", "persistent XLA compilation cache")
+
+
+def main(argv):
+    del argv
+    jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)  # reruns skip XLA compiles
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    config = load_config(CONFIG.value)
+    bs = BLOCK_SIZE.value
+    if REFIT_FROM.value:
+        shapes, cal_times, val_shapes, val_times = _load_measurements(REFIT_FROM.value)
+    else:
+        shapes, cal_times, val_shapes, val_times = _measure(config, bs)
+    itemsize = np.dtype(config.dtype).itemsize
+    profile = calibrate.fit_profile(config, shapes, cal_times, block_size=bs,
+                                    weight_bytes_per_param=itemsize, kv_bytes_per_element=itemsize)
+    model = CostModel(config, profile, block_size=bs, weight_bytes_per_param=itemsize,
+                      kv_bytes_per_element=itemsize)
+    cal_err = calibrate.relative_errors([model.step_time(s) for s in shapes], cal_times)
+    predicted = [model.step_time(s) for s in val_shapes]
+    val_err = calibrate.relative_errors(predicted, val_times)
+    batched = [i for i, s in enumerate(val_shapes) if not calibrate.is_single_decode(s)]
+    val_err_batched = calibrate.relative_errors([predicted[i] for i in batched], [val_times[i] for i in batched])
+
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if SAVE.value:
+        save_profile(profile, calibrated_on=config.name, date=when, machine=platform.processor() or "cpu",
+                     calibration_median_rel_error=cal_err.median)
+    print(f"profile: {profile}")
+    print("| set | steps | median rel. error | p90 rel. error | max |")
+    print("|---|---:|---:|---:|---:|")
+    for label, e in (("calibration (pure prefill / pure decode)", cal_err),
+                     ("validation (mixed workload, engine steps)", val_err),
+                     ("validation without one-sequence decodes", val_err_batched)):
+        print(f"| {label} | {e.num_steps} | {e.median:.1%} | {e.p90:.1%} | {e.max:.1%} |")
+    if JSON_OUT.value:
+        with open(JSON_OUT.value, "w") as f:
+            json.dump({"date": when, "profile": profile.__dict__, "calibration": cal_err.__dict__,
+                       "validation_batched": val_err_batched.__dict__,
+                       "calibration_steps": [{"shape": s, "measured_s": m} for s, m in zip(shapes, cal_times)],
+                       "validation": val_err.__dict__, "validation_steps": [
+                           {"shape": s, "measured_s": float(m), "predicted_s": p}
+                           for s, m, p in zip(val_shapes, val_times, predicted)]}, f, indent=1)
+    if PLOT.value:
+        from jaxpaged.sim.plots import plot_validation
+        plot_validation(val_times, predicted, PLOT.value, title=f"{config.name} on this CPU: "
+                        f"median error {val_err.median:.1%}, p90 {val_err.p90:.1%}")
+
+
+def _measure(config, bs: int):
+    """Time the calibration shapes and the engine's validation batches, interleaved, on the real runner."""
+    runner = ModelRunner(init_model(config, seed=0), num_blocks=NUM_BLOCKS.value, block_size=bs)
+    rng = np.random.default_rng(0)
+    shapes = calibrate.calibration_shapes()
+    cal_batches = [calibrate.synthetic_batch(s, bs, rng) for s in shapes]
+    requests = make_workload("mixed", num_requests=NUM_REQUESTS.value, seed=1, max_prompt_len=768,
+                             max_output_len=48)
+    engine_config = EngineConfig(model=CONFIG.value, block_size=bs, num_blocks=NUM_BLOCKS.value,
+                                 max_num_seqs=32, max_num_batched_tokens=256)
+    val_batches = record_engine_batches(runner, engine_config, requests)
+    times = calibrate.measure_batches(runner, cal_batches + val_batches, REPEATS.value)
+    val_shapes = [calibrate.batch_shape(b) for b in val_batches]
+    return shapes, times[:len(shapes)], val_shapes, times[len(shapes):]
+
+
+def _load_measurements(path: str):
+    """Calibration shapes (minus one-sequence decodes) and validation steps from an earlier --json_out."""
+    with open(path) as f:
+        data = json.load(f)
+    cal = [s for s in data["calibration_steps"] if not calibrate.is_single_decode(s["shape"])]
+    val = data["validation_steps"]
+    return ([s["shape"] for s in cal], [s["measured_s"] for s in cal],
+            [s["shape"] for s in val], [s["measured_s"] for s in val])
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,105 @@
+"""Simulated serving: the real scheduler and KV cache manager over a roofline cost model.
+
+    python scripts/simulate_serving.py --model=llama3-70b --profile=a100-80gb \
+        --weight_bytes_per_param=0.5 --kv_cache_gb=45 --workload=chatbot --num_requests=2000 \
+        --rates=0.5,1,1.5,2,2.5,3,4 --prefix_caching=off,on --plot=docs/plots/sim_sweep.png
+
+For each prefix-caching mode: serve the workload at each offered Poisson rate
+(rate 0 = every request at once, the saturated throughput), report p50/p99
+TTFT, throughput, hit rate and preemptions, then bisect for the highest rate
+whose p99 TTFT stays under `--ttft_p99_bound_s`. All times are simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from absl import app, flags
+
+from jaxpaged.bench.workloads import WORKLOADS, make_workload
+from jaxpaged.sim import scenario
+
+MODEL = flags.DEFINE_string("model", "llama3-70b", "model config name or path")
+PROFILE = flags.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
+WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/bench/workloads.py)")
+NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "requests per run")
+SCALES = flags.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
+WEIGHT_BYTES = flags.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = fp8/int8, 0.5 = 4-bit")
+KV_BYTES = flags.DEFINE_float("kv_bytes_per_element", 2.0, "2 = bf16/fp16 KV, 1 = fp8 KV")
+KV_CACHE_GB = flags.DEFINE_float("kv_cache_gb", None, "KV cache size in GB (1e9); default: 90% of memory - weights")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
+MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 256, "most sequences per step")
+MAX_TOKENS = flags.DEFINE_integer("max_num_batched_tokens", 2048, "token budget per step (chunked prefill)")
+PREFIX = flags.DEFINE_list("prefix_caching", ["off", "on"], "modes to run: off, on")
+RATES = flags.DEFINE_list("rates", ["0", "1", "2", "4"], "offered request rates (req/s); 0 = all at once")
+BOUND = flags.DEFINE_float("ttft_p99_bound_s", 2.0, "p99 TTFT bound defining the sustainable rate")
+REFINE = flags.DEFINE_integer("refine", 4, "bisection steps between the last passing and first failing rate")
+SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
+JSON_OUT = flags.DEFINE_string("json_out", None, "write every run's summary here")
+PLOT = flags.DEFINE_string("plot", None, "write the rate sweep (p99 TTFT vs rate) as a PNG here")
+
+
+def _scales() -> dict:
+    out = {}
+    for item in SCALES.value:
+        key, _, value = item.partition("=")
+        out[key] = float(value) if "." in value else int(value)
+    return out
+
+
+def main(argv):
+    del argv
+    requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **_scales())
+    base = scenario.Deployment(
+        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
+        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
+        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
+        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value)
+    print(f"{base.model} on {base.profile}: weights {base.weight_bytes() / 1e9:.1f} GB, "
+          f"{base.num_blocks()} KV blocks of {base.block_size} tokens ({base.block_bytes() / 1e6:.2f} MB each)")
+    print("| prefix caching | offered (req/s) | throughput (req/s) | p50 TTFT (s) | p99 TTFT (s) | p50 TPOT (ms) "
+          "| hit rate | preemptions | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    results, curves = {}, {}
+    for mode in PREFIX.value:
+        deployment = dataclasses.replace(base, enable_prefix_caching=mode == "on")
+
+        def run(rate, deployment=deployment):
+            return scenario.run_at_rate(deployment, requests, rate, seed=SEED.value)
+
+        points = scenario.sweep(run, [float(r) for r in RATES.value])
+        for p in points:
+            _row(mode, p)
+        swept = [p for p in points if p.rate > 0]
+        best = scenario.sustainable_rate(swept, BOUND.value)
+        failing = [p.rate for p in swept if best is None or p.rate > best]
+        if REFINE.value and failing:
+            best, extra = scenario.refine_sustainable_rate(run, best or 0.0, min(failing), BOUND.value,
+                                                           REFINE.value)
+            for p in extra:
+                _row(mode, p)
+            swept = sorted(swept + extra, key=lambda p: p.rate)
+        results[mode] = {"sustainable_rate": best, "points": [dataclasses.asdict(p) for p in points + swept]}
+        curves[f"prefix caching {mode}"] = ([p.rate for p in swept], [p.ttft_p99 for p in swept])
+    for mode, r in results.items():
+        print(f"prefix caching {mode}: sustainable rate {r['sustainable_rate']} req/s "
+              f"(p99 TTFT <= {BOUND.value:g} s)")
+    if JSON_OUT.value:
+        with open(JSON_OUT.value, "w") as f:
+            json.dump({"deployment": dataclasses.asdict(base), "workload": WORKLOAD.value,
+                       "num_requests": NUM_REQUESTS.value, "scales": _scales(), "num_blocks": base.num_blocks(),
+                       "ttft_p99_bound_s": BOUND.value, "results": results}, f, indent=1)
+    if PLOT.value:
+        from jaxpaged.sim.plots import plot_sweep
+        plot_sweep(curves, PLOT.value, bound_s=BOUND.value,
+                   title=f"{base.model} on {base.profile}, {WORKLOAD.value} ({NUM_REQUESTS.value} requests)")
+
+
+def _row(mode: str, p: scenario.SweepPoint) -> None:
+    print(f"| {mode} | {p.rate:g} | {p.throughput_rps:.2f} | {p.ttft_p50:.3f} | {p.ttft_p99:.3f} | "
+          f"{p.tpot_p50 * 1e3:.1f} | {p.prefix_hit_rate:.1%} | {p.num_preemptions} | {p.wall_s:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
