@@ -384,7 +384,7 @@ class Engine:
             top_k=p.top_k,
             top_p=p.top_p,
             seed=(seq.request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF,
-            sample_index=len(seq.output_token_ids),
+            sample_index=seq.num_output_tokens,
         )
 
     def _fork_samples(self, request: Request) -> None:
@@ -417,7 +417,7 @@ class Engine:
         p = seq.request.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -428,7 +428,7 @@ class Engine:
         candidates = [(seq, tok, seq.cumulative_logprob + lp)
                       for seq in live for tok, lp in seq.pending_candidates]
         eos = self.eos_token_ids
-        candidates.sort(key=lambda c: beam_score(len(c[0].output_token_ids) + 1, c[2],
+        candidates.sort(key=lambda c: beam_score(c[0].num_output_tokens + 1, c[2],
                                                  c[1] in eos and not p.ignore_eos, p.length_penalty),
                         reverse=True)
         chosen, kept = [], set()
@@ -464,6 +464,12 @@ class Engine:
             self._finished.append(request)
 
     def _record_block_usage(self, request: Request) -> None:
+        if len(request.seqs) == 1:  # nothing shared within the request: skip the table copies
+            seq = request.seqs[0]
+            held = self.kv.num_blocks_held(seq.seq_id) if seq.status is SeqStatus.RUNNING else 0
+            request.peak_blocks_shared = max(request.peak_blocks_shared, held)
+            request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
+            return
         tables = [self.kv.block_table(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))

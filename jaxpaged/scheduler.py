@@ -16,6 +16,7 @@ and committed as computed before the step runs.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 
@@ -76,7 +77,7 @@ class Scheduler:
     def add_running(self, seq: Sequence) -> None:
         """Register a sequence already holding blocks (a fork) as running."""
         seq.status = SeqStatus.RUNNING
-        self.running.append(seq)
+        bisect.insort(self.running, seq, key=_arrival)
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
@@ -99,7 +100,7 @@ class Scheduler:
         copies: list[tuple[int, int]] = []
         preempted: list[Request] = []
 
-        for seq in sorted(self.running, key=_arrival):
+        for seq in list(self.running):  # kept in arrival order (insort), no per-step sort
             if seq.status is not SeqStatus.RUNNING or budget == 0:
                 continue
             num_new = min(seq.num_schedulable_tokens, budget)
@@ -175,7 +176,7 @@ class Scheduler:
                 self.kv.commit(seq.seq_id, tokens, num_cached)
             seq.num_computed_tokens = num_cached
             seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
+            bisect.insort(self.running, seq, key=_arrival)
             if seq.request.num_cached_tokens is None:
                 seq.request.num_cached_tokens = num_cached
             if num_new:

@@ -83,6 +83,11 @@ class ContiguousKVCacheManager:
         start = region.index * self.region_blocks
         return list(range(start, start + _cdiv(region.num_allocated, self.block_size)))
 
+    def num_blocks_held(self, seq_id: Hashable) -> int:
+        """Blocks the sequence keeps from others: its whole region."""
+        self._seq(seq_id)
+        return self.region_blocks
+
     def reserved_blocks(self, seq_id: Hashable) -> list[int]:
         """Every block of the sequence's region, used or not."""
         start = self._seq(seq_id).index * self.region_blocks

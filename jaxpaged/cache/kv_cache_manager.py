@@ -95,6 +95,10 @@ class KVCacheManager:
         """A copy of the sequence's physical block ids, in token order."""
         return list(self._seq(seq_id).table)
 
+    def num_blocks_held(self, seq_id: Hashable) -> int:
+        """Blocks in the sequence's table (no copy: cheap enough for every step)."""
+        return len(self._seq(seq_id).table)
+
     def num_computed_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens of the sequence whose K/V are in the pool."""
         return self._seq(seq_id).num_computed
