@@ -170,3 +170,29 @@ def test_cached_blocks_lists_coldest_first_in_use_last():
     assert [b.ref_count for b in blocks] == [0, 0, 0, 0, 1]
     assert blocks[0].parent_hash == blocks[1].block_hash and blocks[1].parent_hash is None  # deepest first
     kv.check_invariants()
+
+
+def test_host_tier_blocks_survive_a_restart(tmp_path, tiny_model):
+    """Blocks evicted to the host tier are snapshotted too (tier "host") and hit after a restart."""
+    path = tmp_path / "snap"
+    config = dict(num_blocks=12, host_cache_bytes=1 << 20, prefix_cache_snapshot=str(path),
+                  save_prefix_cache_on_shutdown=True)
+    first = _engine(tiny_model, **config)
+    before = _run(first, [("a", PROMPT, None)])["a"].outputs[0].token_ids
+    evictor = [int(t) for t in np.random.default_rng(8).integers(0, 250, 32)]
+    _run(first, [("evict", evictor, None)])  # needs 10 of 12 blocks: PROMPT's blocks go to the host
+    host_hashes = [h for h, b in first.tiers.host.items() if b.data is not None]
+    assert host_hashes
+    first.shutdown()
+    meta = json.loads((path / META_FILE).read_text())
+    assert sum(b["tier"] == "host" for b in meta["blocks"]) == len(host_hashes)
+
+    second = _engine(tiny_model, **config)
+    assert [h for h, _ in second.tiers.host.items()] == host_hashes
+    after = _run(second, [("a2", PROMPT, None)])["a2"].outputs[0].token_ids
+    assert after == before
+    assert second.tiers.stats.host_hits > 0
+
+    no_tier = _engine(tiny_model, num_blocks=12)  # same identity, no host tier: those blocks are skipped
+    stats = no_tier.load_prefix_cache(str(path))
+    assert stats.num_skipped >= len(host_hashes)

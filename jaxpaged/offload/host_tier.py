@@ -47,6 +47,10 @@ class HostKVCache:
         """Bytes of cached plus pinned blocks."""
         return (len(self._lru) + self.num_pinned) * self.block_bytes
 
+    def items(self) -> list[tuple[bytes, HostBlock]]:
+        """Every entry, least recently used first (a read-only copy, for snapshots)."""
+        return list(self._lru.items())
+
     def get(self, block_hash: bytes) -> HostBlock | None:
         """The block under ``block_hash`` (now most recently used), or None."""
         block = self._lru.get(block_hash)

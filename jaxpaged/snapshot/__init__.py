@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxpaged.snapshot.device import read_blocks, write_blocks
+from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
 from jaxpaged.snapshot.identity import check_identity, engine_identity, params_fingerprint
 from jaxpaged.snapshot.restore import RestoreStats, restore_into
 from jaxpaged.snapshot.store import BlockRecord, is_snapshot_dir, read_kv, read_meta, write_snapshot
@@ -24,8 +25,11 @@ __all__ = ["RestoreStats", "is_snapshot_dir", "load_prefix_cache", "params_finge
 
 
 def save_prefix_cache(engine, path: str | Path) -> int:
-    """Snapshot `engine`'s prefix cache (device tier) to directory `path`; returns the block count.
+    """Snapshot `engine`'s prefix cache to directory `path`; returns the block count.
 
+    Device-pool blocks come first (tier "device", with the tokens that rebuild
+    their chains), then the host tier's blocks if the engine has one (tier
+    "host": hash and K/V only, since that tier is keyed by hash alone).
     An earlier snapshot at `path` is replaced; any other existing path is refused
     (ValueError), as is an engine without prefix caching.
     """
@@ -34,6 +38,10 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device")
                for b in blocks]
     kv = read_blocks(engine.runner.pool, [b.block_id for b in blocks]) if blocks else None
+    host = host_tier_blocks(engine)
+    records += [BlockRecord(block_hash, None, (), tier="host") for block_hash, _ in host]
+    if host:
+        kv = append_host_blocks(kv, [data for _, data in host])
     write_snapshot(path, engine_identity(engine), records, kv)
     return len(records)
 
@@ -55,11 +63,19 @@ def load_prefix_cache(engine, path: str | Path) -> RestoreStats:
     if not records:
         return RestoreStats(0, 0, 0)
     kv = read_kv(path, len(records), engine.runner.pool)  # before touching the manager
-    writes, stats = restore_into(engine.kv, records)
+    device = [r for r in records if r.tier == "device"]  # saved first: rows line up with `kv`
+    writes, stats = restore_into(engine.kv, device)
     if writes:
         block_ids, rows = zip(*writes)
         engine.runner.pool = write_blocks(engine.runner.pool, list(block_ids), kv, list(rows))
-    return stats
+    host_rows = list(range(len(device), len(records)))
+    if not host_rows:
+        return stats
+    if getattr(engine, "tiers", None) is None:  # no host tier here: its blocks cannot be used
+        return RestoreStats(stats.num_restored, stats.num_skipped + len(host_rows), stats.num_dropped)
+    kept = restore_host_blocks(engine, [records[i].block_hash for i in host_rows], kv, host_rows)
+    return RestoreStats(stats.num_restored + kept, stats.num_skipped,
+                        stats.num_dropped + len(host_rows) - kept)
 
 
 def _require_prefix_caching(engine, action: str) -> None:
