@@ -39,7 +39,8 @@ def main(argv):
     workloads = {name: bench_flags.workload_from_flags(name) for name in WORKLOADS.value}
     model = load_model(bench_flags.CONFIG.value)
     bar = tqdm(total=len(block_sizes) * len(workloads), desc="runs", disable=not PROGRESS.value)
-    rows = sweep_block_sizes(model, workloads, block_sizes, bench_flags.setup_from_flags(block_sizes[0]),
+    rows = sweep_block_sizes(model, workloads, block_sizes, bench_flags.setup_from_flags(
+                                 max(block_sizes), [r for reqs in workloads.values() for r in reqs]),
                              kv_budget_tokens=bench_flags.KV_BUDGET.value, mode=MODE.value,
                              on_done=lambda _: bar.update())
     bar.close()

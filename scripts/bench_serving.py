@@ -41,7 +41,7 @@ def main(argv):
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)
-    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value)
+    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
     model = load_model(bench_flags.CONFIG.value)
     bar = tqdm(total=len(requests) * len(MODES_FLAG.value) * REPEATS.value, desc="requests",
                disable=not PROGRESS.value)

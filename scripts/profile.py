@@ -33,7 +33,7 @@ def main(argv):
     del argv
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)
-    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value)
+    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
     model = load_model(bench_flags.CONFIG.value)
     runner = make_runner(model, setup)
     config = engine_config(setup, MODE.value, model.config.name)

@@ -6,15 +6,17 @@ import jax
 from absl import flags
 
 from jaxpaged.bench.serving import ServingSetup
-from jaxpaged.bench.workloads import WORKLOADS, WorkloadRequest, assign_arrivals, make_workload
+from jaxpaged.bench.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
+                                      max_context_len)
 
 CONFIG = flags.DEFINE_string("config", "small", "model config name or path")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 16, "requests per workload")
 REQUEST_RATE = flags.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 = all at once")
 SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
 KV_BUDGET = flags.DEFINE_integer("kv_budget_tokens", 8192, "KV pool size in tokens, the same for every mode")
-MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", 1024,
-                                     "longest sequence; the contiguous baseline reserves this per sequence")
+MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None,
+                                     "longest sequence; the contiguous baseline reserves this per sequence "
+                                     "(default: the workload's longest context, rounded up to a block)")
 MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "most sequences running at once")
 MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 512, "token budget of one step")
 COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
@@ -57,8 +59,15 @@ def enable_compile_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def setup_from_flags(block_size: int) -> ServingSetup:
-    """The shared KV budget and engine limits from the flags, in blocks of ``block_size`` tokens."""
+def setup_from_flags(block_size: int, requests: list[WorkloadRequest]) -> ServingSetup:
+    """The shared KV budget and engine limits from the flags, in blocks of ``block_size`` tokens.
+
+    Without ``--max_model_len`` the limit is the longest context ``requests`` reach,
+    rounded up to whole blocks, so every request is admissible.
+    """
+    max_model_len = MAX_MODEL_LEN.value
+    if max_model_len is None:
+        max_model_len = -(-max_context_len(requests) // block_size) * block_size
     return ServingSetup(num_blocks=KV_BUDGET.value // block_size, block_size=block_size,
-                        max_model_len=MAX_MODEL_LEN.value, max_num_seqs=MAX_NUM_SEQS.value,
+                        max_model_len=max_model_len, max_num_seqs=MAX_NUM_SEQS.value,
                         max_num_batched_tokens=MAX_BATCHED.value)
