@@ -90,9 +90,6 @@ class Scheduler:
                 self.tiers.drop_swap(seq.seq_id)
         seq.status = SeqStatus.FINISHED
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> SchedulerOutput:
         """Pick this step's batch under the token budget."""
         budget = self.config.max_num_batched_tokens
@@ -117,7 +114,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens - sum(n for _, n in scheduled)
 
         if not preempted:
-            budget = self._admit_waiting(budget, scheduled)
+            self._admit_waiting(budget, scheduled)
         return SchedulerOutput(scheduled, copies, preempted)
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Request]):
