@@ -1,55 +1,41 @@
-"""Moving whole blocks between the device pool and host arrays for snapshots.
+"""Moving whole blocks between the device pool and a snapshot's per-layer arrays.
 
-Block counts are padded to powers of two (padding reads block 0 and writes out
-of range, which is dropped) so save and restore compile a handful of shapes.
+The transfers themselves are the offload tier's (one padded gather or one
+donated scatter per call, `jaxpaged.offload.transfer`), which move blocks as
+`[2, num_layers, num_kv_heads, block_size, head_dim]`; a snapshot stores them as
+rows of per-layer `[num_kv_heads, n, block_size, head_dim]` arrays. This module
+converts between the two.
 """
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxpaged.buckets import pow2_bucket
 from jaxpaged.kv.pool import KVPool
+from jaxpaged.offload.transfer import gather_blocks, scatter_blocks
 
 
-@jax.jit
-def _gather(pool: KVPool, ids: jax.Array):
-    return [k[:, ids] for k in pool.k], [v[:, ids] for v in pool.v]
+def blocks_to_layers(blocks: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
+    """Per-block arrays `[2, L, Hkv, B, D]` -> {"k": [layer...], "v": [layer...]}, each `[Hkv, n, B, D]`."""
+    stacked = np.stack(blocks)  # [n, 2, L, Hkv, B, D]
+    layers = range(stacked.shape[2])
+    return {"k": [np.moveaxis(stacked[:, 0, layer], 0, 1) for layer in layers],
+            "v": [np.moveaxis(stacked[:, 1, layer], 0, 1) for layer in layers]}
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _scatter(pool: KVPool, ids: jax.Array, k_new, v_new) -> KVPool:
-    def put(pages, new):
-        return pages.at[:, ids].set(new.astype(pages.dtype), mode="drop")
-
-    return pool._replace(k=tuple(put(p, n) for p, n in zip(pool.k, k_new)),
-                         v=tuple(put(p, n) for p, n in zip(pool.v, v_new)))
+def layers_to_block(kv: dict[str, list[np.ndarray]], row: int) -> np.ndarray:
+    """Row `row` of per-layer arrays as one block `[2, L, Hkv, B, D]`."""
+    k = np.stack([np.asarray(layer)[:, row] for layer in kv["k"]])
+    v = np.stack([np.asarray(layer)[:, row] for layer in kv["v"]])
+    return np.stack([k, v])
 
 
 def read_blocks(pool: KVPool, block_ids: list[int]) -> dict[str, list[np.ndarray]]:
     """Host copies of blocks `block_ids`: {"k": [layer...], "v": [layer...]}, each [Hkv, n, B, D]."""
-    n = len(block_ids)
-    ids = np.zeros(pow2_bucket(n), np.int32)
-    ids[:n] = block_ids
-    k, v = jax.device_get(_gather(pool, jnp.asarray(ids)))
-    return {"k": [x[:, :n] for x in k], "v": [x[:, :n] for x in v]}
+    return blocks_to_layers(gather_blocks(pool, block_ids))
 
 
 def write_blocks(pool: KVPool, block_ids: list[int], kv: dict[str, list[np.ndarray]],
                  rows: list[int]) -> KVPool:
     """Return `pool` with block `block_ids[i]` set to row `rows[i]` of `kv` in every layer; pool donated."""
-    n = len(block_ids)
-    size = pow2_bucket(n)
-    ids = np.full(size, pool.num_blocks, np.int32)  # out of range: dropped
-    ids[:n] = block_ids
-    take = np.zeros(size, np.int64)
-    take[:n] = rows
-
-    def padded(layers):
-        return [jnp.asarray(np.asarray(x)[:, take]) for x in layers]
-
-    return _scatter(pool, jnp.asarray(ids), padded(kv["k"]), padded(kv["v"]))
+    return scatter_blocks(pool, block_ids, [layers_to_block(kv, row).astype(pool.dtype) for row in rows])

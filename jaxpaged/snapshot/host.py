@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxpaged.offload.host_tier import HostBlock
+from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 
 
 def host_tier_blocks(engine) -> list[tuple[bytes, np.ndarray]]:
@@ -27,13 +28,11 @@ def host_tier_blocks(engine) -> list[tuple[bytes, np.ndarray]]:
 def append_host_blocks(kv: dict[str, list[np.ndarray]] | None,
                        blocks: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
     """`kv` with the host blocks appended as extra rows of every layer."""
-    stacked = np.stack(blocks)  # [n, 2, L, Hkv, B, D]
-    host_k = [np.moveaxis(stacked[:, 0, layer], 0, 1) for layer in range(stacked.shape[2])]
-    host_v = [np.moveaxis(stacked[:, 1, layer], 0, 1) for layer in range(stacked.shape[2])]
+    host = blocks_to_layers(blocks)
     if kv is None:
-        return {"k": host_k, "v": host_v}
-    return {"k": [np.concatenate([a, b], axis=1) for a, b in zip(kv["k"], host_k)],
-            "v": [np.concatenate([a, b], axis=1) for a, b in zip(kv["v"], host_v)]}
+        return host
+    return {name: [np.concatenate([a, b], axis=1) for a, b in zip(kv[name], host[name])]
+            for name in ("k", "v")}
 
 
 def restore_host_blocks(engine, hashes: list[bytes], kv: dict[str, list[np.ndarray]],
@@ -42,9 +41,7 @@ def restore_host_blocks(engine, hashes: list[bytes], kv: dict[str, list[np.ndarr
 
     Coldest first, so when the tier is smaller than the snapshot the hottest survive.
     """
-    tiers = engine.tiers
-    k = np.stack([np.asarray(layer) for layer in kv["k"]])  # [L, Hkv, n, B, D]
-    v = np.stack([np.asarray(layer) for layer in kv["v"]])
+    host = engine.tiers.host
     for block_hash, row in zip(hashes, rows):
-        tiers.host.put(block_hash, HostBlock(np.stack([k[:, :, row], v[:, :, row]])))
-    return min(len(hashes), tiers.host.capacity_blocks - tiers.host.num_pinned)
+        host.put(block_hash, HostBlock(layers_to_block(kv, row)))
+    return min(len(hashes), host.capacity_blocks - host.num_pinned)
