@@ -8,7 +8,6 @@ compiles once; `num_compiles` counts traces so benchmarks can report it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax

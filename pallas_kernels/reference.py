@@ -17,7 +17,6 @@ sequence does not own never reaches an output.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 

@@ -30,7 +30,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention

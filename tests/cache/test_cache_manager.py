@@ -183,6 +183,7 @@ def test_eviction_is_lru_deepest_first_and_drops_hash_entries():
     assert mgr.allocate_new("x", toks(12, start=500), 12, None)  # 3 blocks: 1 truly free + 2 evicted
     expected = [old_table[2], old_table[1]]
     assert [e[0] for e in evicted] == expected and evicted[0][1] == (8, 9, 10, 11)
+    assert not set(new_table) & {e[0] for e in evicted}  # freed later, so more recently used
     assert mgr.stats.num_evictions == 2
     assert mgr.match_prefix(toks(13)).num_cached_tokens == 4  # only old block 0 is left
     assert mgr.match_prefix(toks(9, start=100)).num_cached_tokens == 8

@@ -1,6 +1,5 @@
 """The public API (LLM, Engine), bad input, abort, and the Pallas backend end to end."""
 
-import numpy as np
 import pytest
 
 from jaxpaged import LLM, SamplingParams
