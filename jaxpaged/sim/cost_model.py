@@ -71,18 +71,36 @@ class CostModel:
         """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
         seqs = list(seqs)
         if self.profile.padded_shapes:
-            tokens, rows, pairs, kv_read = self._padded_work(seqs)
+            prefill = [n for n, _ in seqs if n > 1]
+            max_blocks = max(-(-(n + c) // self.block_size) for n, c in seqs)
+            work = self._padded_work(len(seqs) - len(prefill), prefill, max_blocks)
         else:
-            tokens, rows, pairs, kv_read = self._exact_work(seqs)
-        kv_written = sum(n for n, _ in seqs)
+            work = self._exact_work(seqs)
+        return self._cost(*work, kv_written=sum(n for n, _ in seqs), num_seqs=len(seqs))
+
+    def decode_step_time(self, num_seqs: int, total_context: int, max_context: int) -> float:
+        """`step_time` of `num_seqs` one-token decodes over contexts summing to `total_context`.
+
+        Equal, to the last bit, to `step_time([(1, c) for c in contexts])`; O(1),
+        for the simulator's decode fast-forward.
+        """
+        if self.profile.padded_shapes:
+            work = self._padded_work(num_seqs, [], -(-(max_context + 1) // self.block_size))
+        else:
+            work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
+        return self._cost(*work, kv_written=num_seqs, num_seqs=num_seqs).time_s
+
+    def _cost(self, tokens: int, rows: int, pairs: int, kv_read: int, *, kv_written: int,
+              num_seqs: int) -> StepCost:
+        """Roofline time of one step's work (token, logit-row, attention-pair and KV-token counts)."""
         dense_flops = self.layer_flops_per_token * tokens + self.lm_head_flops_per_seq * rows
         attn_flops = self.attn_flops_per_pair * pairs
         attn_bytes = self.kv_bytes_per_token * (kv_read + kv_written)
         p = self.profile
-        time_s = (p.step_overhead_s + p.per_seq_overhead_s * len(seqs)
+        time_s = (p.step_overhead_s + p.per_seq_overhead_s * num_seqs
                   + max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
                   + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
-        return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, len(seqs), time_s)
+        return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, num_seqs, time_s)
 
     def step_time(self, seqs: Iterable[tuple[int, int]]) -> float:
         """Predicted seconds for one step (see `step_cost`)."""
@@ -102,15 +120,11 @@ class CostModel:
             kv_read += c + n
         return tokens, len(seqs), pairs, kv_read
 
-    def _padded_work(self, seqs: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+    def _padded_work(self, num_decodes: int, prefill: list[int], max_blocks: int) -> tuple[int, int, int, int]:
         """jaxpaged's bucketed step: decode rows [S_d, ctx], prefill rows [S_p, q_max, ctx]."""
-        decode = sum(1 for n, _ in seqs if n == 1)
-        prefill = [n for n, _ in seqs if n > 1]
-        n_dec, n_pre = pow2_bucket(decode), pow2_bucket(len(prefill))
+        n_dec, n_pre = pow2_bucket(num_decodes), pow2_bucket(len(prefill))
         t_pre = pow2_bucket(sum(prefill), MIN_PREFILL_TOKENS)
         q_max = min(pow2_bucket(max(prefill, default=0), MIN_PREFILL_TOKENS), t_pre)
-        bs = self.block_size
-        max_blocks = max(-(-(n + c) // bs) for n, c in seqs)
-        ctx = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ) * bs
+        ctx = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ) * self.block_size
         pairs = n_dec * ctx + n_pre * q_max * ctx
         return n_dec + t_pre, n_dec + n_pre, pairs, (n_dec + n_pre) * ctx

@@ -3,7 +3,9 @@
 Requests are submitted when the simulated clock reaches their arrival time; a
 multiturn turn is submitted once the previous turn of its conversation has
 finished (its prompt then includes that turn's answer). When nothing is in
-flight the clock jumps to the next arrival.
+flight the clock jumps to the next arrival. Between arrivals, runs of pure
+decode steps are taken in one jump (`jaxpaged.sim.fast_forward`), with the
+same outcome as stepping through them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import math
 import time
 
 from jaxpaged.bench.workloads import ConversationHistory, WorkloadRequest
@@ -18,6 +21,7 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 
 
@@ -62,8 +66,13 @@ def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
     return Engine(engine_config, runner=runner, clock=clock), clock
 
 
-def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest]) -> SimResult:
-    """Serve `requests` (fixed output lengths, ignore_eos) until all finish; see the module docstring."""
+def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *,
+             decode_fast_forward: bool = True) -> SimResult:
+    """Serve `requests` (fixed output lengths, ignore_eos) until all finish; see the module docstring.
+
+    `decode_fast_forward=False` runs every step through `engine.step()` (same
+    result, slower; for checking the fast path).
+    """
     wall_start = time.perf_counter()
     start = clock()
     later_turns = collections.defaultdict(dict)  # conversation -> turn -> request
@@ -73,6 +82,9 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest]) -
             later_turns[r.conversation_id][r.turn] = r
         else:
             ready.append((start + r.arrival_time, order, r))
+    # a turn's finish submits the next turn: fast-forwarding must stop there
+    has_next_turn = {r.request_id for r in requests
+                     if r.conversation_id is not None and r.turn + 1 in later_turns[r.conversation_id]}
     heapq.heapify(ready)
     order = len(requests)
     history = ConversationHistory()
@@ -90,11 +102,16 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest]) -
         if not in_flight:
             clock.advance_to(ready[0][0])
             continue
-        finished = engine.step()
-        if not engine.stats.last_step_batch and not finished:
-            if not ready:
-                raise RuntimeError("the engine scheduled nothing with requests in flight")
-            clock.advance_to(ready[0][0])
+        num_steps = 0
+        if decode_fast_forward:
+            num_steps, finished = fast_forward(engine, until=ready[0][0] if ready else math.inf,
+                                               stop_after=has_next_turn)
+        if not num_steps:
+            finished = engine.step()
+            if not engine.stats.last_step_batch and not finished:
+                if not ready:
+                    raise RuntimeError("the engine scheduled nothing with requests in flight")
+                clock.advance_to(ready[0][0])
         for out in finished:
             r, prompt = in_flight.pop(out.request_id)
             tokens = out.outputs[0].token_ids

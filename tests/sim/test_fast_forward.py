@@ -1,0 +1,149 @@
+"""Decode fast-forward ends where stepping one step at a time ends: same engine, cache and clock state."""
+
+import dataclasses
+
+import pytest
+
+from jaxpaged.bench.workloads import assign_arrivals, make_workload
+from jaxpaged.config import load_config
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.driver import make_sim_engine, simulate
+from jaxpaged.sim.fast_forward import fast_forward
+from jaxpaged.sim.profiles import GPU_PROFILES, DeviceProfile
+from jaxpaged.sim.runner import SimClock, SimulatedRunner
+from jaxpaged.sim.scenario import Deployment
+
+TINY = load_config("tiny")
+# jaxpaged's padded XLA step on a CPU-like device: step times depend on the longest context
+PADDED = DeviceProfile("padded-cpu", peak_flops=5e10, memory_bandwidth=3e9, step_overhead_s=0.01,
+                       memory_bytes=1 << 30, padded_shapes=True, per_seq_overhead_s=2e-4, attention_flops=2e10)
+
+
+def _engine(profile=GPU_PROFILES["a100-80gb"], **config):
+    config = {"model": "tiny", "block_size": 4, "num_blocks": 120, "max_num_seqs": 16,
+              "max_num_batched_tokens": 64, **config}
+    clock = SimClock()
+    runner = SimulatedRunner(TINY, CostModel(TINY, profile, block_size=config["block_size"]), clock)
+    return Engine(EngineConfig(**config), runner=runner, clock=clock)
+
+
+def _add(engine, prompts, max_tokens):
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+
+
+def _state(engine: Engine):
+    """Everything a later step could depend on, block ids and float times included."""
+    seqs = sorted(engine.scheduler.running, key=lambda s: s.seq_id)
+    return {
+        "clock": engine.clock(),
+        "busy": engine.runner.busy_s,
+        "runner_steps": engine.runner.num_steps,
+        "stats": dataclasses.asdict(engine.stats),
+        "seqs": [(s.request.request_id, list(s.token_ids), s.num_computed_tokens, engine.kv.block_table(s.seq_id),
+                  engine.kv.num_computed_tokens(s.seq_id), list(s.request.token_times),
+                  s.request.peak_blocks_shared) for s in seqs],
+        "cache": engine.kv.cached_blocks(),
+        "kv_stats": engine.kv.stats,
+        "free": engine.kv.num_free_blocks,
+    }
+
+
+def _outputs(outputs):
+    return sorted((o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.metrics.token_times,
+                   o.metrics.finish_time, o.metrics.peak_blocks_shared) for o in outputs)
+
+
+@pytest.mark.parametrize("profile", [GPU_PROFILES["a100-80gb"], PADDED], ids=["roofline", "padded"])
+def test_fast_forward_equals_stepping(profile):
+    # shared 8-token prefix (two cached blocks), staggered lengths so requests finish at different steps,
+    # contexts crossing block boundaries at different steps
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12] + [20 + i] * (3 + i) for i in range(6)]
+    max_tokens = [9, 14, 23, 6, 30, 17]
+    fast, slow = _engine(profile), _engine(profile)
+    _add(fast, prompts, max_tokens)
+    _add(slow, prompts, max_tokens)
+    while not all(s.num_computed_tokens == s.num_tokens - 1 for s in fast.scheduler.running) \
+            or fast.scheduler.waiting:
+        fast.step()
+        slow.step()
+    assert _state(fast) == _state(slow)
+
+    steps, fast_out = fast_forward(fast, until=slow.clock() + 12 * 3600)
+    assert steps > 10
+    slow_out = [o for _ in range(steps) for o in slow.step()]
+    assert _state(fast) == _state(slow)
+    assert _outputs(fast_out) == _outputs(slow_out)
+    assert fast_out  # some requests finished inside the jump
+    # what is left runs on alike
+    while slow.has_unfinished_requests():
+        n, out = fast_forward(fast)
+        fast_out += out if n else fast.step()
+        slow_out += slow.step()
+    assert _outputs(fast_out) == _outputs(slow_out)
+    assert fast.kv.cached_blocks() == slow.kv.cached_blocks()
+
+
+def test_fast_forward_stops_at_the_deadline_and_before_a_preemption():
+    engine = _engine(num_blocks=30)  # 8 requests outgrow 30 blocks of 4 tokens: someone must be preempted
+    _add(engine, [[i + 3] * 5 for i in range(8)], [40] * 8)
+    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in engine.scheduler.running):
+        engine.step()
+    start = engine.clock()
+    steps, _ = fast_forward(engine, until=start)
+    assert steps == 0  # the deadline is now: not one step
+    steps, _ = fast_forward(engine)
+    assert steps > 0
+    assert engine.scheduler.num_preemptions == 0
+    needing = sum(1 for s in engine.scheduler.running
+                  if s.num_computed_tokens + 1 > engine.kv.num_blocks_held(s.seq_id) * 4)
+    assert needing > engine.kv.num_free_blocks  # it stopped because the next step would preempt
+    engine.step()
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_fast_forward_declines_unless_every_sequence_decodes():
+    engine = _engine()
+    _add(engine, [[3] * 30, [4] * 5], [8, 8])
+    assert fast_forward(engine) == (0, [])  # nothing scheduled yet: both wait
+    engine.step()  # prefills
+    engine.add_request("late", [7] * 9, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert fast_forward(engine) == (0, [])  # someone waits
+    parallel = _engine()
+    parallel.add_request("n2", [3] * 9, SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True))
+    while parallel.scheduler.waiting or parallel.scheduler.running[0].request.fork_pending:
+        parallel.step()
+    parallel.step()
+    assert fast_forward(parallel) == (0, [])  # forked sequences share blocks: left to the scheduler
+
+
+@pytest.mark.parametrize("workload,rate,caching", [("chatbot", 40.0, True), ("chatbot", 0.0, False),
+                                                   ("multiturn", 20.0, True)])
+def test_simulate_with_and_without_fast_forward_agree(workload, rate, caching):
+    kwargs = {"multiturn": {"num_turns": 3, "user_len": 10, "output_len": 12},
+              "chatbot": {"system_len": 24, "user_len": 10, "output_len": 20}}[workload]
+    requests = assign_arrivals(make_workload(workload, num_requests=24, seed=5, **kwargs), rate, seed=2)
+    deployment = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=60 * 4 * 256, block_size=4,
+                            max_num_seqs=12, max_num_batched_tokens=48, enable_prefix_caching=caching)
+    results, engines = [], []
+    for ff in (True, False):
+        engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config,
+                                        deployment.cost_model())
+        calls = []
+        step = engine.step
+        engine.step = lambda: calls.append(1) or step()
+        results.append(simulate(engine, clock, requests, decode_fast_forward=ff))
+        engines.append((engine, len(calls)))
+    fast, slow = results
+    assert fast.records == slow.records  # every request's times, to the bit
+    assert (fast.num_steps, fast.busy_s, fast.num_preemptions, fast.prefix_hit_rate, fast.output_tokens) == \
+        (slow.num_steps, slow.busy_s, slow.num_preemptions, slow.prefix_hit_rate, slow.output_tokens)
+    assert engines[0][0].kv.cached_blocks() == engines[1][0].kv.cached_blocks()
+    assert engines[0][0].kv.stats == engines[1][0].kv.stats
+    assert engines[0][1] < engines[1][1]  # some steps were jumped over
+    if rate == 0.0:
+        assert slow.num_preemptions > 0  # the small pool made the scheduler preempt in between
+    else:
+        assert engines[0][1] < engines[1][1] / 2  # with arrivals spread out, most of them
