@@ -225,7 +225,7 @@ class Engine:
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
-            token_ids = [int(t) for t in prompt]
+            token_ids = list(map(int, prompt))
         return text, token_ids, cache_salt
 
     def _validate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
@@ -234,9 +234,9 @@ class Engine:
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            bad = next(t for t in token_ids if not 0 <= t < vocab)
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
@@ -310,13 +310,17 @@ class Engine:
             self._run(out.scheduled)
         if self.tiers is not None:
             self.tiers.finish()
-        finished, self._finished = self._finished, []
-        for request in finished:
-            del self._requests[request.request_id]
-        outputs = [self._output(r) for r in finished]
+        outputs = self._take_finished_outputs()
         for logger in self.stat_loggers:
             logger(self, outputs)
         return outputs
+
+    def _take_finished_outputs(self) -> list[RequestOutput]:
+        """Outputs of the requests finished since the last call; forgets those requests."""
+        finished, self._finished = self._finished, []
+        for request in finished:
+            del self._requests[request.request_id]
+        return [self._output(r) for r in finished]
 
     def _run(self, scheduled: list[tuple[Sequence, int]]) -> None:
         now = self.clock()
@@ -348,16 +352,20 @@ class Engine:
         self.stats.num_steps += 1
         self.stats.last_step_tokens = sum(n for _, n in scheduled)
         self.stats.last_step_seqs = len(scheduled)
-        touched = {}
+        touched = {}  # requests in schedule order (a dict: each once)
+        commit = self.kv.commit
+        token_ids, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
         for i, (seq, n) in enumerate(scheduled):
             request = seq.request
-            touched[id(request)] = request
+            touched[request] = None
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            self.stats.prompt_tokens += max(0, min(seq.num_computed_tokens + n, seq.num_prompt_tokens)
-                                            - seq.num_computed_tokens)
-            seq.num_computed_tokens += n
-            self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            computed = seq.num_computed_tokens
+            num_prompt = len(request.prompt_token_ids)
+            if computed < num_prompt:
+                self.stats.prompt_tokens += min(computed + n, num_prompt) - computed
+            seq.num_computed_tokens = computed = computed + n
+            commit(seq.seq_id, seq.token_ids, computed)
             if request.fork_pending:
                 if seq.num_computed_tokens == seq.compute_limit:
                     self._fork_samples(request)
@@ -366,8 +374,8 @@ class Engine:
                     seq.pending_candidates = list(zip(result.top_ids[i].tolist(),
                                                       result.top_logprobs[i].tolist()))
                 else:
-                    self._append(seq, int(result.token_ids[i]), float(result.logprobs[i]), done)
-        for request in touched.values():
+                    self._append(seq, token_ids[i], logprobs[i], done)
+        for request in touched:
             if request.params.use_beam_search and request.seqs and all(
                     s.pending_candidates is not None for s in request.seqs):
                 self._beam_step(request, done)

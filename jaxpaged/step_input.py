@@ -22,7 +22,7 @@ MIN_PREFILL_TOKENS = 16
 MIN_BLOCKS_PER_SEQ = 4
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class ScheduledSeq:
     """One sequence's work for a step.
 

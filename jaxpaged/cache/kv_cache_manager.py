@@ -295,17 +295,21 @@ class KVCacheManager:
         seq = self._seq(seq_id)
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        start = seq.num_computed
-        self._check_fits(start + num_new_tokens, f"sequence {seq_id!r} grown")
-        num_fresh = max(0, _cdiv(start + num_new_tokens, self.block_size) - len(seq.table))
+        start, bs = seq.num_computed, self.block_size
+        num_fresh = _cdiv(start + num_new_tokens, bs) - len(seq.table)
+        if num_fresh > 0:
+            self._check_fits(start + num_new_tokens, f"sequence {seq_id!r} grown")
         blocks = self._pool.blocks
         cow_index = -1
-        if num_new_tokens > 0 and start % self.block_size:
+        if num_new_tokens > 0 and start % bs:
             # Only a partly written block can be shared and written: fork shares
             # blocks that hold computed tokens, and full blocks are never written.
-            index = start // self.block_size
+            index = start // bs
             if blocks[seq.table[index]].ref_count > 1:
                 cow_index = index
+        if num_fresh <= 0 and cow_index < 0:
+            return []  # the common decode step: room left in the last block
+        num_fresh = max(num_fresh, 0)
         if num_fresh + (cow_index >= 0) > self._pool.num_free:
             return None
         copies = []
@@ -335,16 +339,16 @@ class KVCacheManager:
         """
         seq = self._seq(seq_id)
         old, new = seq.num_computed, num_computed_tokens
-        limit = min(len(token_ids), len(seq.table) * self.block_size)
+        bs, table = self.block_size, seq.table
+        limit = min(len(token_ids), len(table) * bs)
         if not old <= new <= limit:
             raise ValueError(
                 f"num_computed_tokens for {seq_id!r} must be in [{old}, {limit}] "
-                f"({len(token_ids)} tokens, {len(seq.table)} blocks allocated), got {new}"
+                f"({len(token_ids)} tokens, {len(table)} blocks allocated), got {new}"
             )
-        bs = self.block_size
-        written = range(old // bs, (new - 1) // bs + 1) if new > old else range(0)
-        for index in written:
-            if self._pool.blocks[seq.table[index]].ref_count > 1:
+        blocks = self._pool.blocks
+        for index in range(old // bs, (new - 1) // bs + 1) if new > old else ():
+            if blocks[table[index]].ref_count > 1:
                 raise ValueError(
                     f"sequence {seq_id!r} wrote into shared block {seq.table[index]}; "
                     "call allocate_slots before the step so it is copied on write"
