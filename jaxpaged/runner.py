@@ -99,16 +99,7 @@ class ModelRunner:
     def execute(self, step: StepInput, *, return_logits: bool = False,
                 num_top_logprobs: int = 0) -> StepOutput:
         """Run one step and bring back the sampled tokens (and logits if asked)."""
-        step.check_shapes()
-        inputs = DeviceStepInput(
-            token_ids=step.token_ids,
-            positions=step.positions,
-            attention=AttentionBatch(step.slot_mapping, step.block_tables, step.context_lens,
-                                     step.query_start, step.query_lens),
-            logits_indices=step.logits_indices,
-            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds,
-                                   step.counters),
-        )
+        inputs = self._device_inputs(step)
         with jax.profiler.TraceAnnotation("device_step"):
             inputs = jax.device_put(inputs)
             out, self.pool = self._step(self.params, self.pool, inputs, layout=step.layout,
@@ -121,6 +112,24 @@ class ModelRunner:
             logits=host["logits"][rows] if return_logits else None,
             top_ids=host["top_ids"][rows] if num_top_logprobs else None,
             top_logprobs=host["top_logprobs"][rows] if num_top_logprobs else None,
+        )
+
+    def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
+        """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
+        return self._step.lower(self.params, self.pool, self._device_inputs(step), layout=step.layout,
+                                return_logits=return_logits, num_top_logprobs=num_top_logprobs)
+
+    @staticmethod
+    def _device_inputs(step: StepInput) -> DeviceStepInput:
+        step.check_shapes()
+        return DeviceStepInput(
+            token_ids=step.token_ids,
+            positions=step.positions,
+            attention=AttentionBatch(step.slot_mapping, step.block_tables, step.context_lens,
+                                     step.query_start, step.query_lens),
+            logits_indices=step.logits_indices,
+            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds,
+                                   step.counters),
         )
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -80,6 +80,20 @@ def test_pool_is_donated_not_copied(tiny_model):
     assert not any(a.is_deleted() for a in runner.pool.k + runner.pool.v)
 
 
+@pytest.mark.parametrize("num_decodes", [1, 2])
+def test_decode_steps_update_the_pool_in_place(tiny_model, tiny_config, num_decodes):
+    # A one-token step once compiled to a copy of every layer's whole pool (a one-index scatter became
+    # a dynamic-update-slice): a single-sequence decode cost O(pool size).
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=4)
+    step = build_step_input([ScheduledSeq([7], 5 + i, [2 * i, 2 * i + 1]) for i in range(num_decodes)], 4)
+    hlo = runner.lower(step).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    pool_shape = f"[{tiny_config.num_kv_heads},64,4,{tiny_config.head_dim}]"
+    assert pool_shape in entry
+    copies = [line for line in entry.splitlines() if " copy(" in line and pool_shape in line.split("=")[1][:40]]
+    assert copies == []
+
+
 def test_compile_count_bounded_over_varied_steps(tiny_model, tiny_config):
     rng = np.random.default_rng(5)
     block_size, num_blocks = 8, 128
