@@ -15,6 +15,7 @@ import time
 from typing import Sequence
 
 import numpy as np
+import scipy.optimize
 
 from jaxpaged.config import ModelConfig
 from jaxpaged.sim.cost_model import CostModel
@@ -41,20 +42,25 @@ def synthetic_batch(shape: Shape, block_size: int, rng: np.random.Generator) -> 
 
 
 def calibration_shapes() -> list[Shape]:
-    """Synthetic single-kind steps (prefills, prefills over context, decode batches of 8+).
+    """Synthetic steps spanning what an engine runs: prefills, decode batches, chunked prefill + decodes.
 
-    Different from validation, which times the engine's own mixed steps
-    (prefill chunks batched with decodes) on a request workload.
+    Prefills from scratch and over cached context; decode batches of 1 to 64
+    sequences at short and long context; prefill chunks batched with decodes.
+    Different from validation, which times the engine's own steps on a request
+    workload.
     """
     shapes = [[(n, 0)] for n in (16, 64, 128, 256, 512)]
-    shapes += [[(128, 0)] * 4, [(128, 512)], [(64, 896)] * 2, [(32, 256)] * 8]
-    shapes += [[(1, ctx)] * b for b in (8, 32, 64) for ctx in (128, 1024)]
+    shapes += [[(128, 0)] * 4, [(128, 512)], [(64, 896)] * 2, [(32, 256)] * 8, [(256, 640)]]
+    shapes += [[(1, ctx)] * b for b in (1, 2, 4, 8, 16, 32, 64) for ctx in (128, 1024)]
+    shapes += [[(256, 128)] + [(1, 512)] * 4, [(128, 384)] + [(1, 700)] * 12,
+               [(192, 448), (64, 0)] + [(1, 600)] * 8]
     return shapes
 
 
-def is_single_decode(shape: Shape) -> bool:
-    """A one-sequence decode step: 10x or more slower than a batch of 8 on this CPU, unlike any roofline."""
-    return len(shape) == 1 and shape[0][0] == 1
+def step_kind(shape: Shape) -> str:
+    """"decode" (every sequence computes one token), "prefill" (none does), or "mixed"."""
+    decodes = sum(1 for n, _ in shape if n == 1)
+    return "decode" if decodes == len(shape) else "prefill" if decodes == 0 else "mixed"
 
 
 def measure_batches(runner, batches: list[list[ScheduledSeq]], repeats: int) -> list[float]:
@@ -72,18 +78,24 @@ def measure_batches(runner, batches: list[list[ScheduledSeq]], repeats: int) -> 
 
 def fit_profile(config: ModelConfig, shapes: list[Shape], measured: Sequence[float], *, name: str = "cpu",
                 block_size: int = 16, weight_bytes_per_param: float = 4.0,
-                kv_bytes_per_element: float = 4.0, memory_bytes: int = 0,
+                kv_bytes_per_element: float = 4.0, memory_bytes: int = 0, phase_overlap: bool = True,
                 grid: np.ndarray | None = None) -> DeviceProfile:
-    """Least relative-squared-error fit, overheads by least squares for each point of a log grid.
+    """The profile (padded shapes) whose predictions have the least relative squared error.
 
-    The grid spans GEMM FLOP/s, attention FLOP/s and bandwidth: on a CPU the
-    XLA reference attention (gathers, masked softmax) runs far below GEMM speed.
+    GEMM FLOP/s, attention FLOP/s and bandwidth are fitted separately: on a
+    CPU the XLA reference attention (gathers, masked softmax) runs far below
+    GEMM speed. With `phase_overlap` (max of compute and memory per phase) the
+    rates are searched on a log grid, overheads solved by least squares at each
+    point; without it the model is linear in the inverse rates and overheads,
+    solved at once by non-negative least squares.
     """
     measured = np.asarray(measured, float)
     probe = CostModel(config, DeviceProfile(name, 1.0, 1.0, 0.0, memory_bytes, padded_shapes=True),
                       block_size=block_size, weight_bytes_per_param=weight_bytes_per_param,
                       kv_bytes_per_element=kv_bytes_per_element)
     costs = [probe.step_cost(s) for s in shapes]
+    if not phase_overlap:
+        return _fit_linear(name, costs, measured, memory_bytes)
     work = np.array([[c.dense_flops, c.dense_bytes, c.attn_flops, c.attn_bytes] for c in costs])
     counts = np.array([[1.0, c.num_seqs] for c in costs])
     best = (np.inf, None)
@@ -100,6 +112,19 @@ def fit_profile(config: ModelConfig, shapes: list[Shape], measured: Sequence[flo
     return DeviceProfile(name, peak_flops=float(flops), memory_bandwidth=float(bw),
                          step_overhead_s=float(step_oh), memory_bytes=memory_bytes, padded_shapes=True,
                          per_seq_overhead_s=float(seq_oh), attention_flops=float(attn_flops))
+
+
+def _fit_linear(name: str, costs: list, measured: np.ndarray, memory_bytes: int) -> DeviceProfile:
+    """Sum-of-phases fit: time = step + seq * S + dense_flops / F + attn_flops / A + attn_bytes / BW."""
+    features = np.array([[1.0, c.num_seqs, c.dense_flops, c.attn_flops, c.attn_bytes] for c in costs])
+    w = 1.0 / measured  # relative error: weight each row by 1 / measured
+    coef, _ = scipy.optimize.nnls(features * w[:, None], measured * w)
+    step_oh, seq_oh, per_flop, per_attn_flop, per_byte = (float(c) for c in coef)
+    tiny = 1e-30  # a zero coefficient: that work costs nothing here (an effectively infinite rate)
+    return DeviceProfile(name, peak_flops=1 / max(per_flop, tiny), memory_bandwidth=1 / max(per_byte, tiny),
+                         step_overhead_s=step_oh, memory_bytes=memory_bytes, padded_shapes=True,
+                         per_seq_overhead_s=seq_oh, attention_flops=1 / max(per_attn_flop, tiny),
+                         phase_overlap=False)
 
 
 def _fit_overheads(measured: np.ndarray, roof: np.ndarray, counts: np.ndarray) -> tuple[tuple[float, ...], float]:

@@ -2,7 +2,8 @@
 
 A step computes `n` new tokens for each scheduled sequence that already has
 `c` tokens of context in the KV pool. Two phases, each taking
-`max(FLOPs / peak_flops, bytes / bandwidth)`, plus per-step and per-sequence overheads:
+`max(FLOPs / peak_flops, bytes / bandwidth)`, plus per-step and per-sequence overheads
+(a profile without `phase_overlap`, the CPU's, adds the two instead of taking the max):
 
 - dense (the linear layers and the LM head): `2 * P_layers` FLOPs per token,
   `2 * vocab * hidden` per sequence for its last token's logits; every weight
@@ -97,9 +98,12 @@ class CostModel:
         attn_flops = self.attn_flops_per_pair * pairs
         attn_bytes = self.kv_bytes_per_token * (kv_read + kv_written)
         p = self.profile
-        time_s = (p.step_overhead_s + p.per_seq_overhead_s * num_seqs
-                  + max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
-                  + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
+        if p.phase_overlap:
+            phases = (max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
+                      + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
+        else:  # weights: a constant, inside step_overhead_s
+            phases = dense_flops / p.peak_flops + attn_flops / p.attn_flops_rate + attn_bytes / p.memory_bandwidth
+        time_s = p.step_overhead_s + p.per_seq_overhead_s * num_seqs + phases
         return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, num_seqs, time_s)
 
     def step_time(self, seqs: Iterable[tuple[int, int]]) -> float:

@@ -23,6 +23,12 @@ class DeviceProfile:
     `padded_shapes` says the device runs jaxpaged's bucketed XLA reference
     step (token, row and block-table sizes padded to powers of two, attention
     over whole block tables) rather than an ideal ragged kernel.
+
+    `phase_overlap` says whether a phase's compute and memory traffic overlap
+    (time = max of the two: the roofline, right for GPUs) or follow each other
+    (time = their sum: a CPU running the XLA reference, whose attention
+    gathers and matmuls run one after another). Without overlap the weights'
+    read, the same every step, is part of `step_overhead_s`.
     """
 
     name: str
@@ -33,6 +39,7 @@ class DeviceProfile:
     padded_shapes: bool = False
     per_seq_overhead_s: float = 0.0  # host work per scheduled sequence (input layout)
     attention_flops: float | None = None  # effective FLOP/s of attention if unlike the GEMMs' (CPU)
+    phase_overlap: bool = True
 
     @property
     def attn_flops_rate(self) -> float:
