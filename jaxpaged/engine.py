@@ -353,33 +353,43 @@ class Engine:
         self.stats.last_step_tokens = sum(n for _, n in scheduled)
         self.stats.last_step_seqs = len(scheduled)
         touched = {}  # requests in schedule order (a dict: each once)
-        commit = self.kv.commit
         token_ids, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
         for i, (seq, n) in enumerate(scheduled):
             request = seq.request
             touched[request] = None
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-            computed = seq.num_computed_tokens
-            num_prompt = len(request.prompt_token_ids)
-            if computed < num_prompt:
-                self.stats.prompt_tokens += min(computed + n, num_prompt) - computed
-            seq.num_computed_tokens = computed = computed + n
-            commit(seq.seq_id, seq.token_ids, computed)
-            if request.fork_pending:
-                if seq.num_computed_tokens == seq.compute_limit:
-                    self._fork_samples(request)
-            elif seq.num_computed_tokens == seq.num_tokens:
-                if request.params.use_beam_search:
-                    seq.pending_candidates = list(zip(result.top_ids[i].tolist(),
-                                                      result.top_logprobs[i].tolist()))
-                else:
-                    self._append(seq, token_ids[i], logprobs[i], done)
+            if not self._computed(seq, n, now):
+                continue
+            if request.params.use_beam_search:
+                seq.pending_candidates = list(zip(result.top_ids[i].tolist(), result.top_logprobs[i].tolist()))
+            else:
+                self._append(seq, token_ids[i], logprobs[i], done)
         for request in touched:
             if request.params.use_beam_search and request.seqs and all(
                     s.pending_candidates is not None for s in request.seqs):
                 self._beam_step(request, done)
             self._record_block_usage(request)
+
+    def _computed(self, seq: Sequence, n: int, now: float) -> bool:
+        """Record that `seq` computed `n` more tokens in the step that started at `now`.
+
+        Commits them to the cache manager and forks a finished n > 1 prompt.
+        True when the step's output is a token this sequence must take (its
+        last token was computed), False for a prefill chunk that is not the last.
+        """
+        request = seq.request
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        computed = seq.num_computed_tokens
+        num_prompt = len(request.prompt_token_ids)
+        if computed < num_prompt:
+            self.stats.prompt_tokens += min(computed + n, num_prompt) - computed
+        seq.num_computed_tokens = computed = computed + n
+        self.kv.commit(seq.seq_id, seq.token_ids, computed)
+        if request.fork_pending:
+            if computed == seq.compute_limit:
+                self._fork_samples(request)
+            return False
+        return computed == seq.num_tokens
 
     def _schedule_entry(self, seq: Sequence, n: int) -> ScheduledSeq:
         p = seq.request.params
@@ -493,17 +503,21 @@ class Engine:
                 p.length_penalty), reverse=True)[:p.beam_width]
         else:
             seqs = sorted(seqs, key=lambda s: s.index)
-        completions = [CompletionOutput(
-            index=i if p.use_beam_search else s.index,
-            token_ids=list(s.output_token_ids),
-            text=self._decode(s.output_token_ids),
-            cumulative_logprob=s.cumulative_logprob,
-            finish_reason=s.finish_reason) for i, s in enumerate(seqs)]
+        # the request is finished and forgotten: its lists are handed over, not copied
+        completions = []
+        for i, s in enumerate(seqs):
+            token_ids = s.output_token_ids  # a fresh slice
+            completions.append(CompletionOutput(
+                index=i if p.use_beam_search else s.index,
+                token_ids=token_ids,
+                text=self._decode(token_ids) if p.detokenize else "",
+                cumulative_logprob=s.cumulative_logprob,
+                finish_reason=s.finish_reason))
         metrics = RequestMetrics(request.arrival_time, request.first_scheduled_time,
                                  request.first_token_time, request.finish_time, request.num_preemptions,
                                  request.peak_blocks_shared, request.peak_blocks_unshared,
-                                 list(request.token_times))
-        return RequestOutput(request.request_id, request.prompt, list(request.prompt_token_ids),
+                                 request.token_times)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
                              completions, finished=not request.aborted,
                              num_cached_tokens=request.num_cached_tokens or 0, metrics=metrics)
 

@@ -14,6 +14,7 @@ class SamplingParams:
     `n > 1` samples n sequences from one prefilled prompt (blocks shared,
     copy-on-write). `beam_width > 1` runs beam search instead of sampling and
     returns the `beam_width` best beams, scored by `cumulative_logprob / len ** length_penalty`.
+    `detokenize=False` leaves each output's `text` empty (token ids only), as in vLLM.
     """
 
     n: int = 1
@@ -26,6 +27,7 @@ class SamplingParams:
     ignore_eos: bool = False
     beam_width: int = 1
     length_penalty: float = 1.0
+    detokenize: bool = True
 
     def __post_init__(self):
         if self.n < 1:

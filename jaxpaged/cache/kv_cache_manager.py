@@ -321,7 +321,7 @@ class KVCacheManager:
             copies.append((shared.block_id, private.block_id))
             self._cow_copies += 1
         if num_fresh:
-            seq.table.extend(block.block_id for block in self._pool.allocate(num_fresh))
+            seq.table.extend([block.block_id for block in self._pool.allocate(num_fresh)])
             self._sync_in_flight(seq)
         return copies
 
@@ -428,7 +428,8 @@ class KVCacheManager:
         """Registers the seq's allocated, hash-known, uncommitted blocks as in flight."""
         start = seq.num_hashed_blocks
         end = max(start, min(len(seq.table), len(seq.block_hashes)))
-        self._set_in_flight(seq, (start, end))
+        if (start, end) != seq.pending:
+            self._set_in_flight(seq, (start, end))
 
     def _set_in_flight(self, seq: SequenceState, window: tuple[int, int]) -> None:
         self._in_flight.move_window(seq.block_hashes, seq.pending, window)

@@ -77,7 +77,9 @@ class CostModel:
             work = self._padded_work(len(seqs) - len(prefill), prefill, max_blocks)
         else:
             work = self._exact_work(seqs)
-        return self._cost(*work, kv_written=sum(n for n, _ in seqs), num_seqs=len(seqs))
+        dense_flops, attn_flops, attn_bytes = self._amounts(*work, kv_written=sum(n for n, _ in seqs))
+        return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, len(seqs),
+                        self._seconds(dense_flops, attn_flops, attn_bytes, len(seqs)))
 
     def decode_step_time(self, num_seqs: int, total_context: int, max_context: int) -> float:
         """`step_time` of `num_seqs` one-token decodes over contexts summing to `total_context`.
@@ -89,22 +91,22 @@ class CostModel:
             work = self._padded_work(num_seqs, [], -(-(max_context + 1) // self.block_size))
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
-        return self._cost(*work, kv_written=num_seqs, num_seqs=num_seqs).time_s
+        return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs)
 
-    def _cost(self, tokens: int, rows: int, pairs: int, kv_read: int, *, kv_written: int,
-              num_seqs: int) -> StepCost:
-        """Roofline time of one step's work (token, logit-row, attention-pair and KV-token counts)."""
-        dense_flops = self.layer_flops_per_token * tokens + self.lm_head_flops_per_seq * rows
-        attn_flops = self.attn_flops_per_pair * pairs
-        attn_bytes = self.kv_bytes_per_token * (kv_read + kv_written)
+    def _amounts(self, tokens: int, rows: int, pairs: int, kv_read: int, *,
+                 kv_written: int) -> tuple[float, float, float]:
+        """Dense FLOPs, attention FLOPs and attention bytes of a step's token, row, pair and KV counts."""
+        return (self.layer_flops_per_token * tokens + self.lm_head_flops_per_seq * rows,
+                self.attn_flops_per_pair * pairs, self.kv_bytes_per_token * (kv_read + kv_written))
+
+    def _seconds(self, dense_flops: float, attn_flops: float, attn_bytes: float, num_seqs: int) -> float:
         p = self.profile
         if p.phase_overlap:
             phases = (max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
                       + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
         else:  # weights: a constant, inside step_overhead_s
             phases = dense_flops / p.peak_flops + attn_flops / p.attn_flops_rate + attn_bytes / p.memory_bandwidth
-        time_s = p.step_overhead_s + p.per_seq_overhead_s * num_seqs + phases
-        return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, num_seqs, time_s)
+        return p.step_overhead_s + p.per_seq_overhead_s * num_seqs + phases
 
     def step_time(self, seqs: Iterable[tuple[int, int]]) -> float:
         """Predicted seconds for one step (see `step_cost`)."""

@@ -3,9 +3,10 @@
 Requests are submitted when the simulated clock reaches their arrival time; a
 multiturn turn is submitted once the previous turn of its conversation has
 finished (its prompt then includes that turn's answer). When nothing is in
-flight the clock jumps to the next arrival. Between arrivals, runs of pure
-decode steps are taken in one jump (`jaxpaged.sim.fast_forward`), with the
-same outcome as stepping through them.
+flight the clock jumps to the next arrival. While every running sequence is a
+plain decode, steps are taken in jumps (`jaxpaged.sim.fast_forward`; arrivals
+still go through the scheduler's own admission), with the same outcome as
+stepping through them.
 """
 
 from __future__ import annotations
@@ -91,21 +92,26 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
     in_flight: dict[str, tuple[WorkloadRequest, list[int]]] = {}
     records: list[RequestRecord] = []
     output_tokens = 0
-    while ready or in_flight:
+    def submit_due() -> float:
+        """Submit every request due by now; return the next arrival time (inf: none queued)."""
         while ready and ready[0][0] <= clock():
             arrival, _, r = heapq.heappop(ready)
             prompt = history.full_prompt(r)
             engine.add_request(r.request_id, {"prompt_token_ids": prompt, "cache_salt": r.cache_salt},
-                               SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
+                               SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True,
+                                              detokenize=False),
                                arrival_time=arrival)
             in_flight[r.request_id] = (r, prompt)
+        return ready[0][0] if ready else math.inf
+
+    while ready or in_flight:
+        next_arrival = submit_due()
         if not in_flight:
-            clock.advance_to(ready[0][0])
+            clock.advance_to(next_arrival)
             continue
         num_steps = 0
         if decode_fast_forward:
-            num_steps, finished = fast_forward(engine, until=ready[0][0] if ready else math.inf,
-                                               stop_after=has_next_turn)
+            num_steps, finished = fast_forward(engine, feed=submit_due, stop_after=has_next_turn)
         if not num_steps:
             finished = engine.step()
             if not engine.stats.last_step_batch and not finished:

@@ -1,22 +1,28 @@
-"""Decode fast-forward: run many predictable decode steps at once, exactly as `Engine.step` would.
+"""Decode fast-forward: run many predictable steps at once, exactly as `Engine.step` would.
 
 In a simulation the runner's tokens are known in advance (`SimulatedRunner`
-samples one fixed token), so once every running sequence is a plain decode and
-nothing waits, each following step is predictable: every running sequence
-computes one token and the clock moves by the cost model's decode time. What
-changes from one step to the next is sparse: a sequence needs a fresh block
-once every `block_size` steps, fills a block (commit: hash and publish it)
-once every `block_size` steps, and finishes once. `fast_forward` jumps over
-the steps in between and does those events in the order the step-by-step
-engine does them (per step: allocations in running order, then commits and
-finishes in running order). The engine, its KV cache manager and the clock end
-in the same state as after the same steps one by one, block ids and float
-timestamps included (`tests/sim/test_fast_forward.py` checks this).
+samples one fixed token), so once every running sequence is a plain decode,
+each following step is predictable for them: every one computes one token and
+the clock moves by the cost model's step time. What changes from step to step
+is sparse: a sequence needs a fresh block once every `block_size` steps, fills
+a block (commit: hash and publish it) once every `block_size` steps, and
+finishes once. `fast_forward` keeps those sequences as *lanes* and applies
+only their events, in the order the step-by-step engine does (per step:
+allocations in running order, then commits and finishes in running order).
 
-It stops before any step that would go differently: the clock reaching
-`until` (the driver's next arrival), a step needing more fresh blocks than are
-free (the scheduler would preempt), or nothing left running; and right after
-a step in which a request in `stop_after` finished (a multiturn
+Arrivals go through the real scheduler: before each step `feed` submits the
+requests due by then (what the driver does between steps), and each step
+calls the scheduler's own admission with the budget the lanes leave, exactly
+as `Scheduler.schedule` would after scheduling them. An admitted request whose
+prompt is computed in that step becomes a lane from the next step on.
+
+The engine, its KV cache manager and the clock end in the same state as
+after the same steps one by one, block ids and float timestamps included
+(`tests/sim/test_fast_forward.py`). It stops before a step that would go
+differently (more fresh blocks needed than are free: the scheduler would
+preempt; the clock at `until`), and after a step that leaves a running
+sequence that is not a plain decode (a prefill chunk that did not finish its
+prompt, a fork), or in which a request in `stop_after` finished (a multiturn
 conversation's next turn arrives then).
 """
 
@@ -25,136 +31,218 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Container
+from typing import Callable, Container
 
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine import Engine
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sequence import Sequence
+from jaxpaged.sequence import Sequence, SeqStatus
 from jaxpaged.sim.runner import SimulatedRunner
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True, eq=False)  # eq=False: lanes are hashed by identity
 class _Lane:
-    """One running sequence during a fast-forward; step j computes its token at position c0 + j - 1."""
+    """A plain decode; step j (> start) computes its token at position c0 + j - 1."""
 
-    pos: int  # place in the running list: the order events are applied in within a step
+    pos: tuple[int, int]  # (arrival order, index): the running list's order, the order of events in a step
     seq: Sequence
     token: int  # what every step appends (the simulated runner's fixed token)
-    c0: int  # tokens with K/V before the first fast-forwarded step
+    c0: int
+    start: int  # the step before its first lane step (0: a lane from the start)
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
+    kv_computed: int  # what the cache manager has been told is computed (committed)
 
 
-def fast_forward(engine: Engine, *, until: float = math.inf,
+def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, until: float = math.inf,
                  stop_after: Container[str] = ()) -> tuple[int, list[RequestOutput]]:
-    """Run decode-only steps until an event needs the full scheduler; see the module docstring.
+    """Run steps while every running sequence is a plain decode; see the module docstring.
 
-    Returns (steps run, outputs of the requests that finished in them). Zero
-    steps when the engine is not in a pure-decode state: call `engine.step()`.
+    `feed()`, if given, is called before each step: it submits the requests
+    due by now (`engine.add_request`) and returns the next arrival time.
+    Without it, no step starts at or after `until`. Returns (steps run,
+    outputs of the requests that finished in them); zero steps when the
+    engine is not in such a state: call `engine.step()`.
     """
     if not _all_plain_decodes(engine):
         return 0, []
-    kv, runner = engine.kv, engine.runner
-    clock, cost, bs = runner.clock, runner.cost_model, kv.block_size
-    lanes = []
-    allocs, commits, finishes = (collections.defaultdict(list) for _ in range(3))
-    for pos, seq in enumerate(engine.scheduler.running):
-        c0 = seq.num_computed_tokens
-        finish = min(seq.request.params.max_tokens - seq.num_output_tokens, engine.max_model_len - seq.num_tokens)
-        lane = _Lane(pos, seq, runner.token, c0, finish)
-        lanes.append(lane)
-        finishes[finish].append(lane)
-        first_alloc = kv.num_blocks_held(seq.seq_id) * bs - c0 + 1  # first step writing past the table
-        if first_alloc <= finish:
-            allocs[first_alloc].append(lane)
-        first_commit = bs - c0 % bs  # first step that fills a block
-        if first_commit <= finish:
-            commits[first_commit].append(lane)
+    steps = _DecodeRun(engine).advance(feed, until, stop_after)
+    return steps, engine._take_finished_outputs()
 
-    active = {lane.pos: lane for lane in lanes}
-    total_c0 = sum(lane.c0 for lane in lanes)
-    max_c0 = max(lane.c0 for lane in lanes)
-    times: list[float] = []  # end of each step run: the token times of its sequences
-    step = 0
-    stop = False
-    while active and not stop and clock() < until:
-        j = step + 1
-        need = allocs.get(j, ())
-        if len(need) > kv.num_free_blocks:
-            break  # the scheduler would preempt: leave this step to engine.step()
-        for lane in finishes.get(j, ()):
-            engine._record_block_usage(lane.seq.request)  # as after step j - 1: the last it would see
-        for lane in sorted(allocs.pop(j, ()), key=_pos):
-            seq_id = lane.seq.seq_id
-            copies = kv.allocate_slots(seq_id, lane.c0 + j - kv.num_computed_tokens(seq_id))
+
+class _DecodeRun:
+    """The running sequences as lanes, and their next events bucketed by step number."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
+        self.allocs, self.commits, self.finishes = (collections.defaultdict(list) for _ in range(3))
+        self.lanes: list[_Lane] = []
+        self.active: dict[tuple[int, int], _Lane] = {}
+        self.total_c0 = 0  # sum of active lanes' c0: their contexts before step j sum to this + len * (j - 1)
+        self.max_c0 = -math.inf
+        self.times: list[float] = []  # end of each step run: the token times of its sequences
+        self.last_admitted: list[tuple[Sequence, int]] = []
+        for seq in engine.scheduler.running:
+            self._add_lane(seq, 0)
+
+    def _add_lane(self, seq: Sequence, step: int) -> None:
+        """Make `seq`, a plain decode after `step` steps, a lane; schedule its first events."""
+        bs = self.kv.block_size
+        c0 = seq.num_computed_tokens - step
+        finish = step + min(seq.request.params.max_tokens - seq.num_output_tokens,
+                            self.engine.max_model_len - seq.num_tokens)
+        lane = _Lane((seq.request.arrival_order, seq.index), seq, self.runner.token, c0, step, finish,
+                     seq.num_computed_tokens)
+        self.lanes.append(lane)
+        self.active[lane.pos] = lane
+        self.total_c0 += c0
+        self.max_c0 = max(self.max_c0, c0)
+        self.finishes[finish].append(lane)
+        first_alloc = self.kv.num_blocks_held(seq.seq_id) * bs - c0 + 1  # first step writing past the table
+        if first_alloc <= finish:
+            self.allocs[first_alloc].append(lane)
+        first_commit = step + bs - seq.num_computed_tokens % bs  # first step that fills a block
+        if first_commit <= finish:
+            self.commits[first_commit].append(lane)
+
+    def advance(self, feed: Callable[[], float] | None, until: float, stop_after: Container[str]) -> int:
+        """Run steps 1, 2, ... while they stay predictable; returns how many ran."""
+        clock, kv = self.runner.clock, self.kv
+        step = 0
+        while self.active:
+            if feed is not None:
+                until = feed()
+            if clock() >= until:
+                break
+            j = step + 1
+            if len(self.allocs.get(j, ())) > kv.num_free_blocks:
+                break  # the scheduler would preempt: leave this step to engine.step()
+            self._allocate(j)
+            admitted = self._admit()
+            start = clock()
+            self._run_step(j, admitted)
+            step = j
+            committing, ending = self.commits.pop(j, None), self.finishes.pop(j, None)
+            stop = bool(committing or ending) and self._commit_and_finish(j, committing or (), ending or (),
+                                                                          stop_after)
+            if admitted and self._process_admitted(j, admitted, start, stop_after):
+                stop = True
+            if stop:
+                break
+        for lane in self.active.values():
+            _settle(self.engine, lane, step, self.times)
+            self.engine._record_block_usage(lane.seq.request)
+        if step:
+            self.engine.stats.last_step_batch = [
+                (lane.seq.request.request_id, lane.seq.index, 1)
+                for lane in sorted(self.lanes, key=_pos) if lane.start < step <= lane.finish_step
+            ] + [(seq.request.request_id, seq.index, n) for seq, n in self.last_admitted]
+        return step
+
+    def _allocate(self, j: int) -> None:
+        """The scheduler's decode part of step j: a fresh block for each lane writing past its table."""
+        for lane in self.finishes.get(j, ()):  # finishing in step j: the last usage the engine records
+            self.engine._record_block_usage(lane.seq.request)
+        bs = self.kv.block_size
+        for lane in sorted(self.allocs.pop(j, ()), key=_pos):
+            copies = self.kv.allocate_slots(lane.seq.seq_id, lane.c0 + j - lane.kv_computed)
             assert copies == [], "plain decodes own their last block: no copy-on-write"
             if j + bs <= lane.finish_step:
-                allocs[j + bs].append(lane)
-        num_seqs = len(active)
-        seconds = cost.decode_step_time(num_seqs, total_c0 + num_seqs * (j - 1), max_c0 + j - 1)
-        clock.advance(seconds)
-        runner.busy_s += seconds
-        runner.num_steps += 1
-        now = clock()
-        times.append(now)
-        step = j
-        _count_step(engine, num_seqs)
-        new_max = False  # a finished lane may have had the longest context
-        committing = {lane.pos: lane for lane in commits.pop(j, ())}
-        ending = {lane.pos: lane for lane in finishes.pop(j, ())}
-        for pos in sorted(committing.keys() | ending.keys()):
-            lane = committing.get(pos) or ending[pos]
-            if pos in committing and j + bs <= lane.finish_step:
-                commits[j + bs].append(lane)
-            if pos in ending:
-                _settle(engine, lane, j, times)
-                engine._finish_seq(lane.seq, "length", now)
-                del active[pos]
-                total_c0 -= lane.c0
-                new_max = new_max or lane.c0 == max_c0
+                self.allocs[j + bs].append(lane)
+
+    def _admit(self) -> list[tuple[Sequence, int]]:
+        """The scheduler's admission with the budget the lanes leave (Scheduler.schedule's last part)."""
+        scheduler = self.engine.scheduler
+        admitted: list[tuple[Sequence, int]] = []
+        if scheduler.waiting:
+            scheduler._admit_waiting(scheduler.config.max_num_batched_tokens - len(self.active), admitted)
+        if any(seq.request.params.use_beam_search for seq, _ in admitted):
+            raise NotImplementedError("the simulator does not model beam search")
+        self.last_admitted = admitted
+        return admitted
+
+    def _run_step(self, j: int, admitted: list[tuple[Sequence, int]]) -> None:
+        """The device's part of step j: each lane computes one token, each admitted sequence its chunk."""
+        num_lanes = len(self.active)
+        cost = self.runner.cost_model
+        if admitted:
+            seconds = cost.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
+                                     + [(n, seq.num_computed_tokens) for seq, n in admitted])
+        else:
+            seconds = cost.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
+        self.runner.clock.advance(seconds)
+        self.runner.busy_s += seconds
+        self.runner.num_steps += 1
+        self.times.append(self.runner.clock())
+        stats = self.engine.stats
+        stats.num_steps += 1
+        stats.generation_tokens += num_lanes  # admitted sequences count theirs in Engine._append
+        stats.last_step_tokens = num_lanes + sum(n for _, n in admitted)
+        stats.last_step_seqs = num_lanes + len(admitted)
+
+    def _commit_and_finish(self, j: int, committing, ending, stop_after: Container[str]) -> bool:
+        """The engine's processing of the lanes in step j, in running order; True if a `stop_after` finished."""
+        bs, now = self.kv.block_size, self.times[-1]
+        ends = {lane.pos for lane in ending}
+        stop = new_max = False
+        for lane in sorted({*committing, *ending}, key=_pos):
+            if lane.pos in ends:
+                _settle(self.engine, lane, j, self.times)
+                self.engine._finish_seq(lane.seq, "length", now)
+                del self.active[lane.pos]
+                self.total_c0 -= lane.c0
+                new_max = new_max or lane.c0 == self.max_c0
                 stop = stop or lane.seq.request.request_id in stop_after
             else:
+                if j + bs <= lane.finish_step:
+                    self.commits[j + bs].append(lane)
                 _extend_tokens(lane, j - 1)
-                kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.c0 + j)
-        if new_max and active:
-            max_c0 = max(lane.c0 for lane in active.values())
-    for lane in active.values():
-        _settle(engine, lane, step, times)
-        engine._record_block_usage(lane.seq.request)
-    if step:
-        engine.stats.last_step_batch = [(lane.seq.request.request_id, lane.seq.index, 1)
-                                        for lane in lanes if lane.finish_step >= step]
-    return step, engine._take_finished_outputs()
+                lane.kv_computed = lane.c0 + j
+                self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.kv_computed)
+        if new_max:  # a finished lane may have had the longest context
+            self.max_c0 = max((lane.c0 for lane in self.active.values()), default=-math.inf)
+        return stop
+
+    def _process_admitted(self, j: int, admitted, start: float, stop_after: Container[str]) -> bool:
+        """The engine's processing of the sequences admitted in step j (after the lanes, as scheduled).
+
+        New plain decodes become lanes; True if the run must stop after this step.
+        """
+        engine, done, token = self.engine, self.times[-1], self.runner.token
+        stop = False
+        for seq, n in admitted:
+            if engine._computed(seq, n, start):
+                engine._append(seq, token, 0.0, done)
+            request = seq.request
+            engine._record_block_usage(request)
+            if request.finish_time is not None:
+                stop = stop or request.request_id in stop_after
+            elif _is_plain_decode(engine, seq, token):
+                self._add_lane(seq, j)
+            else:
+                stop = True  # a prompt chunk still to go, or forks: the full scheduler's work
+        return stop
 
 
 def _all_plain_decodes(engine: Engine) -> bool:
-    """Whether the next step is a pure decode of every running sequence with the runner's known token."""
+    """Whether every running sequence is a plain decode of the runner's known token (and can be a lane)."""
     runner, scheduler = engine.runner, engine.scheduler
     if not isinstance(runner, SimulatedRunner) or type(engine.kv) is not KVCacheManager:
         return False
     if engine.tiers is not None or engine.stat_loggers:  # loggers expect a call per step
         return False
-    if scheduler.waiting or not scheduler.running:
+    if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
+        return False  # nothing to run, or the budget would leave some sequences out of a step
+    return all(_is_plain_decode(engine, seq, runner.token) for seq in scheduler.running)
+
+
+def _is_plain_decode(engine: Engine, seq: Sequence, token: int) -> bool:
+    """One running sequence of its request, decoding one token per step, never stopped by `token`."""
+    request, params = seq.request, seq.request.params
+    if (seq.status is not SeqStatus.RUNNING or len(request.seqs) != 1 or request.fork_pending
+            or params.use_beam_search or seq.num_computed_tokens != seq.num_tokens - 1
+            or seq.pending_candidates is not None):
         return False
-    if len(scheduler.running) > scheduler.config.max_num_batched_tokens:
-        return False  # the budget would leave some sequences out of a step
-    token = runner.token
-    for seq in scheduler.running:
-        request, params = seq.request, seq.request.params
-        if (len(request.seqs) != 1 or request.fork_pending or params.use_beam_search
-                or seq.num_computed_tokens != seq.num_tokens - 1 or seq.pending_candidates is not None):
-            return False
-        if token in params.stop_token_ids or (not params.ignore_eos and token in engine.eos_token_ids):
-            return False
-    return True
-
-
-def _count_step(engine: Engine, num_seqs: int) -> None:
-    stats = engine.stats
-    stats.num_steps += 1
-    stats.generation_tokens += num_seqs
-    stats.last_step_tokens = num_seqs
-    stats.last_step_seqs = num_seqs
+    return not (token in params.stop_token_ids or (not params.ignore_eos and token in engine.eos_token_ids))
 
 
 def _extend_tokens(lane: _Lane, steps_done: int) -> None:
@@ -172,8 +260,8 @@ def _settle(engine: Engine, lane: _Lane, steps_done: int, times: list[float]) ->
     seq.num_computed_tokens = lane.c0 + steps_done
     engine.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
     if seq.index == 0:
-        seq.request.token_times.extend(times[:steps_done])
+        seq.request.token_times.extend(times[lane.start:steps_done])
 
 
-def _pos(lane: _Lane) -> int:
+def _pos(lane: _Lane) -> tuple[int, int]:
     return lane.pos

@@ -89,6 +89,17 @@ def test_llm_generate_prompt_forms_order_and_timings():
     assert not llm.engine.has_unfinished_requests()  # the valid prompt was not queued either
 
 
+def test_detokenize_false_returns_ids_without_text(tiny_model):
+    engine = _engine(tiny_model)
+    engine.add_request("text", [72, 105, 33], GREEDY)
+    engine.add_request("ids", [72, 105, 33], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True,
+                                                           detokenize=False))
+    outs = _drain(engine)
+    text, ids = outs["text"].outputs[0], outs["ids"].outputs[0]
+    assert ids.token_ids == text.token_ids
+    assert ids.text == "" and text.text == engine.tokenizer.decode(text.token_ids)
+
+
 def test_pallas_interpret_backend_matches_xla(tiny_model):
     prompts = [list(range(5, 24)), list(range(100, 107)), list(range(40, 76))]
     results = []

@@ -1,6 +1,8 @@
 """Decode fast-forward ends where stepping one step at a time ends: same engine, cache and clock state."""
 
 import dataclasses
+import functools
+import math
 
 import pytest
 
@@ -107,16 +109,66 @@ def test_fast_forward_stops_at_the_deadline_and_before_a_preemption():
 def test_fast_forward_declines_unless_every_sequence_decodes():
     engine = _engine()
     _add(engine, [[3] * 30, [4] * 5], [8, 8])
-    assert fast_forward(engine) == (0, [])  # nothing scheduled yet: both wait
-    engine.step()  # prefills
-    engine.add_request("late", [7] * 9, SamplingParams(max_tokens=4, ignore_eos=True))
-    assert fast_forward(engine) == (0, [])  # someone waits
+    assert fast_forward(engine) == (0, [])  # nothing running yet: both wait
     parallel = _engine()
     parallel.add_request("n2", [3] * 9, SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True))
     while parallel.scheduler.waiting or parallel.scheduler.running[0].request.fork_pending:
         parallel.step()
     parallel.step()
     assert fast_forward(parallel) == (0, [])  # forked sequences share blocks: left to the scheduler
+
+
+def _serve(engine, arrivals, fast: bool):
+    """Submit `arrivals` (time, id, prompt, params) when due, as the driver does; step until all finish."""
+    pending, outputs, calls = list(arrivals), [], 0
+
+    def feed():
+        while pending and pending[0][0] <= engine.clock():
+            t, rid, prompt, params = pending.pop(0)
+            engine.add_request(rid, prompt, params, arrival_time=t)
+        return pending[0][0] if pending else math.inf
+
+    while pending or engine.has_unfinished_requests():
+        next_arrival = feed()
+        if not engine.has_unfinished_requests():
+            engine.clock.advance_to(next_arrival)
+            continue
+        steps = 0
+        if fast:
+            steps, out = fast_forward(engine, feed=feed)
+        if not steps:
+            calls += 1
+            out = engine.step()
+        outputs += out
+    return outputs, calls
+
+
+def test_admissions_inside_fast_forward_equal_stepping():
+    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    step_s = CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10)])  # about one decode step
+    shared = [9, 8, 7, 6, 5, 4, 3, 2]
+    arrivals = [(0.0, "a", [11] * 6, greedy(max_tokens=40)), (0.0, "b", [12] * 9, greedy(max_tokens=33))]
+    arrivals += [
+        (3.5 * step_s, "c", shared + [1, 2], greedy(max_tokens=20)),  # admitted whole: becomes a lane
+        (3.5 * step_s, "d", shared + [1, 2], greedy(max_tokens=20)),  # same prefix in flight: deferred a step
+        (9.2 * step_s, "one", [13] * 7, greedy(max_tokens=1)),  # finishes in its admission step
+        (14.1 * step_s, "long", [14] * 150, greedy(max_tokens=5)),  # more than the budget: chunked prefill
+        (20.3 * step_s, "fork", [15] * 9, SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4,
+                                                          ignore_eos=True)),
+        (26.0 * step_s, "e", [16] * 12, greedy(max_tokens=12)),
+    ]
+    fast, slow = _engine(max_num_batched_tokens=64), _engine(max_num_batched_tokens=64)
+    fast_out, fast_calls = _serve(fast, arrivals, fast=True)
+    slow_out, slow_calls = _serve(slow, arrivals, fast=False)
+    assert _outputs(fast_out) == _outputs(slow_out)
+    assert [o.num_cached_tokens for o in sorted(fast_out, key=lambda o: o.request_id)] == \
+        [o.num_cached_tokens for o in sorted(slow_out, key=lambda o: o.request_id)]
+    assert _state(fast) == _state(slow)
+    by_id = {o.request_id: o for o in fast_out}
+    assert by_id["d"].num_cached_tokens == 8  # "d" waited a step for "c"'s blocks and hit them
+    assert by_id["d"].metrics.first_scheduled_time > by_id["c"].metrics.first_scheduled_time
+    assert len(by_id["fork"].outputs) == 2 and by_id["one"].outputs[0].token_ids == [0]
+    assert fast_calls < slow_calls / 3  # most steps, admissions included, ran inside fast_forward
 
 
 @pytest.mark.parametrize("workload,rate,caching", [("chatbot", 40.0, True), ("chatbot", 0.0, False),
