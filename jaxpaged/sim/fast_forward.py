@@ -236,11 +236,16 @@ def _all_plain_decodes(engine: Engine) -> bool:
 
 
 def _is_plain_decode(engine: Engine, seq: Sequence, token: int) -> bool:
-    """One running sequence of its request, decoding one token per step, never stopped by `token`."""
+    """One running sequence of its request, decoding one token per step, never stopped by `token`.
+
+    Its one uncomputed token is a generated one: a prompt one token from done
+    (a chunk stopped there) would compute a prompt token and sample the first
+    output token, which is not a decode step's bookkeeping.
+    """
     request, params = seq.request, seq.request.params
     if (seq.status is not SeqStatus.RUNNING or len(request.seqs) != 1 or request.fork_pending
             or params.use_beam_search or seq.num_computed_tokens != seq.num_tokens - 1
-            or seq.pending_candidates is not None):
+            or seq.num_computed_tokens < len(request.prompt_token_ids) or seq.pending_candidates is not None):
         return False
     return not (token in params.stop_token_ids or (not params.ignore_eos and token in engine.eos_token_ids))
 

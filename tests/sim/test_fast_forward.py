@@ -171,6 +171,21 @@ def test_admissions_inside_fast_forward_equal_stepping():
     assert fast_calls < slow_calls / 3  # most steps, admissions included, ran inside fast_forward
 
 
+def test_a_prompt_one_token_from_done_is_not_a_decode():
+    # budget 16 - 2 decodes: "c" computes 14 of its 15 prompt tokens, leaving one token to compute like a
+    # decode; but that step computes a prompt token and samples the first output token (TTFT)
+    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    step_s = CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10)])
+    arrivals = [(0.0, "a", [11] * 5, greedy(max_tokens=30)), (0.0, "b", [12] * 5, greedy(max_tokens=30)),
+                (5.5 * step_s, "c", [13] * 15, greedy(max_tokens=6))]
+    fast, slow = _engine(max_num_batched_tokens=16), _engine(max_num_batched_tokens=16)
+    fast_out, _ = _serve(fast, arrivals, fast=True)
+    slow_out, _ = _serve(slow, arrivals, fast=False)
+    assert _outputs(fast_out) == _outputs(slow_out)
+    assert _state(fast) == _state(slow)
+    assert all(o.metrics.first_token_time is not None for o in fast_out)
+
+
 @pytest.mark.parametrize("workload,rate,caching", [("chatbot", 40.0, True), ("chatbot", 0.0, False),
                                                    ("multiturn", 20.0, True)])
 def test_simulate_with_and_without_fast_forward_agree(workload, rate, caching):
