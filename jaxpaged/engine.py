@@ -223,20 +223,28 @@ class Engine:
             else:
                 raise ValueError("a dict prompt needs 'prompt_token_ids' or 'prompt'")
         if isinstance(prompt, str):
-            text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(map(int, prompt))
-        return text, token_ids, cache_salt
+            text, prompt = prompt, self.tokenizer.encode(prompt)
+        return text, self._token_ids(prompt), cache_salt
+
+    def _token_ids(self, values) -> list[int]:
+        """The prompt as Python ints; ValueError unless every id is an integer in the vocabulary."""
+        ids = np.asarray(values)  # one vectorised check instead of a Python pass per token
+        if ids.size == 0:
+            return []
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError(f"prompt token ids must be a flat sequence of integers, "
+                             f"got dtype {ids.dtype} and shape {ids.shape}")
+        vocab = self.model_config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            bad = ids[(ids < 0) | (ids >= vocab)][0]
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        return ids.tolist()
 
     def _validate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
-        vocab = self.model_config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            bad = next(t for t in token_ids if not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "

@@ -36,6 +36,8 @@ RATES = flags.DEFINE_list("rates", ["0", "1", "2", "4"], "offered request rates 
 BOUND = flags.DEFINE_float("ttft_p99_bound_s", 2.0, "p99 TTFT bound defining the sustainable rate")
 REFINE = flags.DEFINE_integer("refine", 4, "bisection steps between the last passing and first failing rate")
 SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
+FAST_FORWARD = flags.DEFINE_bool("decode_fast_forward", True, "jump over predictable decode steps (same "
+                                  "results; --nodecode_fast_forward steps through every one)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write every run's summary here")
 PLOT = flags.DEFINE_string("plot", None, "write the rate sweep (p99 TTFT vs rate) as a PNG here")
 
@@ -66,7 +68,8 @@ def main(argv):
         deployment = dataclasses.replace(base, enable_prefix_caching=mode == "on")
 
         def run(rate, deployment=deployment):
-            return scenario.run_at_rate(deployment, requests, rate, seed=SEED.value)
+            return scenario.run_at_rate(deployment, requests, rate, seed=SEED.value,
+                                        decode_fast_forward=FAST_FORWARD.value)
 
         points = scenario.sweep(run, [float(r) for r in RATES.value])
         for p in points:

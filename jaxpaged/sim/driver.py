@@ -26,6 +26,12 @@ from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 
 
+# A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
+# back); after one, take this many ordinary steps before trying again. Either way the result is the same.
+_FAST_FORWARD_MIN_STEPS = 4
+_FAST_FORWARD_BACKOFF_STEPS = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class RequestRecord:
     """What the simulation keeps of one finished request (simulated seconds)."""
@@ -104,15 +110,19 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
             in_flight[r.request_id] = (r, prompt)
         return ready[0][0] if ready else math.inf
 
+    skip_fast_forward = 0  # engine steps to take before trying fast_forward again
     while ready or in_flight:
         next_arrival = submit_due()
         if not in_flight:
             clock.advance_to(next_arrival)
             continue
         num_steps = 0
-        if decode_fast_forward:
+        if decode_fast_forward and not skip_fast_forward:
             num_steps, finished = fast_forward(engine, feed=submit_due, stop_after=has_next_turn)
+            if num_steps < _FAST_FORWARD_MIN_STEPS:
+                skip_fast_forward = _FAST_FORWARD_BACKOFF_STEPS
         if not num_steps:
+            skip_fast_forward = max(skip_fast_forward - 1, 0)
             finished = engine.step()
             if not engine.stats.last_step_batch and not finished:
                 if not ready:

@@ -77,11 +77,12 @@ class Deployment:
                             max_num_batched_tokens=self.max_num_batched_tokens, hash_algo=self.hash_algo)
 
 
-def run_at_rate(deployment: Deployment, requests: list[WorkloadRequest], rate: float, seed: int = 0) -> SimResult:
+def run_at_rate(deployment: Deployment, requests: list[WorkloadRequest], rate: float, seed: int = 0, *,
+                decode_fast_forward: bool = True) -> SimResult:
     """Serve `requests` with Poisson arrivals at `rate` requests/s (<= 0: all at once) in simulated time."""
     requests = assign_arrivals([dataclasses.replace(r) for r in requests], rate, seed)
     engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
-    return simulate(engine, clock, requests)
+    return simulate(engine, clock, requests, decode_fast_forward=decode_fast_forward)
 
 
 @dataclasses.dataclass(frozen=True)

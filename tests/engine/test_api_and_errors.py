@@ -25,6 +25,8 @@ def _drain(engine):
     ([], GREEDY, "empty"),
     ([1, 2, 300], GREEDY, "outside the vocabulary"),
     ([-1], GREEDY, "outside the vocabulary"),
+    ([1, 2.5], GREEDY, "integers"),
+    ([[1, 2]], GREEDY, "flat sequence"),
     (list(range(90)), SamplingParams(max_tokens=10), "max_model_len"),
     (list(range(60)), SamplingParams(max_tokens=30, n=4), "never fit"),
 ])

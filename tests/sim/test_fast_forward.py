@@ -212,5 +212,3 @@ def test_simulate_with_and_without_fast_forward_agree(workload, rate, caching):
     assert engines[0][1] < engines[1][1]  # some steps were jumped over
     if rate == 0.0:
         assert slow.num_preemptions > 0  # the small pool made the scheduler preempt in between
-    else:
-        assert engines[0][1] < engines[1][1] / 2  # with arrivals spread out, most of them
