@@ -106,7 +106,7 @@ class _DecodeRun:
 
     def advance(self, feed: Callable[[], float] | None, until: float, stop_after: Container[str]) -> int:
         """Run steps 1, 2, ... while they stay predictable; returns how many ran."""
-        clock, kv = self.runner.clock, self.kv
+        clock, kv, waiting = self.runner.clock, self.kv, self.engine.scheduler.waiting
         step = 0
         while self.active:
             if feed is not None:
@@ -114,6 +114,10 @@ class _DecodeRun:
             if clock() >= until:
                 break
             j = step + 1
+            if not (waiting or j in self.allocs or j in self.commits or j in self.finishes):
+                self._run_step(j, ())  # most steps: no event, nothing to admit
+                step = j
+                continue
             if len(self.allocs.get(j, ())) > kv.num_free_blocks:
                 break  # the scheduler would preempt: leave this step to engine.step()
             self._allocate(j)
@@ -176,7 +180,7 @@ class _DecodeRun:
         stats = self.engine.stats
         stats.num_steps += 1
         stats.generation_tokens += num_lanes  # admitted sequences count theirs in Engine._append
-        stats.last_step_tokens = num_lanes + sum(n for _, n in admitted)
+        stats.last_step_tokens = num_lanes + sum(n for _, n in admitted) if admitted else num_lanes
         stats.last_step_seqs = num_lanes + len(admitted)
 
     def _commit_and_finish(self, j: int, committing, ending, stop_after: Container[str]) -> bool:
