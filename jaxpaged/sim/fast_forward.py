@@ -75,8 +75,8 @@ class _DecodeRun:
     def __init__(self, engine: Engine):
         self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
         self.allocs, self.commits, self.finishes = (collections.defaultdict(list) for _ in range(3))
-        self.lanes: list[_Lane] = []
         self.active: dict[tuple[int, int], _Lane] = {}
+        self.ended: tuple[int, list[_Lane]] = (0, [])  # the last step in which lanes finished, and those lanes
         self.total_c0 = 0  # sum of active lanes' c0: their contexts before step j sum to this + len * (j - 1)
         self.max_c0 = -math.inf
         self.times: list[float] = []  # end of each step run: the token times of its sequences
@@ -92,7 +92,6 @@ class _DecodeRun:
                             self.engine.max_model_len - seq.num_tokens)
         lane = _Lane((seq.request.arrival_order, seq.index), seq, self.runner.token, c0, step, finish,
                      seq.num_computed_tokens)
-        self.lanes.append(lane)
         self.active[lane.pos] = lane
         self.total_c0 += c0
         self.max_c0 = max(self.max_c0, c0)
@@ -135,10 +134,11 @@ class _DecodeRun:
         for lane in self.active.values():
             _settle(self.engine, lane, step, self.times)
             self.engine._record_block_usage(lane.seq.request)
-        if step:
+        if step:  # the last step's batch: its lanes in running order, then what it admitted
+            lanes = [lane for lane in self.active.values() if lane.start < step]
+            lanes += self.ended[1] if self.ended[0] == step else []
             self.engine.stats.last_step_batch = [
-                (lane.seq.request.request_id, lane.seq.index, 1)
-                for lane in sorted(self.lanes, key=_pos) if lane.start < step <= lane.finish_step
+                (lane.seq.request.request_id, lane.seq.index, 1) for lane in sorted(lanes, key=_pos)
             ] + [(seq.request.request_id, seq.index, n) for seq, n in self.last_admitted]
         return step
 
@@ -161,12 +161,12 @@ class _DecodeRun:
             scheduler._admit_waiting(scheduler.config.max_num_batched_tokens - len(self.active), admitted)
         if any(seq.request.params.use_beam_search for seq, _ in admitted):
             raise NotImplementedError("the simulator does not model beam search")
-        self.last_admitted = admitted
         return admitted
 
     def _run_step(self, j: int, admitted: list[tuple[Sequence, int]]) -> None:
         """The device's part of step j: each lane computes one token, each admitted sequence its chunk."""
         num_lanes = len(self.active)
+        self.last_admitted = admitted
         cost = self.runner.cost_model
         if admitted:
             seconds = cost.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
@@ -187,6 +187,7 @@ class _DecodeRun:
         """The engine's processing of the lanes in step j, in running order; True if a `stop_after` finished."""
         bs, now = self.kv.block_size, self.times[-1]
         ends = {lane.pos for lane in ending}
+        self.ended = (j, list(ending))
         stop = new_max = False
         for lane in sorted({*committing, *ending}, key=_pos):
             if lane.pos in ends:

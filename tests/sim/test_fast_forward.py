@@ -143,6 +143,41 @@ def _serve(engine, arrivals, fast: bool):
     return outputs, calls
 
 
+def _lockstep(arrivals, **config):
+    """Serve `arrivals` on two engines, one jumping and one stepping the same steps; compare after each jump."""
+    engines = fast, slow = _engine(**config), _engine(**config)
+    pending = {id(e): list(arrivals) for e in engines}
+
+    def feed_for(engine):
+        def feed():
+            queue = pending[id(engine)]
+            while queue and queue[0][0] <= engine.clock():
+                t, rid, prompt, params = queue.pop(0)
+                engine.add_request(rid, prompt, params, arrival_time=t)
+            return queue[0][0] if queue else math.inf
+        return feed
+
+    feed_fast, feed_slow = feed_for(fast), feed_for(slow)
+    jumps = 0
+    while pending[id(fast)] or fast.has_unfinished_requests():
+        next_arrival = feed_fast()
+        feed_slow()
+        if not fast.has_unfinished_requests():
+            fast.clock.advance_to(next_arrival)
+            slow.clock.advance_to(next_arrival)
+            continue
+        steps, _ = fast_forward(fast, feed=feed_fast)
+        jumps += steps > 1
+        if not steps:
+            fast.step()
+        for i in range(max(steps, 1)):
+            if i:
+                feed_slow()  # the driver submits arrivals before every step
+            slow.step()
+        assert _state(fast) == _state(slow)
+    return jumps
+
+
 def test_admissions_inside_fast_forward_equal_stepping():
     greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
     step_s = CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10)])  # about one decode step
@@ -169,6 +204,30 @@ def test_admissions_inside_fast_forward_equal_stepping():
     assert by_id["d"].metrics.first_scheduled_time > by_id["c"].metrics.first_scheduled_time
     assert len(by_id["fork"].outputs) == 2 and by_id["one"].outputs[0].token_ids == [0]
     assert fast_calls < slow_calls / 3  # most steps, admissions included, ran inside fast_forward
+    assert _lockstep(arrivals, max_num_batched_tokens=64) >= 3  # and state matches after every jump
+
+
+def test_last_step_batch_after_an_admission_then_quiet_steps():
+    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    fast, slow = _engine(block_size=16, num_blocks=40), _engine(block_size=16, num_blocks=40)  # rare events
+    for engine in (fast, slow):
+        _add(engine, [[5] * 6, [6] * 7], [40, 40])
+        engine.step()  # prefills: both decode from here
+    deadline = fast.clock() + 6 * CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10), (1, 10)])
+
+    def feed():  # one arrival now, then nothing until after the deadline
+        if "new" not in fast._requests:
+            fast.add_request("new", [7] * 5, greedy(max_tokens=30))
+        return deadline
+
+    steps, _ = fast_forward(fast, feed=feed)
+    slow.add_request("new", [7] * 5, greedy(max_tokens=30))
+    for _ in range(steps):
+        slow.step()
+    assert steps > 2  # the admission step, then steps with no event, up to the deadline
+    assert fast.stats.last_step_batch == slow.stats.last_step_batch
+    assert [entry[0] for entry in fast.stats.last_step_batch] == ["r0", "r1", "new"]
+    assert _state(fast) == _state(slow)
 
 
 def test_a_prompt_one_token_from_done_is_not_a_decode():
