@@ -228,6 +228,8 @@ class Engine:
 
     def _token_ids(self, values) -> list[int]:
         """The prompt as Python ints; ValueError unless every id is an integer in the vocabulary."""
+        if not isinstance(values, (list, tuple, np.ndarray)):
+            values = list(values)  # any iterable of ids (a range, a generator)
         ids = np.asarray(values)  # one vectorised check instead of a Python pass per token
         if ids.size == 0:
             return []

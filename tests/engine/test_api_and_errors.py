@@ -1,5 +1,6 @@
 """The public API (LLM, Engine), bad input, abort, and the Pallas backend end to end."""
 
+import numpy as np
 import pytest
 
 from jaxpaged import LLM, SamplingParams
@@ -89,6 +90,17 @@ def test_llm_generate_prompt_forms_order_and_timings():
     with pytest.raises(ValueError):
         llm.generate([[1, 2], []], GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()  # the valid prompt was not queued either
+
+
+def test_prompt_ids_from_any_integer_sequence(tiny_model):
+    engine = _engine(tiny_model)
+    for rid, prompt in (("list", [72, 105, 33]), ("range", range(72, 75)), ("gen", (t for t in [72, 105, 33])),
+                        ("numpy", np.array([72, 105, 33], np.int32))):
+        engine.add_request(rid, prompt, GREEDY)
+    assert all(type(t) is int for r in engine._requests.values() for t in r.prompt_token_ids)
+    outs = _drain(engine)
+    assert outs["list"].outputs[0].token_ids == outs["gen"].outputs[0].token_ids == \
+        outs["numpy"].outputs[0].token_ids
 
 
 def test_detokenize_false_returns_ids_without_text(tiny_model):
