@@ -24,10 +24,11 @@ from jaxpaged.config import ModelConfig, canonical_dtype_name
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
-# Index vectors that scatter into the pool have at least this many entries (padding is dropped).
-# XLA rewrites a one-index scatter into a dynamic-update-slice, and with out-of-bounds writes
-# dropped and the pool read again later in the step, the compiled step then copies every layer's
-# whole pool: a one-sequence decode step cost O(pool size), ~0.8 s for 4,200 blocks of `small`.
+# The step's K/V write scatters at least this many slots (padding slots are dropped). XLA rewrites a
+# one-index scatter into a dynamic-update-slice, and with out-of-bounds writes dropped and the pool
+# read again later in the step, the compiled step then copied every layer's whole pool: a
+# one-sequence decode cost O(pool size), ~0.8 s for 4,200 blocks of `small`. (copy_blocks and the
+# offload scatter, jitted on their own, compile in place with one index; checked, not padded.)
 MIN_SCATTER_INDICES = 2
 
 
