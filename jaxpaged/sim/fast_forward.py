@@ -46,7 +46,6 @@ class _Lane:
 
     pos: tuple[int, int]  # (arrival order, index): the running list's order, the order of events in a step
     seq: Sequence
-    token: int  # what every step appends (the simulated runner's fixed token)
     c0: int
     start: int  # the step before its first lane step (0: a lane from the start)
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
@@ -90,7 +89,7 @@ class _DecodeRun:
         c0 = seq.num_computed_tokens - step
         finish = step + min(seq.request.params.max_tokens - seq.num_output_tokens,
                             self.engine.max_model_len - seq.num_tokens)
-        lane = _Lane((seq.request.arrival_order, seq.index), seq, self.runner.token, c0, step, finish,
+        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish,
                      seq.num_computed_tokens)
         self.active[lane.pos] = lane
         self.total_c0 += c0
@@ -132,7 +131,7 @@ class _DecodeRun:
             if stop:
                 break
         for lane in self.active.values():
-            _settle(self.engine, lane, step, self.times)
+            self._settle(lane, step)
             self.engine._record_block_usage(lane.seq.request)
         if step:  # the last step's batch: its lanes in running order, then what it admitted
             lanes = [lane for lane in self.active.values() if lane.start < step]
@@ -191,7 +190,7 @@ class _DecodeRun:
         stop = new_max = False
         for lane in sorted({*committing, *ending}, key=_pos):
             if lane.pos in ends:
-                _settle(self.engine, lane, j, self.times)
+                self._settle(lane, j)
                 self.engine._finish_seq(lane.seq, "length", now)
                 del self.active[lane.pos]
                 self.total_c0 -= lane.c0
@@ -200,12 +199,28 @@ class _DecodeRun:
             else:
                 if j + bs <= lane.finish_step:
                     self.commits[j + bs].append(lane)
-                _extend_tokens(lane, j - 1)
+                self._extend_tokens(lane, j - 1)
                 lane.kv_computed = lane.c0 + j
                 self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.kv_computed)
         if new_max:  # a finished lane may have had the longest context
             self.max_c0 = max((lane.c0 for lane in self.active.values()), default=-math.inf)
         return stop
+
+    def _extend_tokens(self, lane: _Lane, steps_done: int) -> None:
+        """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
+        seq = lane.seq
+        missing = lane.c0 + 1 + steps_done - len(seq.token_ids)
+        if missing > 0:
+            seq.token_ids.extend([self.runner.token] * missing)
+
+    def _settle(self, lane: _Lane, steps_done: int) -> None:
+        """Bring a sequence and its request up to date after `steps_done` steps."""
+        self._extend_tokens(lane, steps_done)
+        seq = lane.seq
+        seq.num_computed_tokens = lane.c0 + steps_done
+        self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        if seq.index == 0:
+            seq.request.token_times.extend(self.times[lane.start:steps_done])
 
     def _process_admitted(self, j: int, admitted, start: float, stop_after: Container[str]) -> bool:
         """The engine's processing of the sequences admitted in step j (after the lanes, as scheduled).
@@ -253,24 +268,6 @@ def _is_plain_decode(engine: Engine, seq: Sequence, token: int) -> bool:
             or seq.num_computed_tokens < len(request.prompt_token_ids) or seq.pending_candidates is not None):
         return False
     return not (token in params.stop_token_ids or (not params.ignore_eos and token in engine.eos_token_ids))
-
-
-def _extend_tokens(lane: _Lane, steps_done: int) -> None:
-    """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
-    seq = lane.seq
-    missing = lane.c0 + 1 + steps_done - len(seq.token_ids)
-    if missing > 0:
-        seq.token_ids.extend([lane.token] * missing)
-
-
-def _settle(engine: Engine, lane: _Lane, steps_done: int, times: list[float]) -> None:
-    """Bring a sequence and its request up to date after `steps_done` steps."""
-    _extend_tokens(lane, steps_done)
-    seq = lane.seq
-    seq.num_computed_tokens = lane.c0 + steps_done
-    engine.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
-    if seq.index == 0:
-        seq.request.token_times.extend(times[lane.start:steps_done])
 
 
 def _pos(lane: _Lane) -> tuple[int, int]:
