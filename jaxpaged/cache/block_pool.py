@@ -115,6 +115,22 @@ class FreeBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_many(self, count: int) -> list[KVBlock]:
+        """Removes and returns the ``count`` head blocks in queue order: O(count), one relink."""
+        if not 0 <= count <= self._len:
+            raise IndexError(f"cannot pop {count} blocks from a FreeBlockQueue of {self._len}")
+        taken = []
+        node = self._head.next_free
+        for _ in range(count):
+            taken.append(node)
+            nxt = node.next_free
+            node.prev_free = node.next_free = None
+            node = nxt
+        self._head.next_free = node
+        node.prev_free = self._head
+        self._len -= count
+        return taken
+
 
 class BlockPool:
     """Owns the physical blocks: ref counts, the free queue and the prefix-cache map.
@@ -144,13 +160,11 @@ class BlockPool:
 
         The caller must have checked ``count <= num_free``.
         """
-        taken = []
-        for _ in range(count):
-            block = self.free_queue.popleft()
+        taken = self.free_queue.popleft_many(count)
+        for block in taken:
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_count = 1
-            taken.append(block)
         self.num_used += count
         return taken
 

@@ -177,6 +177,26 @@ def chain_block_hashes(
     return hashes
 
 
+@cache
+def next_block_hasher(block_size: int, hash_algo: str) -> Callable[[bytes, Sequence[int]], bytes]:
+    """``hash_next(parent_hash, block_tokens)``: the hash of one full block without extra keys.
+
+    Equal to ``chain_block_hashes(parent_hash, block_tokens, block_size, (), hash_algo)[0]``
+    for a ``parent_hash`` the caller computed itself (it is not checked): the
+    per-block step of decoding, where a generated block fills and is published.
+    """
+    digest = digest_fn(hash_algo)
+    pack = struct.Struct(f"<{block_size}q8x").pack  # tokens, then the empty extras' u64 length
+
+    def hash_next(parent_hash: bytes, block_tokens: Sequence[int]) -> bytes:
+        try:
+            return digest(parent_hash + pack(*block_tokens))
+        except struct.error as err:
+            raise ValueError(f"block of {block_size} token ids expected, int64 each: {err}") from None
+
+    return hash_next
+
+
 def hash_request_blocks(
     token_ids: Sequence[int],
     block_size: int,

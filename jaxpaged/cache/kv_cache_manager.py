@@ -26,6 +26,7 @@ from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
 from jaxpaged.cache.hashing import (
     chain_block_hashes,
     digest_fn,
+    next_block_hasher,
     request_extra_keys,
 )
 from jaxpaged.cache.in_flight import InFlightHashes
@@ -64,6 +65,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_algo = hash_algo
+        self._hash_next_block = next_block_hasher(block_size, hash_algo)
         self._pool = BlockPool(num_blocks)
         self._seqs: dict[Hashable, SequenceState] = {}
         self._in_flight = InFlightHashes()
@@ -321,8 +323,10 @@ class KVCacheManager:
             copies.append((shared.block_id, private.block_id))
             self._cow_copies += 1
         if num_fresh:
+            table_len = len(seq.table)
             seq.table.extend([block.block_id for block in self._pool.allocate(num_fresh)])
-            self._sync_in_flight(seq)
+            if len(seq.block_hashes) > table_len:  # prompt blocks with known hashes just got slots
+                self._sync_in_flight(seq)
         return copies
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
@@ -360,17 +364,19 @@ class KVCacheManager:
     def _publish_full_blocks(self, seq: SequenceState, token_ids: Sequence[int], num_full: int) -> None:
         bs = self.block_size
         hashes = seq.block_hashes
-        if len(hashes) < num_full:  # blocks past the prompt: hash from the real tokens
-            start = len(hashes)
+        start = len(hashes)
+        if start and num_full == start + 1:  # one generated block filled: the decode step
+            hashes.append(self._hash_next_block(hashes[-1], token_ids[start * bs : num_full * bs]))
+        elif start < num_full:  # blocks past the prompt: hash from the real tokens
             parent = hashes[-1] if hashes else None
             first_keys = seq.request_keys if start == 0 else ()
             hashes += chain_block_hashes(
                 parent, token_ids[start * bs : num_full * bs], bs, first_keys, self.hash_algo
             )
-        blocks = self._pool.blocks
+        blocks, table, cache_block = self._pool.blocks, seq.table, self._pool.cache_block
         for index in range(seq.num_hashed_blocks, num_full):
-            self._pool.cache_block(
-                blocks[seq.table[index]],
+            cache_block(
+                blocks[table[index]],
                 hashes[index],
                 hashes[index - 1] if index else None,
                 tuple(token_ids[index * bs : (index + 1) * bs]),
@@ -428,7 +434,10 @@ class KVCacheManager:
         """Registers the seq's allocated, hash-known, uncommitted blocks as in flight."""
         start = seq.num_hashed_blocks
         end = max(start, min(len(seq.table), len(seq.block_hashes)))
-        if (start, end) != seq.pending:
+        old_start, old_end = seq.pending
+        if start == end and old_start == old_end:
+            seq.pending = (start, end)  # no block in flight before or after (most decode steps)
+        elif (start, end) != seq.pending:
             self._set_in_flight(seq, (start, end))
 
     def _set_in_flight(self, seq: SequenceState, window: tuple[int, int]) -> None:

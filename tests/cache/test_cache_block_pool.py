@@ -28,6 +28,21 @@ def test_free_queue_links_and_unlinks_without_searching():
         queue.popleft()
 
 
+def test_popleft_many_takes_the_head_in_order():
+    blocks = [KVBlock(i) for i in range(5)]
+    queue = FreeBlockQueue(blocks)
+    taken = queue.popleft_many(3)
+    assert taken == blocks[:3] and _ids(queue) == [3, 4] and len(queue) == 2
+    assert all(b.prev_free is None and b.next_free is None for b in taken)
+    assert queue.popleft_many(0) == [] and _ids(queue) == [3, 4]
+    queue.appendleft(blocks[0])
+    assert queue.popleft_many(3) == [blocks[0], blocks[3], blocks[4]] and len(queue) == 0
+    with pytest.raises(IndexError):
+        queue.popleft_many(1)
+    queue.append(blocks[1])  # the sentinels are relinked: the queue still works
+    assert _ids(queue) == [1] and queue.popleft() is blocks[1]
+
+
 def test_free_queue_never_iterates_on_hot_paths(monkeypatch):
     """Allocate, touch and release must not walk the queue (that would be O(n))."""
     pool = BlockPool(6)

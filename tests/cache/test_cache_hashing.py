@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxpaged.cache import hash_block_tokens, hash_request_blocks
-from jaxpaged.cache.hashing import chain_block_hashes, root_hash
+from jaxpaged.cache.hashing import chain_block_hashes, next_block_hasher, root_hash
 
 ALGOS = ["sha256", "xxh3_128"]
 
@@ -79,6 +79,20 @@ def test_algorithms_differ():
     tokens = list(range(32))
     assert hash_request_blocks(tokens, 16) != hash_request_blocks(tokens, 16, hash_algo="xxh3_128")
     assert root_hash("sha256") != root_hash("xxh3_128")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_next_block_hasher_continues_the_chain(algo):
+    tokens = list(range(300, 340))  # 5 blocks of 8
+    chain = hash_request_blocks(tokens, 8, "tenant", hash_algo=algo)
+    hash_next = next_block_hasher(8, algo)
+    for index in range(1, 5):
+        assert hash_next(chain[index - 1], tokens[index * 8 : (index + 1) * 8]) == chain[index]
+    assert hash_next(chain[0], tuple(np.arange(8, 16))) == chain_block_hashes(chain[0], list(range(8, 16)), 8, (), algo)[0]
+    with pytest.raises(ValueError, match="block of 8 token ids"):
+        hash_next(chain[0], [1.5] * 8)
+    with pytest.raises(ValueError, match="block of 8 token ids"):
+        hash_next(chain[0], [1] * 7)
 
 
 @pytest.mark.parametrize(
