@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import struct
 import time
 from typing import Callable, Sequence as Seq
 
@@ -228,14 +229,19 @@ class Engine:
 
     def _token_ids(self, values) -> list[int]:
         """The prompt as Python ints; ValueError unless every id is an integer in the vocabulary."""
-        if not isinstance(values, (list, tuple, np.ndarray)):
-            values = list(values)  # any iterable of ids (a range, a generator)
-        ids = np.asarray(values)  # one vectorised check instead of a Python pass per token
+        if isinstance(values, np.ndarray):
+            ids = values
+            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(f"prompt token ids must be a flat sequence of integers, "
+                                 f"got dtype {ids.dtype} and shape {ids.shape}")
+        else:  # any iterable of ids: one C pass that rejects non-integers (2.5, "7", [1])
+            values = tuple(values) if not isinstance(values, (list, tuple)) else values
+            try:
+                ids = np.frombuffer(struct.pack(f"<{len(values)}q", *values), dtype=np.int64)
+            except struct.error as err:
+                raise ValueError(f"prompt token ids must be a flat sequence of integers: {err}") from None
         if ids.size == 0:
             return []
-        if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise ValueError(f"prompt token ids must be a flat sequence of integers, "
-                             f"got dtype {ids.dtype} and shape {ids.shape}")
         vocab = self.model_config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             bad = ids[(ids < 0) | (ids >= vocab)][0]

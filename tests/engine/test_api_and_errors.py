@@ -28,6 +28,9 @@ def _drain(engine):
     ([-1], GREEDY, "outside the vocabulary"),
     ([1, 2.5], GREEDY, "integers"),
     ([[1, 2]], GREEDY, "flat sequence"),
+    ([1, 2**64], GREEDY, "flat sequence of integers"),
+    (np.array([[1, 2]]), GREEDY, "flat sequence"),
+    (np.array([1.0, 2.0]), GREEDY, "dtype float64"),
     (list(range(90)), SamplingParams(max_tokens=10), "max_model_len"),
     (list(range(60)), SamplingParams(max_tokens=30, n=4), "never fit"),
 ])
@@ -125,3 +128,17 @@ def test_pallas_interpret_backend_matches_xla(tiny_model):
         outs = _drain(engine)
         results.append([outs[str(i)].outputs[0].token_ids for i in range(len(prompts))])
     assert results[0] == results[1]
+
+
+def test_prompt_ids_in_any_integer_container_are_the_same_request(tiny_model):
+    engine = _engine(tiny_model)
+    ids = list(range(10, 30))
+    forms = {"list": ids, "tuple": tuple(ids), "int32": np.array(ids, np.int32), "generator": (i for i in ids),
+             "numpy-ints": [np.int64(i) for i in ids]}
+    for name, prompt in forms.items():
+        engine.add_request(name, prompt, GREEDY)
+    outs = _drain(engine)
+    for name in forms:
+        assert outs[name].prompt_token_ids == ids
+        assert all(type(i) is int for i in outs[name].prompt_token_ids)
+        assert outs[name].outputs[0].token_ids == outs["list"].outputs[0].token_ids
