@@ -12,7 +12,9 @@ stepping through them.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import gc
 import heapq
 import math
 import time
@@ -30,6 +32,21 @@ from jaxpaged.sim.runner import SimClock, SimulatedRunner
 # back); after one, take this many ordinary steps before trying again. Either way the result is the same.
 _FAST_FORWARD_MIN_STEPS = 4
 _FAST_FORWARD_BACKOFF_STEPS = 16
+
+# Requests hold token lists of ~1,000 ints that the cyclic GC traverses on every young collection; at
+# the default threshold (700) collections took ~14% of a 20,000-request run (docs/BENCHMARKS.md).
+_SIM_GC_THRESHOLD = 100_000
+
+
+@contextlib.contextmanager
+def _collect_cycles_rarely():
+    """Run the young-generation cycle collector every `_SIM_GC_THRESHOLD` allocations, not 700."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _SIM_GC_THRESHOLD), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +90,7 @@ def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
     return Engine(engine_config, runner=runner, clock=clock), clock
 
 
+@_collect_cycles_rarely()
 def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *,
              decode_fast_forward: bool = True) -> SimResult:
     """Serve `requests` (fixed output lengths, ignore_eos) until all finish; see the module docstring.

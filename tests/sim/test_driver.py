@@ -86,3 +86,19 @@ def test_weights_that_do_not_fit_are_reported():
         fp16_70b.num_blocks()
     w4 = Deployment(model="llama3-70b", profile="a100-80gb", weight_bytes_per_param=0.5, kv_cache_bytes=45 * 10**9)
     assert w4.num_blocks() == 45 * 10**9 // (16 * 327_680) == 8583
+
+
+def test_simulation_collects_cycles_rarely_and_restores_the_gc_threshold():
+    import gc
+
+    from jaxpaged.sim import driver
+
+    before = gc.get_threshold()
+    seen = []
+    with driver._collect_cycles_rarely():
+        seen.append(gc.get_threshold())
+    assert seen[0][0] == max(before[0], driver._SIM_GC_THRESHOLD) and seen[0][1:] == before[1:]
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), driver._collect_cycles_rarely():
+        raise RuntimeError("a failed simulation still restores the threshold")
+    assert gc.get_threshold() == before
