@@ -29,7 +29,9 @@ from jaxpaged.sim.runner import SimClock, SimulatedRunner
 
 
 # A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
-# back); after one, take this many ordinary steps before trying again. Either way the result is the same.
+# back); after one, take this many ordinary steps before trying again. A refusal (not every running
+# sequence is a plain decode) costs only that check, so the driver tries again after the next step.
+# Either way the result is the same.
 _FAST_FORWARD_MIN_STEPS = 4
 _FAST_FORWARD_BACKOFF_STEPS = 16
 
@@ -137,7 +139,7 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
         num_steps = 0
         if decode_fast_forward and not skip_fast_forward:
             num_steps, finished = fast_forward(engine, feed=submit_due, stop_after=has_next_turn)
-            if num_steps < _FAST_FORWARD_MIN_STEPS:
+            if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:
                 skip_fast_forward = _FAST_FORWARD_BACKOFF_STEPS
         if not num_steps:
             skip_fast_forward = max(skip_fast_forward - 1, 0)
