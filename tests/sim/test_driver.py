@@ -102,3 +102,28 @@ def test_simulation_collects_cycles_rarely_and_restores_the_gc_threshold():
     with pytest.raises(RuntimeError), driver._collect_cycles_rarely():
         raise RuntimeError("a failed simulation still restores the threshold")
     assert gc.get_threshold() == before
+
+
+def test_finished_requests_are_freed_without_the_cycle_collector():
+    """Requests and sequences point at each other; the engine breaks that when it hands out the output."""
+    import gc
+    import weakref
+
+    from jaxpaged.sampling_params import SamplingParams
+    from jaxpaged.sim.driver import make_sim_engine
+
+    engine, _ = make_sim_engine(TINY.engine_config(), TINY.model_config, TINY.cost_model())
+    engine.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=5, ignore_eos=True, temperature=0))
+    request, seq = engine._requests["r"], engine._requests["r"].seqs[0]
+    request_ref, seq_ref = weakref.ref(request), weakref.ref(seq)
+    del request, seq
+    gc.disable()
+    try:
+        outputs = []
+        while engine.has_unfinished_requests():
+            outputs += engine.step()
+        assert [o.request_id for o in outputs] == ["r"] and len(outputs[0].outputs[0].token_ids) == 5
+        del outputs
+        assert request_ref() is None and seq_ref() is None
+    finally:
+        gc.enable()
