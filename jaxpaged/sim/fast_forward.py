@@ -73,6 +73,7 @@ class _DecodeRun:
 
     def __init__(self, engine: Engine):
         self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
+        self.decode_step_time = engine.runner.cost_model.decode_step_time
         self.allocs, self.commits, self.finishes = (collections.defaultdict(list) for _ in range(3))
         self.active: dict[tuple[int, int], _Lane] = {}
         self.ended: tuple[int, list[_Lane]] = (0, [])  # the last step in which lanes finished, and those lanes
@@ -105,6 +106,7 @@ class _DecodeRun:
     def advance(self, feed: Callable[[], float] | None, until: float, stop_after: Container[str]) -> int:
         """Run steps 1, 2, ... while they stay predictable; returns how many ran."""
         clock, kv, waiting = self.runner.clock, self.kv, self.engine.scheduler.waiting
+        allocs, commits, finishes = self.allocs, self.commits, self.finishes
         step = 0
         while self.active:
             if feed is not None:
@@ -112,20 +114,16 @@ class _DecodeRun:
             if clock() >= until:
                 break
             j = step + 1
-            if not (waiting or j in self.allocs or j in self.commits or j in self.finishes):
-                self._run_step(j, ())  # most steps: no event, nothing to admit
-                step = j
-                continue
-            if len(self.allocs.get(j, ())) > kv.num_free_blocks:
-                break  # the scheduler would preempt: leave this step to engine.step()
-            self._allocate(j)
-            admitted = self._admit()
+            growing, committing, ending = allocs.pop(j, ()), commits.pop(j, ()), finishes.pop(j, ())
+            if len(growing) > kv.num_free_blocks:
+                break  # the scheduler would preempt: leave this step to engine.step() (the run is dropped)
+            if growing or ending:
+                self._allocate(j, growing, ending)
+            admitted = self._admit() if waiting else ()
             start = clock()
             self._run_step(j, admitted)
             step = j
-            committing, ending = self.commits.pop(j, None), self.finishes.pop(j, None)
-            stop = bool(committing or ending) and self._commit_and_finish(j, committing or (), ending or (),
-                                                                          stop_after)
+            stop = bool(committing or ending) and self._commit_and_finish(j, committing, ending, stop_after)
             if admitted and self._process_admitted(j, admitted, start, stop_after):
                 stop = True
             if stop:
@@ -141,12 +139,12 @@ class _DecodeRun:
             ] + [(seq.request.request_id, seq.index, n) for seq, n in self.last_admitted]
         return step
 
-    def _allocate(self, j: int) -> None:
+    def _allocate(self, j: int, growing: list[_Lane], ending: list[_Lane]) -> None:
         """The scheduler's decode part of step j: a fresh block for each lane writing past its table."""
-        for lane in self.finishes.get(j, ()):  # finishing in step j: the last usage the engine records
+        for lane in ending:  # finishing in step j: the last usage the engine records
             self.engine._record_block_usage(lane.seq.request)
         bs = self.kv.block_size
-        for lane in sorted(self.allocs.pop(j, ()), key=_pos):
+        for lane in sorted(growing, key=_pos):
             copies = self.kv.allocate_slots(lane.seq.seq_id, lane.c0 + j - lane.kv_computed)
             assert copies == [], "plain decodes own their last block: no copy-on-write"
             if j + bs <= lane.finish_step:
@@ -164,27 +162,30 @@ class _DecodeRun:
 
     def _run_step(self, j: int, admitted: list[tuple[Sequence, int]]) -> None:
         """The device's part of step j: each lane computes one token, each admitted sequence its chunk."""
-        num_lanes = len(self.active)
+        num_lanes, runner, stats = len(self.active), self.runner, self.engine.stats
         self.last_admitted = admitted
-        cost = self.runner.cost_model
         if admitted:
-            seconds = cost.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
-                                     + [(n, seq.num_computed_tokens) for seq, n in admitted])
+            seconds = runner.cost_model.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
+                                                  + [(n, seq.num_computed_tokens) for seq, n in admitted])
+            stats.last_step_tokens = num_lanes + sum(n for _, n in admitted)
         else:
-            seconds = cost.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
-        self.runner.clock.advance(seconds)
-        self.runner.busy_s += seconds
-        self.runner.num_steps += 1
-        self.times.append(self.runner.clock())
-        stats = self.engine.stats
+            seconds = self.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
+            stats.last_step_tokens = num_lanes
+        runner.clock.advance(seconds)
+        runner.busy_s += seconds
+        runner.num_steps += 1
+        self.times.append(runner.clock.now)
         stats.num_steps += 1
         stats.generation_tokens += num_lanes  # admitted sequences count theirs in Engine._append
-        stats.last_step_tokens = num_lanes + sum(n for _, n in admitted) if admitted else num_lanes
         stats.last_step_seqs = num_lanes + len(admitted)
 
     def _commit_and_finish(self, j: int, committing, ending, stop_after: Container[str]) -> bool:
         """The engine's processing of the lanes in step j, in running order; True if a `stop_after` finished."""
-        bs, now = self.kv.block_size, self.times[-1]
+        if not ending:  # most steps: lanes filling a block, none finishing
+            for lane in sorted(committing, key=_pos):
+                self._commit_block(lane, j)
+            return False
+        now = self.times[-1]
         ends = {lane.pos for lane in ending}
         self.ended = (j, list(ending))
         stop = new_max = False
@@ -197,14 +198,18 @@ class _DecodeRun:
                 new_max = new_max or lane.c0 == self.max_c0
                 stop = stop or lane.seq.request.request_id in stop_after
             else:
-                if j + bs <= lane.finish_step:
-                    self.commits[j + bs].append(lane)
-                self._extend_tokens(lane, j - 1)
-                lane.kv_computed = lane.c0 + j
-                self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.kv_computed)
+                self._commit_block(lane, j)
         if new_max:  # a finished lane may have had the longest context
             self.max_c0 = max((lane.c0 for lane in self.active.values()), default=-math.inf)
         return stop
+
+    def _commit_block(self, lane: _Lane, j: int) -> None:
+        """Step j filled a block of `lane`: commit it (hash, publish) and schedule its next fill."""
+        if j + self.kv.block_size <= lane.finish_step:
+            self.commits[j + self.kv.block_size].append(lane)
+        self._extend_tokens(lane, j - 1)
+        lane.kv_computed = lane.c0 + j
+        self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.kv_computed)
 
     def _extend_tokens(self, lane: _Lane, steps_done: int) -> None:
         """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
