@@ -235,6 +235,8 @@ class Engine:
                 raise ValueError(f"prompt token ids must be a flat sequence of integers, "
                                  f"got dtype {ids.dtype} and shape {ids.shape}")
         else:  # any iterable of ids: one C pass that rejects non-integers (2.5, "7", [1])
+            if isinstance(values, (bytes, bytearray)):
+                raise ValueError("prompt token ids must be integers, not bytes (pass a str to tokenize it)")
             values = tuple(values) if not isinstance(values, (list, tuple)) else values
             try:
                 ids = np.frombuffer(struct.pack(f"<{len(values)}q", *values), dtype=np.int64)

@@ -31,6 +31,7 @@ def _drain(engine):
     ([1, 2**64], GREEDY, "flat sequence of integers"),
     (np.array([[1, 2]]), GREEDY, "flat sequence"),
     (np.array([1.0, 2.0]), GREEDY, "dtype float64"),
+    (b"abc", GREEDY, "not bytes"),
     (list(range(90)), SamplingParams(max_tokens=10), "max_model_len"),
     (list(range(60)), SamplingParams(max_tokens=30, n=4), "never fit"),
 ])
