@@ -107,14 +107,6 @@ class FreeBlockQueue:
         block.prev_free = block.next_free = None
         self._len -= 1
 
-    def popleft(self) -> KVBlock:
-        """Removes and returns the head block; the queue must not be empty."""
-        block = self._head.next_free
-        if block is self._tail:
-            raise IndexError("pop from an empty FreeBlockQueue")
-        self.remove(block)
-        return block
-
     def popleft_many(self, count: int) -> list[KVBlock]:
         """Removes and returns the ``count`` head blocks in queue order: O(count), one relink."""
         if not 0 <= count <= self._len:

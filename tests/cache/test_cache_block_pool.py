@@ -17,15 +17,15 @@ def test_free_queue_links_and_unlinks_without_searching():
     assert _ids(queue) == [0, 1, 3, 4] and blocks[2].prev_free is None and blocks[2].next_free is None
     assert blocks[1].next_free is blocks[3] and blocks[3].prev_free is blocks[1]
     queue.append(blocks[2])
-    queue.appendleft(queue.popleft())
-    assert queue.popleft() is blocks[0]
+    queue.appendleft(*queue.popleft_many(1))
+    assert queue.popleft_many(1) == [blocks[0]]
     queue.remove(blocks[4])
     queue.remove(blocks[1])
     assert _ids(queue) == [3, 2] and len(queue) == 2
     queue.remove(blocks[3])
     queue.remove(blocks[2])
     with pytest.raises(IndexError):
-        queue.popleft()
+        queue.popleft_many(1)
 
 
 def test_popleft_many_takes_the_head_in_order():
@@ -40,7 +40,7 @@ def test_popleft_many_takes_the_head_in_order():
     with pytest.raises(IndexError):
         queue.popleft_many(1)
     queue.append(blocks[1])  # the sentinels are relinked: the queue still works
-    assert _ids(queue) == [1] and queue.popleft() is blocks[1]
+    assert _ids(queue) == [1] and queue.popleft_many(1) == [blocks[1]]
 
 
 def test_free_queue_never_iterates_on_hot_paths(monkeypatch):
