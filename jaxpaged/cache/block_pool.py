@@ -2,9 +2,9 @@
 
 The free queue is a doubly linked list threaded through the :class:`KVBlock`
 objects themselves (``prev_free`` / ``next_free``), with two sentinel nodes.
-Popping the head, appending at either end and unlinking a block from the middle
-(a prefix-cache hit reviving an evictable block) are all O(1) pointer updates;
-no list is searched or shifted.
+Popping blocks off the head, appending at either end and unlinking a block
+from the middle (a prefix-cache hit reviving an evictable block) are O(1)
+pointer updates per block; no list is searched or shifted.
 
 Queue order is the eviction order. Blocks that hold no cached content are put at
 the head, so they are reused before any cached block is evicted; cached blocks
@@ -63,7 +63,7 @@ class KVBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked list of free blocks; every operation is O(1)."""
+    """Doubly linked list of free blocks; every operation is O(1) per block it moves."""
 
     def __init__(self, blocks: Sequence[KVBlock]) -> None:
         self._head = KVBlock(-1)  # sentinels: never handed out
