@@ -237,7 +237,8 @@ class Engine:
         else:  # any iterable of ids: one C pass that rejects non-integers (2.5, "7", [1])
             if isinstance(values, (bytes, bytearray)):
                 raise ValueError("prompt token ids must be integers, not bytes (pass a str to tokenize it)")
-            values = tuple(values) if not isinstance(values, (list, tuple)) else values
+            if not isinstance(values, (list, tuple)):
+                values = tuple(values)  # a range, a generator: struct.pack needs their length
             try:
                 ids = np.frombuffer(struct.pack(f"<{len(values)}q", *values), dtype=np.int64)
             except struct.error as err:
