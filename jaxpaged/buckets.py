@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from jaxpaged.mathutils import next_power_of_two
+
 
 def pow2_bucket(n: int, minimum: int = 1) -> int:
     """Smallest power of two >= max(n, minimum); 0 stays 0 (an absent group)."""
     if n <= 0:
         return 0
-    size = max(minimum, 1)
-    while size < n:
-        size *= 2
-    return size
+    return next_power_of_two(max(n, minimum))

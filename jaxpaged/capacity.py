@@ -13,10 +13,8 @@ import dataclasses
 
 
 from jaxpaged.config import ModelConfig, dtype_itemsize
+from jaxpaged.mathutils import cdiv
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +38,7 @@ class KVCapacity:
 
 def max_concurrent_seqs(num_blocks: int, block_size: int, context_len: int) -> int:
     """Sequences of ``context_len`` tokens that fit ``num_blocks`` blocks without sharing."""
-    return num_blocks // _cdiv(context_len, block_size)
+    return num_blocks // cdiv(context_len, block_size)
 
 
 def kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = 16, context_len: int = 2048,
@@ -57,7 +55,7 @@ def kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = 16,
     return KVCapacity(
         config_name=config.name, kv_dtype=kv_dtype, bytes_per_token=per_token, block_size=block_size,
         bytes_per_block=per_block, budget_bytes=budget_bytes, num_blocks=num_blocks, context_len=context_len,
-        blocks_per_seq=_cdiv(context_len, block_size),
+        blocks_per_seq=cdiv(context_len, block_size),
         max_concurrent_seqs=max_concurrent_seqs(num_blocks, block_size, context_len),
         weight_dtype=weight_dtype, num_params=num_params, weight_bytes=num_params * dtype_itemsize(weight_dtype),
     )

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from jaxpaged.mathutils import cdiv
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
@@ -80,7 +81,7 @@ def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
 def make_paged_inputs(num_seqs: int, context_len: int, query_len: int, key: jax.Array) -> dict:
     """A pool holding `num_seqs` contexts in shuffled blocks, queries at each context's end."""
     block_size, heads, kv_heads, dim = FLAGS.block_size, FLAGS.num_q_heads, FLAGS.num_kv_heads, FLAGS.head_dim
-    blocks_per_seq = -(-context_len // block_size)
+    blocks_per_seq = cdiv(context_len, block_size)
     num_blocks = num_seqs * blocks_per_seq
     kq, kk, kv, kp = jax.random.split(key, 4)
     pool_dtype = jnp.dtype(FLAGS.dtype)

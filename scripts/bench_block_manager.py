@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from jaxpaged.cache.benchmark import BenchConfig, markdown_table, run_benchmarks
+from jaxpaged.bench.block_manager import BenchConfig, markdown_table, run_benchmarks
 
 _NUM_BLOCKS = flags.DEFINE_integer("num_blocks", 4096, "Physical blocks in the pool.")
 _BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per block.")

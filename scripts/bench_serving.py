@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.bench.report import markdown_table
-from jaxpaged.bench.workloads import WORKLOADS
+from jaxpaged.workloads import WORKLOADS
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics
 

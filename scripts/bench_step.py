@@ -12,6 +12,7 @@ import numpy as np
 from absl import app, flags
 
 from jaxpaged.config import load_config
+from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, build_step_input
@@ -40,7 +41,7 @@ def main(argv):
     del argv
     config = load_config(FLAGS.value)
     bs = BLOCK_SIZE.value
-    blocks_per_seq = -(-max(PREFILL.value, CONTEXT.value + 1) // bs)
+    blocks_per_seq = cdiv(max(PREFILL.value, CONTEXT.value + 1), bs)
     num_blocks = blocks_per_seq * (DECODE_BATCH.value + 1)
     runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=bs)
     rng = np.random.default_rng(0)

@@ -17,7 +17,7 @@ from absl import app, flags
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.profiling import profile_workload
 from jaxpaged.bench.serving import engine_config, make_runner
-from jaxpaged.bench.workloads import WORKLOADS
+from jaxpaged.workloads import WORKLOADS
 from jaxpaged.checkpoint import load_model
 from jaxpaged.engine import Engine
 

@@ -17,12 +17,12 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.bench.workloads import WORKLOADS, make_workload
+from jaxpaged.workloads import WORKLOADS, make_workload
 from jaxpaged.sim import scenario
 
 MODEL = flags.DEFINE_string("model", "llama3-70b", "model config name or path")
 PROFILE = flags.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
-WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/bench/workloads.py)")
+WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "requests per run")
 SCALES = flags.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
 WEIGHT_BYTES = flags.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = fp8/int8, 0.5 = 4-bit")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.serving import ServingSetup, make_runner, run_mode
-from jaxpaged.bench.workloads import WorkloadRequest
+from jaxpaged.workloads import WorkloadRequest
 from jaxpaged.capacity import max_concurrent_seqs
 
 # the metrics recorded per (block size, workload), each plotted against block size

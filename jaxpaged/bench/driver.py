@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from jaxpaged.bench.kv_usage import kv_slot_usage
-from jaxpaged.bench.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 

@@ -6,8 +6,9 @@ import jax
 from absl import flags
 
 from jaxpaged.bench.serving import ServingSetup
-from jaxpaged.bench.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
-                                      max_context_len)
+from jaxpaged.mathutils import cdiv
+from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
+                                max_context_len)
 
 CONFIG = flags.DEFINE_string("config", "small", "model config name or path")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 16, "requests per workload")
@@ -21,7 +22,7 @@ MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "most sequences running 
 MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 512, "token budget of one step")
 COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
                                     "persistent XLA compile cache ('' = off); compile time is excluded anyway")
-# workload scales: None keeps the workload's own default (see jaxpaged/bench/workloads.py)
+# workload scales: None keeps the workload's own default (see jaxpaged/workloads.py)
 _SCALES = {
     "system_len": flags.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
     "user_len": flags.DEFINE_integer("user_len", None, "user turn tokens (chatbot, multiturn, multitenant)"),
@@ -67,7 +68,7 @@ def setup_from_flags(block_size: int, requests: list[WorkloadRequest]) -> Servin
     """
     max_model_len = MAX_MODEL_LEN.value
     if max_model_len is None:
-        max_model_len = -(-max_context_len(requests) // block_size) * block_size
+        max_model_len = cdiv(max_context_len(requests), block_size) * block_size
     return ServingSetup(num_blocks=KV_BUDGET.value // block_size, block_size=block_size,
                         max_model_len=max_model_len, max_num_seqs=MAX_NUM_SEQS.value,
                         max_num_batched_tokens=MAX_BATCHED.value)

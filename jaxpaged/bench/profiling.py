@@ -9,7 +9,7 @@ import jax
 
 from jaxpaged.bench.driver import run_workload
 from jaxpaged.bench.timing import TimedRunner
-from jaxpaged.bench.workloads import WorkloadRequest
+from jaxpaged.workloads import WorkloadRequest
 
 
 class StepTimer:

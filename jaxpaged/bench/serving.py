@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from jaxpaged.bench.driver import run_workload
 from jaxpaged.bench.report import median_summary, mode_ratios, summarize
 from jaxpaged.bench.timing import TimedRunner
-from jaxpaged.bench.workloads import WorkloadRequest
+from jaxpaged.workloads import WorkloadRequest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner

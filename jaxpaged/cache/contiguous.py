@@ -24,10 +24,8 @@ from collections.abc import Hashable, Sequence
 
 from jaxpaged.cache.hashing import request_extra_keys
 from jaxpaged.cache.records import CacheStats, PrefixMatch
+from jaxpaged.mathutils import cdiv
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass
@@ -58,7 +56,7 @@ class ContiguousKVCacheManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.region_blocks = _cdiv(max_model_len, block_size)
+        self.region_blocks = cdiv(max_model_len, block_size)
         if self.region_blocks > num_blocks:
             raise ValueError(f"one region of {max_model_len} tokens needs {self.region_blocks} blocks; "
                              f"the pool has only {num_blocks}")
@@ -81,7 +79,7 @@ class ContiguousKVCacheManager:
         """The region's physical block ids that hold the sequence's allocated tokens."""
         region = self._seq(seq_id)
         start = region.index * self.region_blocks
-        return list(range(start, start + _cdiv(region.num_allocated, self.block_size)))
+        return list(range(start, start + cdiv(region.num_allocated, self.block_size)))
 
     def num_blocks_held(self, seq_id: Hashable) -> int:
         """Blocks the sequence keeps from others: its whole region."""

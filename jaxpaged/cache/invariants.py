@@ -6,16 +6,13 @@ Used by tests after every step; too slow for the serving hot path.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from jaxpaged.cache.hashing import hash_block_tokens
-
-if TYPE_CHECKING:
-    from jaxpaged.cache.kv_cache_manager import KVCacheManager
+from jaxpaged.mathutils import cdiv
 
 
-def check_manager(mgr: KVCacheManager) -> None:
-    """Raises AssertionError naming the first broken rule."""
+def check_manager(mgr) -> None:
+    """Raises AssertionError naming the first broken rule of `mgr`, a KVCacheManager read through its internals."""
     pool = mgr._pool
     holders = Counter(block_id for seq in mgr._seqs.values() for block_id in seq.table)
     _check_ref_counts(pool, holders)
@@ -69,7 +66,7 @@ def _check_prefix_cache(pool, hash_algo: str) -> None:
     assert hashed == len(pool.cached), f"{hashed} blocks carry a hash but the map has {len(pool.cached)}"
 
 
-def _check_sequence(mgr: KVCacheManager, seq_id, seq) -> None:
+def _check_sequence(mgr, seq_id, seq) -> None:
     bs = mgr.block_size
     table = seq.table
     assert len(set(table)) == len(table), f"sequence {seq_id!r}: a block appears twice in {table}"
@@ -78,7 +75,7 @@ def _check_sequence(mgr: KVCacheManager, seq_id, seq) -> None:
     )
     blocks = mgr._pool.blocks
     # Blocks with no computed token yet must be private: someone is about to write them.
-    for index in range(-(-seq.num_computed // bs), len(table)):
+    for index in range(cdiv(seq.num_computed, bs), len(table)):
         assert blocks[table[index]].ref_count == 1, (
             f"sequence {seq_id!r}: unwritten block {table[index]} is shared"
         )
@@ -95,7 +92,7 @@ def _check_sequence(mgr: KVCacheManager, seq_id, seq) -> None:
         )
 
 
-def _check_in_flight(mgr: KVCacheManager) -> None:
+def _check_in_flight(mgr) -> None:
     expected: Counter = Counter()
     for seq in mgr._seqs.values():
         start, end = seq.pending

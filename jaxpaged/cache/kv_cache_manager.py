@@ -32,10 +32,8 @@ from jaxpaged.cache.hashing import (
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.invariants import check_manager
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats, PrefixMatch, SequenceState
+from jaxpaged.mathutils import cdiv
 
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -91,7 +89,7 @@ class KVCacheManager:
 
     def can_fit(self, num_tokens: int) -> bool:
         """Whether a sequence of ``num_tokens`` tokens could ever fit the pool."""
-        return _cdiv(num_tokens, self.block_size) <= self.num_blocks
+        return cdiv(num_tokens, self.block_size) <= self.num_blocks
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """A copy of the sequence's physical block ids, in token order."""
@@ -152,7 +150,7 @@ class KVCacheManager:
     def _check_fits(self, num_tokens: int, what: str) -> None:
         if not self.can_fit(num_tokens):
             raise ValueError(
-                f"{what} of {num_tokens} tokens needs {_cdiv(num_tokens, self.block_size)} blocks "
+                f"{what} of {num_tokens} tokens needs {cdiv(num_tokens, self.block_size)} blocks "
                 f"of {self.block_size} tokens; the pool has only {self.num_blocks}"
             )
 
@@ -234,7 +232,7 @@ class KVCacheManager:
                 f"({num_tokens} tokens, {num_cached} cached), got {num_new_tokens}"
             )
         matched = match.matched
-        num_fresh = _cdiv(num_cached + num_new_tokens, self.block_size) - len(matched)
+        num_fresh = cdiv(num_cached + num_new_tokens, self.block_size) - len(matched)
         # Reviving a cached free block takes it out of the free count too. Most of
         # the time the worst case (every match revived) fits and counting is skipped.
         if num_fresh > self._pool.num_free - len(matched):
@@ -298,7 +296,7 @@ class KVCacheManager:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         start, bs = seq.num_computed, self.block_size
-        num_fresh = _cdiv(start + num_new_tokens, bs) - len(seq.table)
+        num_fresh = cdiv(start + num_new_tokens, bs) - len(seq.table)
         if num_fresh > 0:
             self._check_fits(start + num_new_tokens, f"sequence {seq_id!r} grown")
         blocks = self._pool.blocks
@@ -395,7 +393,7 @@ class KVCacheManager:
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"fork target {child_id!r} is already allocated")
-        shared_ids = parent.table[: _cdiv(parent.num_computed, self.block_size)]
+        shared_ids = parent.table[: cdiv(parent.num_computed, self.block_size)]
         self._pool.take([self._pool.blocks[i] for i in shared_ids])
         done = parent.num_hashed_blocks
         self._seqs[child_id] = SequenceState(

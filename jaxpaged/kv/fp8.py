@@ -22,6 +22,7 @@ from jaxtyping import Array, Float
 
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.pool import FP8_MAX, KVPool
+from jaxpaged.mathutils import cdiv
 
 DEFAULT_SCALE_MARGIN = 2.0
 _MIN_SCALE = 1e-6  # a head whose calibration K/V were all zero still gets a usable scale
@@ -78,7 +79,7 @@ def calibrate_kv_scales(model, token_ids: list[int], block_size: int,
 
     if not token_ids:
         raise ValueError("fp8 calibration needs at least one token")
-    num_blocks = -(-len(token_ids) // block_size)
+    num_blocks = cdiv(len(token_ids), block_size)
     runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32)
     runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))],
                                     block_size))

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.kv.pool import KVPool
+from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
@@ -131,7 +132,7 @@ class KVTiers:
         if record is not None:
             restored = min(record.num_computed, compute_limit - 1)
             if restored > match.num_cached_tokens:
-                blocks = record.blocks[first:-(-restored // self.block_size)]
+                blocks = record.blocks[first:cdiv(restored, self.block_size)]
                 return Restore(first, blocks, restored - match.num_cached_tokens, swapped=True)
         limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
         blocks = []

@@ -16,10 +16,11 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from jaxpaged.kv.pool import KVPool
+from jaxpaged.mathutils import next_power_of_two
 
 
 def _padded(ids: list[int], fill: int) -> np.ndarray:
-    out = np.full(1 << max(len(ids) - 1, 0).bit_length(), fill, np.int32)
+    out = np.full(next_power_of_two(len(ids)), fill, np.int32)
     out[:len(ids)] = ids
     return out
 

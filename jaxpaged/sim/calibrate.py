@@ -18,6 +18,7 @@ import numpy as np
 import scipy.optimize
 
 from jaxpaged.config import ModelConfig
+from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.step_input import ScheduledSeq
@@ -32,7 +33,7 @@ def batch_shape(batch: Sequence[ScheduledSeq]) -> Shape:
 
 def synthetic_batch(shape: Shape, block_size: int, rng: np.random.Generator) -> list[ScheduledSeq]:
     """Scheduled sequences of the given shape over disjoint, shuffled blocks (contents irrelevant)."""
-    needed = [-(-(n + c) // block_size) for n, c in shape]
+    needed = [cdiv(n + c, block_size) for n, c in shape]
     blocks = rng.permutation(sum(needed)).tolist()
     batch, at = [], 0
     for (n, c), k in zip(shape, needed):

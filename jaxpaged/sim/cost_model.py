@@ -25,6 +25,7 @@ from typing import Iterable
 
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.config import ModelConfig
+from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.step_input import MIN_BLOCKS_PER_SEQ, MIN_PREFILL_TOKENS
 
@@ -73,7 +74,7 @@ class CostModel:
         seqs = list(seqs)
         if self.profile.padded_shapes:
             prefill = [n for n, _ in seqs if n > 1]
-            max_blocks = max(-(-(n + c) // self.block_size) for n, c in seqs)
+            max_blocks = max(cdiv(n + c, self.block_size) for n, c in seqs)
             work = self._padded_work(len(seqs) - len(prefill), prefill, max_blocks)
         else:
             work = self._exact_work(seqs)
@@ -88,7 +89,7 @@ class CostModel:
         for the simulator's decode fast-forward.
         """
         if self.profile.padded_shapes:
-            work = self._padded_work(num_seqs, [], -(-(max_context + 1) // self.block_size))
+            work = self._padded_work(num_seqs, [], cdiv(max_context + 1, self.block_size))
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
         return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs)

@@ -19,7 +19,7 @@ import heapq
 import math
 import time
 
-from jaxpaged.bench.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 from jaxpaged.config import ModelConfig
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams

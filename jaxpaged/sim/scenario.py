@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.workloads import WorkloadRequest, assign_arrivals
+from jaxpaged.workloads import WorkloadRequest, assign_arrivals
 from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim.cost_model import CostModel

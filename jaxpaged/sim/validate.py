@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from jaxpaged.bench.workloads import WorkloadRequest
+from jaxpaged.workloads import WorkloadRequest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.runner import StepOutput
 from jaxpaged.sampling_params import SamplingParams

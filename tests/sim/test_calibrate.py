@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxpaged.bench.workloads import make_workload
+from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim import calibrate

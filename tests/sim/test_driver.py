@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from jaxpaged.bench.workloads import make_workload
+from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
 from jaxpaged.sim.runner import SimClock, SimulatedRunner, fixed_token
 from jaxpaged.step_input import ScheduledSeq

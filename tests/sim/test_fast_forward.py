@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jaxpaged.bench.workloads import assign_arrivals, make_workload
+from jaxpaged.workloads import assign_arrivals, make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """The simulated engine makes the real engine's scheduling decisions on the same trace."""
 
-from jaxpaged.bench.workloads import make_workload
+from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams

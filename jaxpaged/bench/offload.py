@@ -12,9 +12,10 @@ import time
 
 import numpy as np
 
+from jaxpaged.capacity import kv_capacity
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
 
@@ -42,7 +43,7 @@ def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int =
     config = load_config(model_name)
     tail = 16
     engine = Engine(EngineConfig(model=model_name, block_size=block_size,
-                                 num_blocks=-(-(prefix_len + tail) // block_size) + 8,
+                                 num_blocks=cdiv(prefix_len + tail, block_size) + 8,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  host_cache_bytes=host_cache_bytes), model=init_model(config))
     rng = np.random.default_rng(0)

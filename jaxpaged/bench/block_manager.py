@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
+from jaxpaged.mathutils import cdiv
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
     cases.update(_block_cases(cfg, prompt))
     median_us = time_interleaved(cases, cfg.repeats)
 
-    prompt_blocks = -(-cfg.prompt_len // cfg.block_size)
+    prompt_blocks = cdiv(cfg.prompt_len, cfg.block_size)
     per_second = lambda name: prompt_blocks / (median_us[name] * 1e-6)  # noqa: E731
     floor = median_us.get("hash_chain/sha256", float("nan"))
     per_algo = {
