@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.outputs import RequestOutput
+from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 
 
@@ -51,12 +52,15 @@ class LLM:
         for prompt, params in zip(prompts, sampling_params):
             request_id = f"llm-{self._next_id}"
             self._next_id += 1
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt,
+                                    dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY))
             ids.append(request_id)
+        wanted = set(ids)
         results: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
             while len(results) < len(ids):
                 for out in self.engine.step():
-                    results[out.request_id] = out
-                    bar.update(1)
+                    if out.finished and out.request_id in wanted:  # others were added through llm.engine
+                        results[out.request_id] = out
+                        bar.update(1)
         return [results[i] for i in ids]

@@ -30,7 +30,7 @@ _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class EngineMetrics:
-    """A stat logger (``logger(engine, finished_outputs)``) that keeps Prometheus metrics current."""
+    """A stat logger (``logger(engine, outputs)``) that keeps Prometheus metrics current."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         """Create every metric in ``registry`` (a fresh one by default)."""
@@ -62,8 +62,8 @@ class EngineMetrics:
         self._last: dict[str, int] = {}
         self._last_step = 0
 
-    def __call__(self, engine: Engine, finished: list[RequestOutput]) -> None:
-        """Update from the engine after one step; ``finished`` are the requests it completed."""
+    def __call__(self, engine: Engine, outputs: list[RequestOutput]) -> None:
+        """Update from the engine after one step; ``outputs`` are what the step returned."""
         kv = engine.kv.stats
         self.kv_cache_usage.set(kv.usage)
         self.running.set(len(engine.scheduler.running))
@@ -84,7 +84,9 @@ class EngineMetrics:
         if engine.stats.num_steps > self._last_step:  # a step that ran on the device
             self._last_step = engine.stats.num_steps
             self.iteration_tokens.observe(engine.stats.last_step_tokens)
-        for out in finished:
+        for out in outputs:
+            if not out.finished:
+                continue
             m = out.metrics
             if m.ttft is not None:
                 self.ttft.observe(m.ttft)
@@ -125,7 +127,7 @@ class PeriodicLogger:
         self._last_prompt = 0
         self._last_generation = 0
 
-    def __call__(self, engine: Engine, finished: list[RequestOutput]) -> None:
+    def __call__(self, engine: Engine, outputs: list[RequestOutput]) -> None:
         """Log when the interval has passed since the last line."""
         now = self.clock()
         elapsed = now - self._last_time

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+
+
+class RequestOutputKind(enum.Enum):
+    """Which outputs `Engine.step` returns for a request, as vLLM's (`SamplingParams.output_kind`).
+
+    CUMULATIVE: after every step that advanced it, everything generated so far.
+    DELTA: after every step that advanced it, only what is new since its last output.
+    FINAL_ONLY: one output, when it finishes (what `LLM.generate` uses).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclasses.dataclass
 class CompletionOutput:
-    """One generated sequence of a request."""
+    """One generated sequence of a request (with DELTA outputs: its new tokens and text only)."""
 
     index: int
     token_ids: list[int]
     text: str
     cumulative_logprob: float
-    finish_reason: str | None  # "stop", "length" or "abort"
+    finish_reason: str | None  # "stop", "length" or "abort"; None while it runs
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclasses.dataclass
@@ -53,7 +71,7 @@ class RequestMetrics:
 
 @dataclasses.dataclass
 class RequestOutput:
-    """A finished (or aborted) request."""
+    """A request's progress after a step; `finished` marks its last output (aborted ones included)."""
 
     request_id: str
     prompt: str | None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from jaxpaged.outputs import RequestOutputKind
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -15,6 +17,10 @@ class SamplingParams:
     copy-on-write). `beam_width > 1` runs beam search instead of sampling and
     returns the `beam_width` best beams, scored by `cumulative_logprob / len ** length_penalty`.
     `detokenize=False` leaves each output's `text` empty (token ids only), as in vLLM.
+    `output_kind` chooses what `Engine.step` streams back for the request:
+    everything so far after every step (CUMULATIVE, the default), only what is
+    new (DELTA), or one output at the end (FINAL_ONLY). Beam search returns its
+    beams only at the end, whatever the kind.
     """
 
     n: int = 1
@@ -28,6 +34,7 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0
     detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         if self.n < 1:
@@ -44,6 +51,8 @@ class SamplingParams:
             raise ValueError(f"beam_width must be at least 1, got {self.beam_width}")
         if self.beam_width > 1 and self.n > 1:
             raise ValueError("beam search returns beam_width beams; set n=1 with beam_width > 1")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

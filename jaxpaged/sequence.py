@@ -3,6 +3,11 @@
 A request owns one or more sequences. Parallel sampling (`n > 1`) and beam
 search start with one sequence that prefills the prompt once; it is then
 forked, sharing every block, and the forks diverge with copy-on-write.
+
+With asynchronous scheduling the host schedules step N+1 before it has read
+the tokens step N sampled: those tokens are *placeholders* (counted, not yet
+known), and a sequence's `num_computed_tokens` already includes the tokens of
+steps in flight.
 """
 
 from __future__ import annotations
@@ -22,20 +27,22 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True, weakref_slot=True)
 class Sequence:
-    """One token stream of a request, and how much of it has K/V in the pool."""
+    """One token stream of a request, and how much of it is computed or being computed."""
 
     request: "Request"
-    token_ids: list[int]
+    token_ids: list[int]  # the tokens the host knows
     index: int  # which of the request's outputs (sample or beam slot)
     seq_id: int = dataclasses.field(default_factory=lambda: next(_seq_counter))
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # tokens with K/V in the pool or being written by a step in flight
+    num_placeholders: int = 0  # tokens sampled by steps in flight, not yet read by the host
     cumulative_logprob: float = 0.0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
     # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
     pending_candidates: list[tuple[int, float]] | None = None
+    resident: bool = False  # the runner holds a row for it (its block table and sampling settings)
 
     @property
     def num_tokens(self) -> int:
@@ -55,10 +62,16 @@ class Sequence:
 
     @property
     def compute_limit(self) -> int:
-        """Tokens this sequence may compute now: all but the last prompt token while a fork is pending."""
-        if self.request.fork_pending:
-            return self.num_prompt_tokens - 1
-        return self.num_tokens
+        """Tokens this sequence may have computed once the steps scheduled now have run.
+
+        All known and placeholder tokens, except: all but the last prompt token
+        while a fork is pending; never the token that ends the sequence by
+        length (`max_tokens`, `max_model_len`), whose K/V nothing reads.
+        """
+        request = self.request
+        if request.fork_pending:
+            return len(request.prompt_token_ids) - 1
+        return min(len(self.token_ids) + self.num_placeholders, request.max_len - 1)
 
     @property
     def num_schedulable_tokens(self) -> int:
@@ -84,6 +97,10 @@ class Request:
     arrival_order: int
     prompt: str | None = None
     cache_salt: str | None = None
+    max_len: int = 0  # the longest a sequence may grow: min(prompt + max_tokens, max_model_len)
+    stop_token_ids: frozenset[int] = frozenset()  # a sampled one ends the sequence ("stop")
+    eos_token_ids: frozenset[int] = frozenset()  # EOS ids (empty with ignore_eos), for beam scores
+    base_seed: int = 0
     seqs: list[Sequence] = dataclasses.field(default_factory=list)  # live (waiting or running)
     finished_seqs: list[Sequence] = dataclasses.field(default_factory=list)
     fork_pending: bool = False  # n > 1 or beam search, before the first fork
@@ -100,3 +117,7 @@ class Request:
     @property
     def finished(self) -> bool:
         return not self.seqs and self.finish_time is not None
+
+    @property
+    def use_beam_search(self) -> bool:
+        return self.params.beam_width > 1

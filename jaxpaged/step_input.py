@@ -1,10 +1,15 @@
 """The host-side batch descriptor for one step: numpy arrays padded to bucket sizes.
 
-The scheduler says, for each sequence, which tokens to compute this step and
-where they go; `build_step_input` turns that into flat arrays (one device_put).
-Single-row sequences (decodes, and prefill chunks of one token) come first in
-the batch; prefill chunks follow, packed raggedly. `order` maps batch rows back
-to the caller's order.
+A `StepInput` says, for each sequence, which tokens to compute this step and
+where they go, as flat arrays (one device_put). Single-row sequences (decodes,
+and prefill chunks of one token) come first in the batch; prefill chunks
+follow, packed raggedly. `order` maps batch rows back to the caller's order.
+
+Two builders make the same layout: the engine's runner cuts it from its
+persistent batch with vectorised numpy (`jaxpaged.runner.input_batch`), and
+`build_step_input` lays out a list of `ScheduledSeq` one sequence at a time
+(tests, benchmarks, calibration; the reference the persistent batch is tested
+against). `step_buckets` is the padding rule both use.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
 from jaxpaged.buckets import pow2_bucket
+from jaxpaged.mathutils import cdiv
 
 MIN_PREFILL_TOKENS = 16
 MIN_BLOCKS_PER_SEQ = 4
@@ -57,6 +63,8 @@ class StepInput:
     top_p: np.ndarray  # [S] float32
     seeds: np.ndarray  # [S] uint32
     counters: np.ndarray  # [S] int32
+    token_src_rows: np.ndarray  # [T] int32: persistent row whose last sample is this input token; -1 = token_ids
+    sample_rows: np.ndarray  # [S] int32: persistent row that keeps this row's sample on the device; -1 = none
     layout: StepLayout
     order: np.ndarray  # [num_seqs]: batch row of the caller's i-th sequence
     num_seqs: int  # real (unpadded) sequences
@@ -65,9 +73,10 @@ class StepInput:
         """Assert the arrays agree with each other (the host -> device boundary)."""
         num_tokens = self.token_ids.shape[0]
         num_rows = self.block_tables.shape[0]
-        chex.assert_shape([self.token_ids, self.positions, self.slot_mapping], (num_tokens,))
+        chex.assert_shape([self.token_ids, self.positions, self.slot_mapping, self.token_src_rows], (num_tokens,))
         chex.assert_shape([self.context_lens, self.query_start, self.query_lens, self.logits_indices,
-                           self.temperature, self.top_k, self.top_p, self.seeds, self.counters], (num_rows,))
+                           self.temperature, self.top_k, self.top_p, self.seeds, self.counters,
+                           self.sample_rows], (num_rows,))
         chex.assert_rank(self.block_tables, 2)
         if self.layout.num_decode_seqs > num_rows or self.layout.num_decode_seqs > num_tokens:
             raise ValueError(f"layout claims {self.layout.num_decode_seqs} decode rows; "
@@ -79,34 +88,46 @@ class StepInput:
         return int(self.query_lens.sum())
 
 
-def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int) -> StepInput:
-    """Lay out one step's sequences into bucketed arrays."""
-    if not seqs:
-        raise ValueError("a step needs at least one sequence")
-    for s in seqs:
-        if len(s.token_ids) == 0:
-            raise ValueError("every scheduled sequence must compute at least one token")
-        needed = -(-(s.num_computed_tokens + len(s.token_ids)) // block_size)
-        if len(s.block_table) < needed:
-            raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold "
-                             f"{s.num_computed_tokens + len(s.token_ids)} tokens ({needed} blocks needed)")
-    decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
-    prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
-    n_dec = pow2_bucket(len(decode))
-    n_pre = pow2_bucket(len(prefill))
-    prefill_tokens = sum(len(seqs[i].token_ids) for i in prefill)
-    max_chunk = max((len(seqs[i].token_ids) for i in prefill), default=0)
-    t_pre = pow2_bucket(prefill_tokens, MIN_PREFILL_TOKENS)
-    q_max = min(pow2_bucket(max_chunk, MIN_PREFILL_TOKENS), t_pre)
-    max_blocks = max(-(-(s.num_computed_tokens + len(s.token_ids)) // block_size) for s in seqs)
-    blocks_per_seq = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ)
+@dataclasses.dataclass(frozen=True)
+class StepBuckets:
+    """Padded sizes of one step: decode rows, prefill rows, prefill tokens, longest chunk, table width."""
 
-    num_tokens, num_rows = n_dec + t_pre, n_dec + n_pre
-    out = StepInput(
+    num_decode_rows: int
+    num_prefill_rows: int
+    num_prefill_tokens: int
+    max_prefill_query_len: int
+    blocks_per_seq: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_rows + self.num_prefill_tokens
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_decode_rows + self.num_prefill_rows
+
+
+def step_buckets(num_decodes: int, num_prefills: int, prefill_tokens: int, max_chunk: int,
+                 max_blocks: int) -> StepBuckets:
+    """Pad a step's sizes to powers of two (with minimums), so it compiles a bounded number of times."""
+    t_pre = pow2_bucket(prefill_tokens, MIN_PREFILL_TOKENS)
+    return StepBuckets(
+        num_decode_rows=pow2_bucket(num_decodes),
+        num_prefill_rows=pow2_bucket(num_prefills),
+        num_prefill_tokens=t_pre,
+        max_prefill_query_len=min(pow2_bucket(max_chunk, MIN_PREFILL_TOKENS), t_pre),
+        blocks_per_seq=pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ),
+    )
+
+
+def empty_step_input(buckets: StepBuckets, num_seqs: int) -> StepInput:
+    """A step of the given padded sizes with every row and token set to padding."""
+    num_tokens, num_rows = buckets.num_tokens, buckets.num_rows
+    return StepInput(
         token_ids=np.zeros(num_tokens, np.int32),
         positions=np.zeros(num_tokens, np.int32),
         slot_mapping=np.full(num_tokens, -1, np.int32),
-        block_tables=np.zeros((num_rows, blocks_per_seq), np.int32),
+        block_tables=np.zeros((num_rows, buckets.blocks_per_seq), np.int32),
         context_lens=np.zeros(num_rows, np.int32),
         query_start=np.zeros(num_rows, np.int32),
         query_lens=np.zeros(num_rows, np.int32),
@@ -116,10 +137,35 @@ def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int) -> StepInput
         top_p=np.ones(num_rows, np.float32),
         seeds=np.zeros(num_rows, np.uint32),
         counters=np.zeros(num_rows, np.int32),
-        layout=StepLayout(num_decode_seqs=n_dec, max_prefill_query_len=q_max),
-        order=np.zeros(len(seqs), np.int64),
-        num_seqs=len(seqs),
+        token_src_rows=np.full(num_tokens, -1, np.int32),
+        sample_rows=np.full(num_rows, -1, np.int32),
+        layout=StepLayout(num_decode_seqs=buckets.num_decode_rows,
+                          max_prefill_query_len=buckets.max_prefill_query_len),
+        order=np.zeros(num_seqs, np.int64),
+        num_seqs=num_seqs,
     )
+
+
+def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int) -> StepInput:
+    """Lay out one step's sequences into bucketed arrays, one sequence at a time."""
+    if not seqs:
+        raise ValueError("a step needs at least one sequence")
+    for s in seqs:
+        if len(s.token_ids) == 0:
+            raise ValueError("every scheduled sequence must compute at least one token")
+        needed = cdiv(s.num_computed_tokens + len(s.token_ids), block_size)
+        if len(s.block_table) < needed:
+            raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold "
+                             f"{s.num_computed_tokens + len(s.token_ids)} tokens ({needed} blocks needed)")
+    decode = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+    prefill = [i for i, s in enumerate(seqs) if len(s.token_ids) > 1]
+    buckets = step_buckets(
+        len(decode), len(prefill),
+        prefill_tokens=sum(len(seqs[i].token_ids) for i in prefill),
+        max_chunk=max((len(seqs[i].token_ids) for i in prefill), default=0),
+        max_blocks=max(cdiv(s.num_computed_tokens + len(s.token_ids), block_size) for s in seqs))
+    out = empty_step_input(buckets, len(seqs))
+    n_dec = buckets.num_decode_rows
     rows = [(row, i, row) for row, i in enumerate(decode)]
     start = n_dec
     for j, i in enumerate(prefill):

@@ -18,11 +18,11 @@ from absl import app, flags
 from tqdm.auto import tqdm
 
 from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.bench.report import markdown_table
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics
+from jaxpaged.workloads import WORKLOADS
 
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to serve")
 MODES_FLAG = flags.DEFINE_list("modes", list(MODES), "modes to compare")

@@ -22,7 +22,6 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.model import init_model
@@ -31,6 +30,7 @@ from jaxpaged.sim import calibrate
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import CPU_PROFILE_PATH, save_profile
 from jaxpaged.sim.validate import record_engine_batches
+from jaxpaged.workloads import make_workload
 
 CONFIG = flags.DEFINE_string("config", "small", "model config to calibrate and validate on")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")

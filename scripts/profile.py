@@ -17,9 +17,9 @@ from absl import app, flags
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.profiling import profile_workload
 from jaxpaged.bench.serving import engine_config, make_runner
-from jaxpaged.workloads import WORKLOADS
 from jaxpaged.checkpoint import load_model
 from jaxpaged.engine import Engine
+from jaxpaged.workloads import WORKLOADS
 
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to profile")
 MODE = flags.DEFINE_enum("mode", "prefix_on", ["prefix_on", "prefix_off", "contiguous"], "KV mode")

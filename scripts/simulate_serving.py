@@ -17,8 +17,8 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.workloads import WORKLOADS, make_workload
 from jaxpaged.sim import scenario
+from jaxpaged.workloads import WORKLOADS, make_workload
 
 MODEL = flags.DEFINE_string("model", "llama3-70b", "model config name or path")
 PROFILE = flags.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from jaxpaged.bench.kv_usage import kv_slot_usage
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
-from jaxpaged.outputs import RequestOutput
+from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 
 
 @dataclasses.dataclass
@@ -45,7 +45,8 @@ class RunRecord:
 
 def _params(request: WorkloadRequest) -> SamplingParams:
     # greedy, fixed length: every mode generates exactly the same number of tokens
-    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True,
+                          output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def run_workload(engine, requests: Sequence[WorkloadRequest], *,

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from jaxpaged.bench.driver import run_workload
 from jaxpaged.bench.report import median_summary, mode_ratios, summarize
 from jaxpaged.bench.timing import TimedRunner
-from jaxpaged.workloads import WorkloadRequest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner
+from jaxpaged.workloads import WorkloadRequest
 
 # mode name -> EngineConfig overrides
 MODES: dict[str, dict] = {
@@ -50,7 +50,7 @@ def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConf
 
 def make_runner(model, setup: ServingSetup) -> TimedRunner:
     """One timed runner over a pool of ``setup.num_blocks`` blocks, shared by all modes."""
-    return TimedRunner(ModelRunner(model, setup.num_blocks, setup.block_size))
+    return TimedRunner(ModelRunner(model, setup.num_blocks, setup.block_size, max_num_seqs=setup.max_num_seqs))
 
 
 def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],

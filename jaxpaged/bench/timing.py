@@ -4,38 +4,46 @@ from __future__ import annotations
 
 import time
 
+from jaxpaged.runner import Runner, StepHandle
+from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+
 
 class TimedRunner:
-    """Wraps a runner (``ModelRunner`` or any object with ``run_batch``) and times each step.
+    """Wraps a runner and times each step as the host sees it: dispatching it plus waiting for it.
 
-    A step during which the runner compiled a new shape counts as compile time;
-    the others count as device time (``run_batch`` returns once the sampled ids
-    are on the host, so it is a full round trip). Every other attribute is the
-    wrapped runner's, so an ``Engine(runner=TimedRunner(...))`` works unchanged.
+    A step during which the runner compiled a new shape counts as compile
+    time; the others count as device time. With synchronous scheduling that is
+    the step's full round trip; with asynchronous scheduling the device also
+    runs while the host works, so `device_s` is the time the host was held up
+    by the device. Implements `Runner`, so `Engine(runner=TimedRunner(...))`
+    works unchanged.
     """
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner: Runner) -> None:
         """Wrap ``runner``; all totals start at 0."""
         self.inner = runner
+        self.config = runner.config
+        self.block_size = runner.block_size
+        self.num_blocks = runner.num_blocks
         self.device_s = 0.0
         self.compile_s = 0.0
         self.num_steps = 0
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    @property
+    def num_compiles(self) -> int:
+        return self.inner.num_compiles
 
-    def run_batch(self, batch, **kwargs):
-        """Run the step on the wrapped runner, adding its wall time to compile_s or device_s."""
+    def reset(self) -> None:
+        """Reset the wrapped runner's persistent batch (the totals are kept)."""
+        self.inner.reset()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Dispatch the step on the wrapped runner; its time is booked when the result is read."""
         compiles = self.inner.num_compiles
         start = time.perf_counter()
-        result = self.inner.run_batch(batch, **kwargs)
-        elapsed = time.perf_counter() - start
-        if self.inner.num_compiles > compiles:
-            self.compile_s += elapsed
-        else:
-            self.device_s += elapsed
-        self.num_steps += 1
-        return result
+        handle = self.inner.execute_model(scheduler_output)
+        return _TimedStep(self, handle, time.perf_counter() - start, compiles,
+                          counts=bool(scheduler_output.seq_ids))
 
     def clock(self) -> float:
         """``perf_counter`` minus all compile time so far: latencies measured on it exclude compiles.
@@ -43,3 +51,22 @@ class TimedRunner:
         The compiling step's own execution is dropped with its compile (one step per new shape).
         """
         return time.perf_counter() - self.compile_s
+
+
+class _TimedStep:
+    def __init__(self, timer: TimedRunner, handle: StepHandle, dispatch_s: float, compiles: int, *,
+                 counts: bool):
+        self._timer, self._handle, self._dispatch_s, self._compiles, self._counts = (
+            timer, handle, dispatch_s, compiles, counts)
+
+    def result(self) -> ModelOutput:
+        start = time.perf_counter()
+        result = self._handle.result()
+        elapsed = self._dispatch_s + time.perf_counter() - start
+        timer = self._timer
+        if timer.inner.num_compiles > self._compiles:
+            timer.compile_s += elapsed
+        else:
+            timer.device_s += elapsed
+        timer.num_steps += self._counts
+        return result

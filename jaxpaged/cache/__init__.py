@@ -11,15 +11,19 @@ from jaxpaged.cache.hashing import (
     hash_request_blocks,
 )
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
-from jaxpaged.cache.records import CacheStats, PrefixMatch
+from jaxpaged.cache.protocol import KVManager
+from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, CacheStats, PrefixMatch
 
 __all__ = [
     "HASH_ALGOS",
+    "NO_CHANGE",
     "BlockPool",
+    "BlockTableUpdate",
     "CacheStats",
     "FreeBlockQueue",
     "KVBlock",
     "KVCacheManager",
+    "KVManager",
     "PrefixMatch",
     "chain_block_hashes",
     "hash_block_tokens",

@@ -23,18 +23,19 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 from jaxpaged.cache.hashing import request_extra_keys
-from jaxpaged.cache.records import CacheStats, PrefixMatch
+from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, CacheStats, PrefixMatch
 from jaxpaged.mathutils import cdiv
 
 
 
 @dataclasses.dataclass
 class _Region:
-    """One sequence's reservation: region index, slots handed out, slots written."""
+    """One sequence's reservation: region index, slots handed out, slots scheduled, slots written."""
 
     index: int
     num_allocated: int
     num_computed: int
+    num_scheduled: int = 0
 
 
 class ContiguousKVCacheManager:
@@ -94,6 +95,10 @@ class ContiguousKVCacheManager:
     def num_computed_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens of the sequence whose K/V are in the pool."""
         return self._seq(seq_id).num_computed
+
+    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
+        return self._seq(seq_id).num_scheduled
 
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Always 0: there is no prefix cache."""
@@ -158,13 +163,15 @@ class ContiguousKVCacheManager:
             raise ValueError(f"num_new_tokens must be in [0, {len(token_ids)}], got {num_new_tokens}")
         if not self._free_regions:
             return False
-        self._seqs[seq_id] = _Region(heapq.heappop(self._free_regions), num_new_tokens, 0)
+        self._seqs[seq_id] = _Region(heapq.heappop(self._free_regions), num_new_tokens, 0, num_new_tokens)
         return True
 
     # ------------------------------------------------------------------- growth
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> list[tuple[int, int]]:
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate:
         """Hand out ``num_new_tokens`` more slots of the reserved region; never fails, never copies.
+
+        Returns the region's blocks that the new slots bring into the block table.
 
         Raises:
           ValueError: unknown sequence, negative count, or growth past the region.
@@ -172,9 +179,16 @@ class ContiguousKVCacheManager:
         region = self._seq(seq_id)
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        self._check_fits(region.num_computed + num_new_tokens, f"sequence {seq_id!r} grown")
-        region.num_allocated = max(region.num_allocated, region.num_computed + num_new_tokens)
-        return []
+        end = region.num_scheduled + num_new_tokens
+        self._check_fits(end, f"sequence {seq_id!r} grown")
+        region.num_scheduled = end
+        old_blocks = cdiv(region.num_allocated, self.block_size)
+        region.num_allocated = max(region.num_allocated, end)
+        new_blocks = cdiv(region.num_allocated, self.block_size)
+        if new_blocks == old_blocks:
+            return NO_CHANGE
+        first = region.index * self.region_blocks
+        return BlockTableUpdate(old_blocks, tuple(range(first + old_blocks, first + new_blocks)))
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Record that the first ``num_computed_tokens`` tokens now have K/V.
@@ -188,6 +202,7 @@ class ContiguousKVCacheManager:
             raise ValueError(f"num_computed_tokens for {seq_id!r} must be in [{region.num_computed}, {limit}], "
                              f"got {num_computed_tokens}")
         region.num_computed = num_computed_tokens
+        region.num_scheduled = max(region.num_scheduled, num_computed_tokens)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Unsupported: the baseline shares nothing and the engine issues no copy on fork.
@@ -224,5 +239,5 @@ class ContiguousKVCacheManager:
         assert sorted(held + free) == list(range(self.num_regions)), (
             f"held {sorted(held)} and free {sorted(free)} regions must partition 0..{self.num_regions - 1}")
         for seq_id, r in self._seqs.items():
-            assert 0 <= r.num_computed <= r.num_allocated <= self.max_model_len, (
+            assert 0 <= r.num_computed <= r.num_scheduled <= r.num_allocated <= self.max_model_len, (
                 f"{seq_id!r}: computed {r.num_computed}, allocated {r.num_allocated}, region {self.max_model_len}")

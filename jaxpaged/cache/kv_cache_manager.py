@@ -7,10 +7,14 @@ Life of a sequence, as the engine drives it::
         ...device step writes tokens [m.num_cached_tokens, +n) ...
         mgr.commit(seq, prompt, m.num_cached_tokens + n)
     while running:
-        copies = mgr.allocate_slots(seq, 1)           # None: preempt someone
-        ...device copies `copies`, then writes one token...
+        update = mgr.allocate_slots(seq, 1)           # None: preempt someone
+        ...device makes update.copies, then writes one token...
         mgr.commit(seq, tokens, mgr.num_computed_tokens(seq) + 1)
     mgr.free(seq)
+
+Growth starts after the tokens already *scheduled* (given slots), not only the
+committed ones, so the next step can be allocated while the current one still
+runs (asynchronous scheduling): ``allocate_slots`` twice, then ``commit`` twice.
 
 Contract: the token ids passed to ``commit`` start with the ones given to
 ``allocate_new`` (prompt hashes computed at admission are reused, not
@@ -31,7 +35,14 @@ from jaxpaged.cache.hashing import (
 )
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.invariants import check_manager
-from jaxpaged.cache.records import CachedBlockInfo, CacheStats, PrefixMatch, SequenceState
+from jaxpaged.cache.records import (
+    NO_CHANGE,
+    BlockTableUpdate,
+    CachedBlockInfo,
+    CacheStats,
+    PrefixMatch,
+    SequenceState,
+)
 from jaxpaged.mathutils import cdiv
 
 
@@ -100,8 +111,12 @@ class KVCacheManager:
         return len(self._seq(seq_id).table)
 
     def num_computed_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence whose K/V are in the pool."""
+        """Leading tokens of the sequence whose K/V are in the pool (committed)."""
         return self._seq(seq_id).num_computed
+
+    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
+        return self._seq(seq_id).num_scheduled
 
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Tokens the sequence got from the prefix cache when it was admitted."""
@@ -244,6 +259,7 @@ class KVCacheManager:
         seq = SequenceState(
             table=match.blocks + [block.block_id for block in fresh],
             num_computed=num_cached,
+            num_scheduled=num_cached + num_new_tokens,
             num_cached_tokens=num_cached,
             block_hashes=list(match.block_hashes),
             num_hashed_blocks=len(matched),
@@ -280,12 +296,13 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------- growth
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> list[tuple[int, int]] | None:
-        """Makes room for the sequence to write ``num_new_tokens`` more tokens.
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:
+        """Makes room for the sequence to write ``num_new_tokens`` more tokens after its scheduled ones.
 
         Allocates blocks lazily. If the first block to be written is shared and
-        already holds tokens, it is replaced by a private copy; the returned list
-        holds the ``(src, dst)`` block pairs the device must copy first. Returns
+        already holds tokens, it is replaced by a private copy. Returns what
+        changed in the block table (``NO_CHANGE`` when the last block has room),
+        including the ``(src, dst)`` block copies the device must make first; or
         None, changing nothing, when there are too few free blocks.
 
         Raises:
@@ -295,8 +312,9 @@ class KVCacheManager:
         seq = self._seq(seq_id)
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        start, bs = seq.num_computed, self.block_size
-        num_fresh = cdiv(start + num_new_tokens, bs) - len(seq.table)
+        start, bs = seq.num_scheduled, self.block_size
+        table = seq.table
+        num_fresh = cdiv(start + num_new_tokens, bs) - len(table)
         if num_fresh > 0:
             self._check_fits(start + num_new_tokens, f"sequence {seq_id!r} grown")
         blocks = self._pool.blocks
@@ -305,27 +323,31 @@ class KVCacheManager:
             # Only a partly written block can be shared and written: fork shares
             # blocks that hold computed tokens, and full blocks are never written.
             index = start // bs
-            if blocks[seq.table[index]].ref_count > 1:
+            if blocks[table[index]].ref_count > 1:
                 cow_index = index
         if num_fresh <= 0 and cow_index < 0:
-            return []  # the common decode step: room left in the last block
+            seq.num_scheduled = start + num_new_tokens
+            return NO_CHANGE  # the common decode step: room left in the last block
         num_fresh = max(num_fresh, 0)
         if num_fresh + (cow_index >= 0) > self._pool.num_free:
             return None
-        copies = []
+        first_changed = len(table)
+        copies = ()
         if cow_index >= 0:
-            shared = blocks[seq.table[cow_index]]
+            shared = blocks[table[cow_index]]
             (private,) = self._pool.allocate(1)
             self._pool.release([shared])
-            seq.table[cow_index] = private.block_id
-            copies.append((shared.block_id, private.block_id))
+            table[cow_index] = private.block_id
+            copies = ((shared.block_id, private.block_id),)
             self._cow_copies += 1
+            first_changed = cow_index
         if num_fresh:
-            table_len = len(seq.table)
-            seq.table.extend([block.block_id for block in self._pool.allocate(num_fresh)])
+            table_len = len(table)
+            table.extend([block.block_id for block in self._pool.allocate(num_fresh)])
             if len(seq.block_hashes) > table_len:  # prompt blocks with known hashes just got slots
                 self._sync_in_flight(seq)
-        return copies
+        seq.num_scheduled = start + num_new_tokens
+        return BlockTableUpdate(first_changed, tuple(table[first_changed:]), copies)
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Records that the first ``num_computed_tokens`` of ``token_ids`` now have K/V.
@@ -356,6 +378,8 @@ class KVCacheManager:
                     "call allocate_slots before the step so it is copied on write"
                 )
         seq.num_computed = new
+        if new > seq.num_scheduled:
+            seq.num_scheduled = new
         if self.enable_prefix_caching and new // bs > seq.num_hashed_blocks:
             self._publish_full_blocks(seq, token_ids, new // bs)
 
@@ -393,12 +417,18 @@ class KVCacheManager:
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"fork target {child_id!r} is already allocated")
+        if parent.num_scheduled != parent.num_computed:
+            raise ValueError(
+                f"cannot fork {parent_id!r}: {parent.num_scheduled - parent.num_computed} scheduled "
+                "tokens are not committed yet (commit the step first)"
+            )
         shared_ids = parent.table[: cdiv(parent.num_computed, self.block_size)]
         self._pool.take([self._pool.blocks[i] for i in shared_ids])
         done = parent.num_hashed_blocks
         self._seqs[child_id] = SequenceState(
             table=list(shared_ids),
             num_computed=parent.num_computed,
+            num_scheduled=parent.num_computed,
             num_cached_tokens=parent.num_cached_tokens,
             # Hashes past the computed blocks came from the parent's tokens; the
             # child's may differ there, so it re-derives them from its own.

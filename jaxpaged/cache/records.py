@@ -60,13 +60,35 @@ class CacheStats:
         return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class BlockTableUpdate:
+    """What :meth:`KVCacheManager.allocate_slots` changed in one sequence's block table.
+
+    Entries from index ``start`` on are now ``block_ids``: blocks appended, or a
+    shared block replaced by its private copy (and whatever was appended after
+    it). ``copies`` are the ``(src, dst)`` block copies the device must make
+    before the step (copy-on-write). ``NO_CHANGE`` (the common decode step) has
+    neither.
+    """
+
+    start: int
+    block_ids: tuple[int, ...]
+    copies: tuple[tuple[int, int], ...] = ()
+
+
+NO_CHANGE = BlockTableUpdate(0, ())
+
+
 @dataclass
 class SequenceState:
     """What the manager knows about one live sequence.
 
     Attributes:
       table: physical block ids, in token order.
-      num_computed: leading tokens whose K/V are in the pool.
+      num_computed: leading tokens whose K/V are in the pool (committed).
+      num_scheduled: leading tokens that have slots and are computed or being
+        computed: ``num_computed`` plus the tokens of steps not committed yet
+        (with asynchronous scheduling, the step in flight). Growth starts here.
       num_cached_tokens: tokens served from the prefix cache at admission.
       block_hashes: known chained hashes of leading full blocks (from the prompt
         at admission, extended at commit as generated tokens fill blocks).
@@ -78,6 +100,7 @@ class SequenceState:
 
     table: list[int]
     num_computed: int
+    num_scheduled: int
     num_cached_tokens: int
     block_hashes: list[bytes]
     num_hashed_blocks: int

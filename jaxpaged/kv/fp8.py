@@ -5,13 +5,14 @@ Stored value = ``clip(x / scale, -448, 448)`` cast to float8_e4m3fn; read value 
 backends). The scales are pool data, not compile-time constants, so setting
 them never recompiles a step.
 
-Calibration (when no scales are given): the first prefill is run once through a
-small float32 pool; the absolute maximum of K and V per layer and KV head over
-its tokens gives ``scale = absmax * margin / 448``. ``margin > 1`` leaves
-headroom for later tokens whose K/V exceed the calibration prompt's; anything
-beyond it saturates at ±448 instead of overflowing to NaN. E4M3 keeps 3
-mantissa bits over its whole normal range, so headroom costs precision only for
-values below ``absmax * margin * 2**-6 / 448``, which become subnormal.
+Calibration (when no scales are given; `jaxpaged.runner.calibrate_kv_scales`):
+the first prefill is run once through a small float32 pool; the absolute
+maximum of K and V per layer and KV head over its tokens gives
+``scale = absmax * margin / 448``. ``margin > 1`` leaves headroom for later
+tokens whose K/V exceed the calibration prompt's; anything beyond it saturates
+at ±448 instead of overflowing to NaN. E4M3 keeps 3 mantissa bits over its
+whole normal range, so headroom costs precision only for values below
+``absmax * margin * 2**-6 / 448``, which become subnormal.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from jaxtyping import Array, Float
 
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.pool import FP8_MAX, KVPool
-from jaxpaged.mathutils import cdiv
 
 DEFAULT_SCALE_MARGIN = 2.0
 _MIN_SCALE = 1e-6  # a head whose calibration K/V were all zero still gets a usable scale
@@ -66,22 +66,3 @@ def pool_absmax(pool: KVPool) -> tuple[Float[np.ndarray, "L Hkv"], Float[np.ndar
                          for p in pages])
 
     return absmax(pool.k), absmax(pool.v)
-
-
-def calibrate_kv_scales(model, token_ids: list[int], block_size: int,
-                        margin: float = DEFAULT_SCALE_MARGIN) -> tuple[np.ndarray, np.ndarray]:
-    """Run ``token_ids`` once through a float32 pool sized for them; return fp8 ``(k_scale, v_scale)``.
-
-    The pool starts at zero, so its absmax is exactly the prompt's K/V absmax.
-    """
-    from jaxpaged.runner import ModelRunner  # the runner imports the pool; avoid a cycle
-    from jaxpaged.step_input import ScheduledSeq, build_step_input
-
-    if not token_ids:
-        raise ValueError("fp8 calibration needs at least one token")
-    num_blocks = cdiv(len(token_ids), block_size)
-    runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32)
-    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))],
-                                    block_size))
-    k_absmax, v_absmax = pool_absmax(runner.pool)
-    return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

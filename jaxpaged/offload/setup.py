@@ -7,9 +7,6 @@ import numpy as np
 from jaxpaged.offload.disk_tier import DiskKVCache
 from jaxpaged.offload.host_tier import HostKVCache
 from jaxpaged.offload.tiers import KVTiers
-from jaxpaged.offload.transfer import block_nbytes
-
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 def validate_tier_options(config) -> None:
@@ -21,8 +18,6 @@ def validate_tier_options(config) -> None:
         raise ValueError("disk_cache_dir needs the host tier in front of it: set host_cache_bytes")
     if config.disk_cache_bytes <= 0:
         raise ValueError(f"disk_cache_bytes must be positive, got {config.disk_cache_bytes}")
-    if config.preemption_mode not in PREEMPTION_MODES:
-        raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {config.preemption_mode!r}")
     if config.preemption_mode == "swap" and host is None:
         raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
     if host is not None and config.kv_layout != "paged":
@@ -30,18 +25,16 @@ def validate_tier_options(config) -> None:
 
 
 def build_tiers(config, kv, runner) -> KVTiers | None:
-    """The host (+ disk) tier behind `kv` if `config.host_cache_bytes` is set, else None."""
+    """The host (+ disk) tier behind `kv` if `config.host_cache_bytes` is set, else None.
+
+    `runner` must own a device pool (`jaxpaged.runner.KVPoolRunner`): the tiers move its blocks.
+    """
     if config.host_cache_bytes is None:
         return None
-    pool = getattr(runner, "pool", None)
-    if pool is None:
-        raise ValueError("the host tier needs a runner with a device KV pool (ModelRunner)")
-    block_bytes = block_nbytes(pool)
+    shape = runner.kv_block_shape
+    block_bytes = int(np.prod(shape)) * runner.kv_dtype.itemsize
     host = HostKVCache(config.host_cache_bytes, block_bytes)
     disk = None
     if config.disk_cache_dir is not None:
-        heads, _, block_size, head_dim = pool.k[0].shape
-        shape = (2, len(pool.k), heads, block_size, head_dim)
-        disk = DiskKVCache(config.disk_cache_dir, config.disk_cache_bytes, block_bytes,
-                           np.dtype(pool.dtype), shape)
+        disk = DiskKVCache(config.disk_cache_dir, config.disk_cache_bytes, block_bytes, runner.kv_dtype, shape)
     return KVTiers(kv, host, disk)

@@ -9,11 +9,12 @@ During ``Scheduler.schedule`` (host only) this records:
   hit that the host (or disk) tier holds, or its swapped-out blocks; they go
   into freshly allocated device blocks and are committed as computed.
 
-``apply(pool)`` then runs before the step and before copy-on-write copies: it
-dispatches one gather of every offloaded block and starts its copy to the host,
-then one host->device transfer + donated scatter of every restored block. The
-gather is dispatched first, so a block evicted and reused in the same step is
-read before it is overwritten; JAX orders the later donating ops after it.
+``apply(runner)`` then runs before the step and before copy-on-write copies:
+through the runner (the pool's one owner) it dispatches one gather of every
+offloaded block and starts its copy to the host, then one host->device transfer
++ donated scatter of every restored block. The gather is dispatched first, so a
+block evicted and reused in the same step is read before it is overwritten;
+JAX orders the later donating ops after it.
 ``finish()`` after the step lands the gathered data (the copy overlapped the
 step) and spills host evictions to disk.
 """
@@ -26,11 +27,9 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
-from jaxpaged.kv.pool import KVPool
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
-from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 
 
 @dataclasses.dataclass
@@ -80,7 +79,7 @@ class KVTiers:
         self._incoming: list[tuple[int, HostBlock]] = []  # (device block id, data to put there)
         self._spilled: list[tuple[bytes, HostBlock]] = []  # host evictions to write to disk
         self._swapped: dict[Hashable, _SwapRecord] = {}
-        self._gathering: tuple[list[HostBlock], object] | None = None  # offload in flight to the host
+        self._gathering = None  # (host copies to fill, the runner's pending read): offload in flight
         kv.on_evict = self._on_device_evict
         host.on_evict = self._on_host_evict
 
@@ -170,37 +169,37 @@ class KVTiers:
 
     # ---------------------------------------------------------------- device
 
-    def set_format(self, pool: KVPool) -> None:
-        """Tie disk files to this pool's dtype, block shape and scales (call once scales are final)."""
+    def set_format(self, k_scale: np.ndarray, v_scale: np.ndarray) -> None:
+        """Tie disk files to the pool's dtype, block shape and fp8 scales (call once scales are final)."""
         if self.disk is not None:
-            scales = np.asarray(pool.k_scale).tobytes() + np.asarray(pool.v_scale).tobytes()
+            scales = np.asarray(k_scale).tobytes() + np.asarray(v_scale).tobytes()
             self.disk.tag = format_tag(self.disk.dtype, self.disk.block_shape, scales)
 
-    def apply(self, pool: KVPool) -> KVPool:
-        """Before the step: dispatch the offload gather, then the restore scatter; returns the new pool.
+    def apply(self, runner) -> None:
+        """Before the step: dispatch the offload gather, then the restore scatter, on `runner`'s pool.
 
-        The gather's copy to the host overlaps the step; :meth:`finish` lands it.
+        `runner` is a `jaxpaged.runner.KVPoolRunner`. The gather's copy to the
+        host overlaps the step; :meth:`finish` lands it.
         """
         if self._outgoing:
             copies = [copy for _, copy in self._outgoing]
-            self._gathering = (copies, start_gather(pool, [block_id for block_id, _ in self._outgoing]))
+            self._gathering = (copies, runner.start_read_blocks([block_id for block_id, _ in self._outgoing]))
             self._outgoing.clear()
             self.stats.transfers_out += 1
         if self._incoming:
             if any(block.data is None for _, block in self._incoming):
                 self.finish()  # a block evicted and restored in the same step: land its data first
-            ids = [block_id for block_id, _ in self._incoming]
-            pool = scatter_blocks(pool, ids, [block.data for _, block in self._incoming])
+            runner.write_blocks([block_id for block_id, _ in self._incoming],
+                                [block.data for _, block in self._incoming])
             self._incoming.clear()
             self.stats.transfers_in += 1
-        return pool
 
     def finish(self) -> None:
         """After the step: land the offloaded blocks on the host and spill host evictions to disk."""
         if self._gathering is not None:
-            copies, gathered = self._gathering
+            copies, pending = self._gathering
             self._gathering = None
-            for copy, data in zip(copies, finish_gather(gathered, len(copies))):
+            for copy, data in zip(copies, pending.result()):
                 copy.data = data
         for block_hash, block in self._spilled:
             if block.data is not None:

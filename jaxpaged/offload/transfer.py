@@ -68,9 +68,3 @@ def scatter_blocks(pool: KVPool, block_ids: list[int], blocks: list[np.ndarray])
     data = np.zeros((len(ids),) + blocks[0].shape, blocks[0].dtype)
     data[:len(blocks)] = blocks
     return _scatter(pool, jnp.asarray(ids), jnp.asarray(data))
-
-
-def block_nbytes(pool: KVPool) -> int:
-    """Bytes of one block (K and V, every layer) in the pool's dtype."""
-    heads, _, block_size, head_dim = pool.k[0].shape
-    return 2 * len(pool.k) * heads * block_size * head_dim * pool.k[0].dtype.itemsize

@@ -21,7 +21,7 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
-from jaxpaged.step_input import ScheduledSeq
+from jaxpaged.step_input import ScheduledSeq, build_step_input
 
 Shape = list[tuple[int, int]]  # (new tokens, context before) per sequence
 
@@ -65,14 +65,20 @@ def step_kind(shape: Shape) -> str:
 
 
 def measure_batches(runner, batches: list[list[ScheduledSeq]], repeats: int) -> list[float]:
-    """Median seconds of `runner.run_batch` per batch, after one compile/warm-up call each."""
+    """Median seconds of one step per batch on a `ModelRunner`, after one compile/warm-up call each.
+
+    A step is timed from laying it out to its sampled ids on the host (a full round trip).
+    """
+    def run(batch):
+        runner.execute(build_step_input(batch, runner.block_size))
+
     for batch in batches:
-        runner.run_batch(batch)
+        run(batch)
     times = [[] for _ in batches]
     for _ in range(repeats):
         for i, batch in enumerate(batches):
             start = time.perf_counter()
-            runner.run_batch(batch)
+            run(batch)
             times[i].append(time.perf_counter() - start)
     return [float(np.median(t)) for t in times]
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from jaxpaged.buckets import pow2_bucket
 from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.profiles import DeviceProfile
-from jaxpaged.step_input import MIN_BLOCKS_PER_SEQ, MIN_PREFILL_TOKENS
+from jaxpaged.step_input import step_buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +128,7 @@ class CostModel:
 
     def _padded_work(self, num_decodes: int, prefill: list[int], max_blocks: int) -> tuple[int, int, int, int]:
         """jaxpaged's bucketed step: decode rows [S_d, ctx], prefill rows [S_p, q_max, ctx]."""
-        n_dec, n_pre = pow2_bucket(num_decodes), pow2_bucket(len(prefill))
-        t_pre = pow2_bucket(sum(prefill), MIN_PREFILL_TOKENS)
-        q_max = min(pow2_bucket(max(prefill, default=0), MIN_PREFILL_TOKENS), t_pre)
-        ctx = pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ) * self.block_size
-        pairs = n_dec * ctx + n_pre * q_max * ctx
-        return n_dec + t_pre, n_dec + n_pre, pairs, (n_dec + n_pre) * ctx
+        b = step_buckets(num_decodes, len(prefill), sum(prefill), max(prefill, default=0), max_blocks)
+        ctx = b.blocks_per_seq * self.block_size
+        pairs = b.num_decode_rows * ctx + b.num_prefill_rows * b.max_prefill_query_len * ctx
+        return b.num_tokens, b.num_rows, pairs, b.num_rows * ctx

@@ -19,13 +19,14 @@ import heapq
 import math
 import time
 
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 from jaxpaged.config import ModelConfig
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
+from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 
 
 # A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
@@ -86,9 +87,16 @@ class SimResult:
 
 def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
                     cost_model: CostModel) -> tuple[Engine, SimClock]:
-    """An engine whose runner is simulated and whose clock is the simulation's."""
+    """An engine whose runner is simulated and whose clock is the simulation's.
+
+    Scheduling is synchronous: the simulated device has no host work to hide,
+    steps run back to back either way, and the decode fast-forward replays the
+    synchronous engine.
+    """
     clock = SimClock()
-    runner = SimulatedRunner(model_config, cost_model, clock)
+    engine_config = dataclasses.replace(engine_config, async_scheduling=False)
+    num_blocks = engine_config.resolve_num_blocks(model_config, model_config.dtype)
+    runner = SimulatedRunner(model_config, cost_model, clock, num_blocks=num_blocks)
     return Engine(engine_config, runner=runner, clock=clock), clock
 
 
@@ -125,7 +133,7 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
             prompt = history.full_prompt(r)
             engine.add_request(r.request_id, {"prompt_token_ids": prompt, "cache_salt": r.cache_salt},
                                SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True,
-                                              detokenize=False),
+                                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY),
                                arrival_time=arrival)
             in_flight[r.request_id] = (r, prompt)
         return ready[0][0] if ready else math.inf

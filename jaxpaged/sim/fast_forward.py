@@ -12,9 +12,11 @@ allocations in running order, then commits and finishes in running order).
 
 Arrivals go through the real scheduler: before each step `feed` submits the
 requests due by then (what the driver does between steps), and each step
-calls the scheduler's own admission with the budget the lanes leave, exactly
-as `Scheduler.schedule` would after scheduling them. An admitted request whose
-prompt is computed in that step becomes a lane from the next step on.
+calls the scheduler's own admission (`Scheduler.schedule_waiting`) with the
+budget the lanes leave, exactly as `Scheduler.schedule` would after scheduling
+them, and applies that step's results to the admitted sequences with the
+scheduler's own `update_from_output`. An admitted request whose prompt is
+computed in that step becomes a lane from the next step on.
 
 The engine, its KV cache manager and the clock end in the same state as
 after the same steps one by one, block ids and float timestamps included
@@ -23,7 +25,8 @@ differently (more fresh blocks needed than are free: the scheduler would
 preempt; the clock at `until`), and after a step that leaves a running
 sequence that is not a plain decode (a prefill chunk that did not finish its
 prompt, a fork), or in which a request in `stop_after` finished (a multiturn
-conversation's next turn arrives then).
+conversation's next turn arrives then). It only runs a synchronous engine
+(no step in flight), as the simulator's engines are.
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ import dataclasses
 import math
 from typing import Callable, Container
 
+import numpy as np
+
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine import Engine
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sequence import Sequence, SeqStatus
+from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+from jaxpaged.sequence import Request, Sequence, SeqStatus
 from jaxpaged.sim.runner import SimulatedRunner
 
 
@@ -59,13 +65,16 @@ def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, unt
     `feed()`, if given, is called before each step: it submits the requests
     due by now (`engine.add_request`) and returns the next arrival time.
     Without it, no step starts at or after `until`. Returns (steps run,
-    outputs of the requests that finished in them); zero steps when the
-    engine is not in such a state: call `engine.step()`.
+    the outputs `engine.step()` would have returned over them: one per
+    request that advanced, as its output kind asks, and one per request that
+    finished); zero steps when the engine is not in such a state: call
+    `engine.step()`.
     """
     if not _all_plain_decodes(engine):
         return 0, []
-    steps = _DecodeRun(engine).advance(feed, until, stop_after)
-    return steps, engine._take_finished_outputs()
+    run = _DecodeRun(engine)
+    steps = run.advance(feed, until, stop_after)
+    return steps, engine.collect_outputs(list(run.advanced) if steps else [])
 
 
 class _DecodeRun:
@@ -73,6 +82,7 @@ class _DecodeRun:
 
     def __init__(self, engine: Engine):
         self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
+        self.scheduler = engine.scheduler
         self.decode_step_time = engine.runner.cost_model.decode_step_time
         self.allocs, self.commits, self.finishes = (collections.defaultdict(list) for _ in range(3))
         self.active: dict[tuple[int, int], _Lane] = {}
@@ -80,7 +90,8 @@ class _DecodeRun:
         self.total_c0 = 0  # sum of active lanes' c0: their contexts before step j sum to this + len * (j - 1)
         self.max_c0 = -math.inf
         self.times: list[float] = []  # end of each step run: the token times of its sequences
-        self.last_admitted: list[tuple[Sequence, int]] = []
+        self.last_admitted = SchedulerOutput()
+        self.advanced: dict[Request, None] = {}  # requests of every lane and every admitted sequence
         for seq in engine.scheduler.running:
             self._add_lane(seq, 0)
 
@@ -88,11 +99,11 @@ class _DecodeRun:
         """Make `seq`, a plain decode after `step` steps, a lane; schedule its first events."""
         bs = self.kv.block_size
         c0 = seq.num_computed_tokens - step
-        finish = step + min(seq.request.params.max_tokens - seq.num_output_tokens,
-                            self.engine.max_model_len - seq.num_tokens)
+        finish = step + seq.request.max_len - seq.num_tokens
         lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish,
                      seq.num_computed_tokens)
         self.active[lane.pos] = lane
+        self.advanced[seq.request] = None
         self.total_c0 += c0
         self.max_c0 = max(self.max_c0, c0)
         self.finishes[finish].append(lane)
@@ -105,7 +116,7 @@ class _DecodeRun:
 
     def advance(self, feed: Callable[[], float] | None, until: float, stop_after: Container[str]) -> int:
         """Run steps 1, 2, ... while they stay predictable; returns how many ran."""
-        clock, kv, waiting = self.runner.clock, self.kv, self.engine.scheduler.waiting
+        clock, kv, waiting = self.runner.clock, self.kv, self.scheduler.waiting
         allocs, commits, finishes = self.allocs, self.commits, self.finishes
         step = 0
         while self.active:
@@ -117,57 +128,56 @@ class _DecodeRun:
             growing, committing, ending = allocs.pop(j, ()), commits.pop(j, ()), finishes.pop(j, ())
             if len(growing) > kv.num_free_blocks:
                 break  # the scheduler would preempt: leave this step to engine.step() (the run is dropped)
-            if growing or ending:
-                self._allocate(j, growing, ending)
-            admitted = self._admit() if waiting else ()
-            start = clock()
+            if growing:
+                self._allocate(j, growing)
+            admitted = self._admit() if waiting else None
             self._run_step(j, admitted)
             step = j
             stop = bool(committing or ending) and self._commit_and_finish(j, committing, ending, stop_after)
-            if admitted and self._process_admitted(j, admitted, start, stop_after):
+            if admitted is not None and self._process_admitted(j, admitted, stop_after):
                 stop = True
             if stop:
                 break
         for lane in self.active.values():
             self._settle(lane, step)
-            self.engine._record_block_usage(lane.seq.request)
         if step:  # the last step's batch: its lanes in running order, then what it admitted
             lanes = [lane for lane in self.active.values() if lane.start < step]
             lanes += self.ended[1] if self.ended[0] == step else []
-            self.engine.stats.last_step_batch = [
-                (lane.seq.request.request_id, lane.seq.index, 1) for lane in sorted(lanes, key=_pos)
-            ] + [(seq.request.request_id, seq.index, n) for seq, n in self.last_admitted]
+            lanes.sort(key=_pos)
+            admitted = self.last_admitted
+            self.scheduler.stats.set_last_batch([lane.seq for lane in lanes] + admitted.seqs,
+                                                [1] * len(lanes) + admitted.num_tokens)
         return step
 
-    def _allocate(self, j: int, growing: list[_Lane], ending: list[_Lane]) -> None:
+    def _allocate(self, j: int, growing: list[_Lane]) -> None:
         """The scheduler's decode part of step j: a fresh block for each lane writing past its table."""
-        for lane in ending:  # finishing in step j: the last usage the engine records
-            self.engine._record_block_usage(lane.seq.request)
         bs = self.kv.block_size
         for lane in sorted(growing, key=_pos):
-            copies = self.kv.allocate_slots(lane.seq.seq_id, lane.c0 + j - lane.kv_computed)
-            assert copies == [], "plain decodes own their last block: no copy-on-write"
+            seq_id = lane.seq.seq_id
+            update = self.kv.allocate_slots(seq_id, lane.c0 + j - self.kv.num_scheduled_tokens(seq_id))
+            assert not update.copies, "plain decodes own their last block: no copy-on-write"
+            self.scheduler.record_block_usage(lane.seq.request)  # as Scheduler.schedule does on growth
             if j + bs <= lane.finish_step:
                 self.allocs[j + bs].append(lane)
 
-    def _admit(self) -> list[tuple[Sequence, int]]:
+    def _admit(self) -> SchedulerOutput | None:
         """The scheduler's admission with the budget the lanes leave (Scheduler.schedule's last part)."""
-        scheduler = self.engine.scheduler
-        admitted: list[tuple[Sequence, int]] = []
-        if scheduler.waiting:
-            scheduler._admit_waiting(scheduler.config.max_num_batched_tokens - len(self.active), admitted)
-        if any(seq.request.params.use_beam_search for seq, _ in admitted):
+        scheduler = self.scheduler
+        admitted = scheduler.schedule_waiting(scheduler.config.max_num_batched_tokens - len(self.active))
+        if not admitted.seqs:
+            return None
+        if any(seq.request.use_beam_search for seq in admitted.seqs):
             raise NotImplementedError("the simulator does not model beam search")
         return admitted
 
-    def _run_step(self, j: int, admitted: list[tuple[Sequence, int]]) -> None:
+    def _run_step(self, j: int, admitted: SchedulerOutput | None) -> None:
         """The device's part of step j: each lane computes one token, each admitted sequence its chunk."""
-        num_lanes, runner, stats = len(self.active), self.runner, self.engine.stats
-        self.last_admitted = admitted
-        if admitted:
+        num_lanes, runner, stats = len(self.active), self.runner, self.scheduler.stats
+        self.last_admitted = admitted or SchedulerOutput()
+        if admitted is not None:
             seconds = runner.cost_model.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
-                                                  + [(n, seq.num_computed_tokens) for seq, n in admitted])
-            stats.last_step_tokens = num_lanes + sum(n for _, n in admitted)
+                                                  + list(zip(admitted.num_tokens, admitted.starts)))
+            stats.last_step_tokens = num_lanes + admitted.num_batched_tokens
         else:
             seconds = self.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
             stats.last_step_tokens = num_lanes
@@ -176,8 +186,8 @@ class _DecodeRun:
         runner.num_steps += 1
         self.times.append(runner.clock.now)
         stats.num_steps += 1
-        stats.generation_tokens += num_lanes  # admitted sequences count theirs in Engine._append
-        stats.last_step_seqs = num_lanes + len(admitted)
+        stats.generation_tokens += num_lanes  # admitted sequences count theirs in update_from_output
+        stats.last_step_seqs = num_lanes + (admitted.num_seqs if admitted is not None else 0)
 
     def _commit_and_finish(self, j: int, committing, ending, stop_after: Container[str]) -> bool:
         """The engine's processing of the lanes in step j, in running order; True if a `stop_after` finished."""
@@ -192,7 +202,7 @@ class _DecodeRun:
         for lane in sorted({*committing, *ending}, key=_pos):
             if lane.pos in ends:
                 self._settle(lane, j)
-                self.engine._finish_seq(lane.seq, "length", now)
+                self.scheduler.finish_seq(lane.seq, "length", now)
                 del self.active[lane.pos]
                 self.total_c0 -= lane.c0
                 new_max = new_max or lane.c0 == self.max_c0
@@ -227,21 +237,21 @@ class _DecodeRun:
         if seq.index == 0:
             seq.request.token_times.extend(self.times[lane.start:steps_done])
 
-    def _process_admitted(self, j: int, admitted, start: float, stop_after: Container[str]) -> bool:
-        """The engine's processing of the sequences admitted in step j (after the lanes, as scheduled).
+    def _process_admitted(self, j: int, admitted: SchedulerOutput, stop_after: Container[str]) -> bool:
+        """The scheduler's update from step j for the admitted sequences (after the lanes, as scheduled).
 
         New plain decodes become lanes; True if the run must stop after this step.
         """
-        engine, done, token = self.engine, self.times[-1], self.runner.token
+        token, n = self.runner.token, admitted.num_seqs
+        result = ModelOutput(token_ids=np.full(n, token, np.int32), logprobs=np.zeros(n, np.float32))
+        for request in self.scheduler.update_from_output(admitted, result, self.times[-1]):
+            self.advanced[request] = None
         stop = False
-        for seq, n in admitted:
-            if engine._computed(seq, n, start):
-                engine._append(seq, token, 0.0, done)
+        for seq in admitted.seqs:
             request = seq.request
-            engine._record_block_usage(request)
             if request.finish_time is not None:
                 stop = stop or request.request_id in stop_after
-            elif _is_plain_decode(engine, seq, token):
+            elif _is_plain_decode(self.engine, seq, token):
                 self._add_lane(seq, j)
             else:
                 stop = True  # a prompt chunk still to go, or forks: the full scheduler's work
@@ -252,6 +262,8 @@ def _all_plain_decodes(engine: Engine) -> bool:
     """Whether every running sequence is a plain decode of the runner's known token (and can be a lane)."""
     runner, scheduler = engine.runner, engine.scheduler
     if not isinstance(runner, SimulatedRunner) or type(engine.kv) is not KVCacheManager:
+        return False
+    if engine.has_step_in_flight:  # asynchronous scheduling: the step-by-step order differs
         return False
     if engine.tiers is not None or engine.stat_loggers:  # loggers expect a call per step
         return False
@@ -267,12 +279,12 @@ def _is_plain_decode(engine: Engine, seq: Sequence, token: int) -> bool:
     (a chunk stopped there) would compute a prompt token and sample the first
     output token, which is not a decode step's bookkeeping.
     """
-    request, params = seq.request, seq.request.params
+    request = seq.request
     if (seq.status is not SeqStatus.RUNNING or len(request.seqs) != 1 or request.fork_pending
-            or params.use_beam_search or seq.num_computed_tokens != seq.num_tokens - 1
+            or request.use_beam_search or seq.num_computed_tokens != seq.num_tokens - 1
             or seq.num_computed_tokens < len(request.prompt_token_ids) or seq.pending_candidates is not None):
         return False
-    return not (token in params.stop_token_ids or (not params.ignore_eos and token in engine.eos_token_ids))
+    return token not in request.stop_token_ids
 
 
 def _pos(lane: _Lane) -> tuple[int, int]:

@@ -1,23 +1,27 @@
-"""A device backend that executes nothing: each step advances a simulated clock by its predicted time.
+"""A device backend that executes nothing: each step occupies a simulated device for its predicted time.
 
-The engine's scheduler and KV cache manager run unchanged over it; only
-`run_batch` differs. The simulated runner returns one fixed token for every
+The engine's scheduler and KV cache manager run unchanged over it; only the
+runner differs. The simulated runner returns one fixed token for every
 sequence, chosen so it is never EOS or a stop token of the model config, so
 workloads must fix output lengths with `max_tokens` (and `ignore_eos`). It
 allocates no arrays, ignores block tables and never compiles
 (`num_compiles == 0`).
+
+Time: a step dispatched at simulated time `t` starts when the device is free
+(`max(t, end of the previous step)`) and ends its predicted seconds later;
+waiting for its result moves the clock to that end. Synchronous scheduling
+(dispatch, then wait) advances the clock by each step's time in turn; with
+asynchronous scheduling the host's work between steps costs no simulated time,
+so steps run back to back either way.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.runner import StepOutput
+from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.sim.cost_model import CostModel
-from jaxpaged.step_input import ScheduledSeq
 
 
 class SimClock:
@@ -45,32 +49,48 @@ def fixed_token(config: ModelConfig) -> int:
     return 1 if config.eos_token_id == 0 else 0
 
 
+class _SimulatedStep:
+    """A step that ends at simulated time `end`; its result is the fixed token for every sequence."""
+
+    def __init__(self, clock: SimClock, end: float, num_seqs: int, token: int):
+        self._clock, self._end, self._num_seqs, self._token = clock, end, num_seqs, token
+
+    def result(self) -> ModelOutput:
+        self._clock.advance_to(self._end)
+        n = self._num_seqs
+        return ModelOutput(token_ids=np.full(n, self._token, np.int32), logprobs=np.zeros(n, np.float32))
+
+
 class SimulatedRunner:
     """Engine runner whose steps cost time on a `SimClock` instead of running a model."""
 
     num_compiles = 0
 
-    def __init__(self, config: ModelConfig, cost_model: CostModel, clock: SimClock):
+    def __init__(self, config: ModelConfig, cost_model: CostModel, clock: SimClock, *, num_blocks: int):
+        """A pool of `num_blocks` blocks of `cost_model.block_size` tokens (nothing is allocated)."""
         self.config = config
         self.cost_model = cost_model
         self.clock = clock
+        self.block_size = cost_model.block_size
+        self.num_blocks = num_blocks
         self.token = fixed_token(config)
         self.num_steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps and copies
+        self.device_free_at = clock.now  # when the last dispatched step ends
 
-    def run_batch(self, batch: Sequence[ScheduledSeq], *, num_top_logprobs: int = 0) -> StepOutput:
-        """Advance the clock by the batch's predicted time; sample the fixed token for every sequence."""
-        if num_top_logprobs:
+    def reset(self) -> None:
+        """Nothing to forget: the simulator keeps no rows."""
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> _SimulatedStep:
+        """Occupy the device for the copy-on-write copies and the step's predicted time."""
+        if scheduler_output.num_top_logprobs:
             raise NotImplementedError("the simulator does not model beam search")
-        seconds = self.cost_model.step_time((len(s.token_ids), s.num_computed_tokens) for s in batch)
-        self.clock.advance(seconds)
+        seconds = 0.0
+        if scheduler_output.copies:
+            seconds += self.cost_model.copy_time(len(scheduler_output.copies))
+        if scheduler_output.seq_ids:
+            seconds += self.cost_model.step_time(zip(scheduler_output.num_tokens, scheduler_output.starts))
+            self.num_steps += 1
         self.busy_s += seconds
-        self.num_steps += 1
-        n = len(batch)
-        return StepOutput(token_ids=np.full(n, self.token, np.int32), logprobs=np.zeros(n, np.float32))
-
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write costs memory traffic; nothing is copied."""
-        seconds = self.cost_model.copy_time(len(pairs))
-        self.clock.advance(seconds)
-        self.busy_s += seconds
+        self.device_free_at = max(self.clock.now, self.device_free_at) + seconds
+        return _SimulatedStep(self.clock, self.device_free_at, scheduler_output.num_seqs, self.token)

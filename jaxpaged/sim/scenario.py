@@ -13,12 +13,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxpaged.workloads import WorkloadRequest, assign_arrivals
 from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import SimResult, make_sim_engine, simulate
 from jaxpaged.sim.profiles import DeviceProfile, get_profile
+from jaxpaged.workloads import WorkloadRequest, assign_arrivals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Record the batches a real engine runs on a workload, so their step times can be measured.
 
-`RecordingRunner` wraps a real runner and keeps every batch the engine hands
-it. Replaying those batches with `calibrate.measure_batches`, interleaved with
+`RecordingRunner` wraps a runner and keeps every batch the engine hands it.
+Replaying those batches with `calibrate.measure_batches`, interleaved with
 the calibration shapes, times validation and calibration side by side, so the
 load on a shared machine drifts over both alike. Pool contents do not matter
 to a step's time, so replays run on whatever the pool holds.
@@ -9,42 +9,62 @@ to a step's time, so replays run on whatever the pool holds.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from jaxpaged.workloads import WorkloadRequest
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.runner import StepOutput
+from jaxpaged.mathutils import cdiv
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.runner import InputBatch, Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.scheduler import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq
+from jaxpaged.workloads import WorkloadRequest
 
 
 class RecordingRunner:
-    """Delegates to a real runner and records every batch it runs."""
+    """Delegates to a runner and records every step it runs as a list of `ScheduledSeq`.
 
-    def __init__(self, runner):
+    It keeps its own persistent batch (the same `InputBatch` a `ModelRunner`
+    keeps) to know each sequence's block table at every step.
+    """
+
+    def __init__(self, runner: Runner):
         self.inner = runner
         self.config = runner.config
+        self.block_size = runner.block_size
+        self.num_blocks = runner.num_blocks
         self.batches: list[list[ScheduledSeq]] = []
+        self._rows = InputBatch(runner.block_size)
 
     @property
     def num_compiles(self) -> int:
         return self.inner.num_compiles
 
-    def run_batch(self, batch: Sequence[ScheduledSeq], *, num_top_logprobs: int = 0) -> StepOutput:
-        """Record the batch, then run it."""
-        self.batches.append(list(batch))
-        return self.inner.run_batch(batch, num_top_logprobs=num_top_logprobs)
+    def reset(self) -> None:
+        """Reset the wrapped runner's rows and this recorder's copy of them."""
+        self.inner.reset()
+        self._rows = InputBatch(self.block_size)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy-on-write copies run on the real pool (not recorded)."""
-        self.inner.copy_blocks(pairs)
+    def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Record the step, then run it."""
+        self._rows.apply(scheduler_output)
+        if scheduler_output.seq_ids:
+            self.batches.append(self._batch(scheduler_output))
+        return self.inner.execute_model(scheduler_output)
+
+    def _batch(self, out: SchedulerOutput) -> list[ScheduledSeq]:
+        batch, at = [], 0
+        for seq_id, start, n in zip(out.seq_ids, out.starts, out.num_tokens):
+            tokens = [0 if t == TOKEN_ON_DEVICE else t for t in out.token_ids[at:at + n]]
+            at += n
+            batch.append(ScheduledSeq(tokens, start, self._rows.block_ids(seq_id, cdiv(start + n, self.block_size))))
+        return batch
 
 
 def serve_all_at_once(engine: Engine, requests: list[WorkloadRequest]) -> None:
     """Add every request at once (greedy, ignore_eos, fixed lengths) and step until all finish."""
     for r in requests:
         engine.add_request(r.request_id, {"prompt_token_ids": r.prompt_token_ids, "cache_salt": r.cache_salt},
-                           SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
+                           SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True,
+                                          output_kind=RequestOutputKind.FINAL_ONLY))
     while engine.has_unfinished_requests():
         engine.step()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxpaged.snapshot.device import read_blocks, write_blocks
+from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
 from jaxpaged.snapshot.identity import check_identity, engine_identity, params_fingerprint
 from jaxpaged.snapshot.restore import RestoreStats, restore_into
@@ -37,7 +37,7 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     blocks = engine.kv.cached_blocks()
     records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device")
                for b in blocks]
-    kv = read_blocks(engine.runner.pool, [b.block_id for b in blocks]) if blocks else None
+    kv = blocks_to_layers(engine.runner.read_blocks([b.block_id for b in blocks])) if blocks else None
     host = host_tier_blocks(engine)
     records += [BlockRecord(block_hash, None, (), tier="host") for block_hash, _ in host]
     if host:
@@ -62,16 +62,16 @@ def load_prefix_cache(engine, path: str | Path) -> RestoreStats:
     check_identity(identity, engine_identity(engine), str(path))
     if not records:
         return RestoreStats(0, 0, 0)
-    kv = read_kv(path, len(records), engine.runner.pool)  # before touching the manager
+    kv = read_kv(path, len(records), engine.runner.kv_block_shape, engine.runner.kv_dtype)  # before the manager
     device = [r for r in records if r.tier == "device"]  # saved first: rows line up with `kv`
     writes, stats = restore_into(engine.kv, device)
     if writes:
         block_ids, rows = zip(*writes)
-        engine.runner.pool = write_blocks(engine.runner.pool, list(block_ids), kv, list(rows))
+        engine.runner.write_blocks(list(block_ids), [layers_to_block(kv, row) for row in rows])
     host_rows = list(range(len(device), len(records)))
     if not host_rows:
         return stats
-    if getattr(engine, "tiers", None) is None:  # no host tier here: its blocks cannot be used
+    if engine.tiers is None:  # no host tier here: its blocks cannot be used
         return RestoreStats(stats.num_restored, stats.num_skipped + len(host_rows), stats.num_dropped)
     kept = restore_host_blocks(engine, [records[i].block_hash for i in host_rows], kv, host_rows)
     return RestoreStats(stats.num_restored + kept, stats.num_skipped,
@@ -79,5 +79,5 @@ def load_prefix_cache(engine, path: str | Path) -> RestoreStats:
 
 
 def _require_prefix_caching(engine, action: str) -> None:
-    if not getattr(engine.kv, "enable_prefix_caching", False):
+    if not engine.kv.enable_prefix_caching:
         raise ValueError(f"cannot {action} a prefix-cache snapshot: prefix caching is disabled")

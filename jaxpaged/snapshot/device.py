@@ -1,18 +1,14 @@
-"""Moving whole blocks between the device pool and a snapshot's per-layer arrays.
+"""Converting blocks between the runner's transfer layout and a snapshot's per-layer arrays.
 
-The transfers themselves are the offload tier's (one padded gather or one
-donated scatter per call, `jaxpaged.offload.transfer`), which move blocks as
-`[2, num_layers, num_kv_heads, block_size, head_dim]`; a snapshot stores them as
-rows of per-layer `[num_kv_heads, n, block_size, head_dim]` arrays. This module
-converts between the two.
+The runner moves blocks (`read_blocks`, `write_blocks`: one padded gather or
+one donated scatter per call) as `[2, num_layers, num_kv_heads, block_size,
+head_dim]`; a snapshot stores them as rows of per-layer `[num_kv_heads, n,
+block_size, head_dim]` arrays. This module converts between the two.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from jaxpaged.kv.pool import KVPool
-from jaxpaged.offload.transfer import gather_blocks, scatter_blocks
 
 
 def blocks_to_layers(blocks: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
@@ -28,14 +24,3 @@ def layers_to_block(kv: dict[str, list[np.ndarray]], row: int) -> np.ndarray:
     k = np.stack([np.asarray(layer)[:, row] for layer in kv["k"]])
     v = np.stack([np.asarray(layer)[:, row] for layer in kv["v"]])
     return np.stack([k, v])
-
-
-def read_blocks(pool: KVPool, block_ids: list[int]) -> dict[str, list[np.ndarray]]:
-    """Host copies of blocks `block_ids`: {"k": [layer...], "v": [layer...]}, each [Hkv, n, B, D]."""
-    return blocks_to_layers(gather_blocks(pool, block_ids))
-
-
-def write_blocks(pool: KVPool, block_ids: list[int], kv: dict[str, list[np.ndarray]],
-                 rows: list[int]) -> KVPool:
-    """Return `pool` with block `block_ids[i]` set to row `rows[i]` of `kv` in every layer; pool donated."""
-    return scatter_blocks(pool, block_ids, [layers_to_block(kv, row).astype(pool.dtype) for row in rows])

@@ -18,7 +18,7 @@ from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 
 def host_tier_blocks(engine) -> list[tuple[bytes, np.ndarray]]:
     """The host tier's landed blocks, coldest first; empty without a host tier."""
-    tiers = getattr(engine, "tiers", None)
+    tiers = engine.tiers
     if tiers is None:
         return []
     tiers.finish()  # land any offload still in flight

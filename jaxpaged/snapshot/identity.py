@@ -40,15 +40,16 @@ def params_fingerprint(params) -> str:
 
 def engine_identity(engine) -> dict:
     """The JSON-able record of everything a snapshot must match in `engine`."""
-    pool = engine.runner.pool
+    runner = engine.runner
+    k_scale, v_scale = runner.kv_scales()
     return {
         "format_version": FORMAT_VERSION,
         "block_size": engine.block_size,
-        "kv_cache_dtype": np.dtype(pool.dtype).name,
+        "kv_cache_dtype": runner.kv_dtype.name,
         "hash_algo": engine.kv.hash_algo,
         "model_config": engine.model_config.to_dict(),
-        "params_fingerprint": params_fingerprint(engine.runner.params),
-        "kv_scales": [np.asarray(pool.k_scale).tolist(), np.asarray(pool.v_scale).tolist()],
+        "params_fingerprint": params_fingerprint(runner.params),
+        "kv_scales": [k_scale.tolist(), v_scale.tolist()],
     }
 
 

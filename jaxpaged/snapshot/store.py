@@ -102,12 +102,14 @@ def read_meta(path: str | Path) -> tuple[dict, list[BlockRecord]]:
     return meta["identity"], [BlockRecord.from_json(d) for d in meta["blocks"]]
 
 
-def read_kv(path: str | Path, num_blocks: int, pool) -> dict[str, list[np.ndarray]]:
-    """The snapshot's K/V arrays, shaped like `pool`'s layers but with `num_blocks` blocks."""
-    def like(layer):
-        heads, _, block_size, head_dim = layer.shape
-        return jax.ShapeDtypeStruct((heads, num_blocks, block_size, head_dim), layer.dtype)
+def read_kv(path: str | Path, num_blocks: int, block_shape: tuple[int, ...],
+            dtype) -> dict[str, list[np.ndarray]]:
+    """The snapshot's K/V arrays: per layer `[num_kv_heads, num_blocks, block_size, head_dim]` of `dtype`.
 
-    target = {"k": [like(x) for x in pool.k], "v": [like(x) for x in pool.v]}
+    `block_shape` is one block's `(2, num_layers, num_kv_heads, block_size, head_dim)`.
+    """
+    _, num_layers, heads, block_size, head_dim = block_shape
+    layer = jax.ShapeDtypeStruct((heads, num_blocks, block_size, head_dim), dtype)
+    target = {"k": [layer] * num_layers, "v": [layer] * num_layers}
     with ocp.StandardCheckpointer() as checkpointer:
         return checkpointer.restore(Path(path).absolute() / KV_DIR, target)

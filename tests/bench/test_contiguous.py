@@ -17,7 +17,7 @@ def test_reserves_a_whole_region_of_consecutive_blocks():
     assert mgr.block_table("a") == [0]  # only the blocks holding allocated tokens are listed
     assert mgr.reserved_blocks("a") == [0, 1, 2]
     mgr.commit("a", [1, 2], 2)
-    assert mgr.allocate_slots("a", 5) == []
+    assert mgr.allocate_slots("a", 5).copies == ()
     assert mgr.block_table("a") == [0, 1]
     mgr.check_invariants()
 
@@ -94,5 +94,5 @@ def test_engine_runs_the_baseline_with_limited_concurrency(tiny_model):
         peak = max(peak, len(engine.scheduler.running))
         engine.kv.check_invariants()
     assert peak == 2  # 20 blocks / 8-block regions
-    assert sorted(len(o.outputs[0].token_ids) for o in outputs) == [3, 3, 3, 3]
+    assert sorted(len(o.outputs[0].token_ids) for o in outputs if o.finished) == [3, 3, 3, 3]
     assert engine.kv.stats.num_used_blocks == 0

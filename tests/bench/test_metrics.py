@@ -16,7 +16,7 @@ def run(engine, request_id, prompt=PROMPT):
     engine.add_request(request_id, prompt, PARAMS)
     outputs = []
     while engine.has_unfinished_requests():
-        outputs += engine.step()
+        outputs += [out for out in engine.step() if out.finished]
     return outputs
 
 

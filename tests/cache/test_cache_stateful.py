@@ -92,13 +92,15 @@ class CacheMachine(RuleBasedStateMachine):
         else:
             count = data.draw(st.integers(1, len(tokens) - start))
         before = snapshot(self.mgr)
-        copies = self.mgr.allocate_slots(sid, count)
-        if copies is None:
+        update = self.mgr.allocate_slots(sid, count)
+        if update is None:
             assert snapshot(self.mgr) == before
             if decoding:
                 tokens.pop()
             return
-        for src, dst in copies:
+        assert list(update.block_ids) == self.mgr.block_table(sid)[update.start:] if update.block_ids else \
+            self.mgr.block_table(sid) == before[1][sid][0]  # what changed is what the update says
+        for src, dst in update.copies:
             self.device[dst] = self.device[src]
         self._run_step(sid, start, count)
 

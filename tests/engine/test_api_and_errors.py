@@ -71,7 +71,7 @@ def test_abort_frees_blocks(tiny_model):
     engine.abort("drop")
     assert engine.kv.stats.num_used_blocks < used_before
     outs = _drain(engine)
-    assert outs["drop"].outputs[0].finish_reason == "abort" and not outs["drop"].finished
+    assert outs["drop"].outputs[0].finish_reason == "abort" and outs["drop"].finished  # its last output
     assert outs["keep"].outputs[0].token_ids == _drain_one(tiny_model, list(range(20)))
     assert engine.kv.stats.num_used_blocks == 0
 
@@ -143,3 +143,11 @@ def test_prompt_ids_in_any_integer_container_are_the_same_request(tiny_model):
         assert outs[name].prompt_token_ids == ids
         assert all(type(i) is int for i in outs[name].prompt_token_ids)
         assert outs[name].outputs[0].token_ids == outs["list"].outputs[0].token_ids
+
+
+def test_llm_generate_returns_its_own_outputs_while_other_requests_run():
+    llm = LLM("tiny", num_blocks=64, block_size=8, seed=0)
+    llm.engine.add_request("side", [5, 6, 7], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    outs = llm.generate([[72, 105], [1, 2, 3]], GREEDY, use_tqdm=False)
+    assert [o.request_id for o in outs] == ["llm-0", "llm-1"] and all(o.finished for o in outs)
+    assert llm.engine.has_unfinished_requests()  # the side request is still running, untouched

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from jaxpaged.engine import Engine, EngineConfig, beam_score
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.scheduler import beam_score
 from jaxpaged.sampling_params import SamplingParams
 from tests.paged_driver import dense_logits
 

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim import calibrate
@@ -11,6 +10,7 @@ from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.validate import record_engine_batches
+from jaxpaged.workloads import make_workload
 
 TRUE = DeviceProfile("true", peak_flops=1e11, memory_bandwidth=1e10, step_overhead_s=0.01, memory_bytes=0,
                      padded_shapes=True, per_seq_overhead_s=1e-4,
@@ -63,7 +63,7 @@ def test_synthetic_batch_has_the_shape_asked_for():
 def test_recorder_sees_every_engine_batch():
     cfg = load_config("tiny")
     clock = SimClock()
-    runner = SimulatedRunner(cfg, CostModel(cfg, TRUE), clock)
+    runner = SimulatedRunner(cfg, CostModel(cfg, TRUE), clock, num_blocks=64)
     requests = make_workload("mixed", num_requests=6, min_output_len=2, max_prompt_len=40, max_output_len=5)
     batches = record_engine_batches(runner, EngineConfig(model="tiny", num_blocks=64, max_num_batched_tokens=32),
                                     requests)

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from jaxpaged.workloads import make_workload
 from jaxpaged.config import load_config
+from jaxpaged.scheduler import SchedulerOutput
 from jaxpaged.sim.runner import SimClock, SimulatedRunner, fixed_token
-from jaxpaged.step_input import ScheduledSeq
 from jaxpaged.sim.scenario import Deployment, SweepPoint, run_at_rate, sustainable_rate
+from jaxpaged.workloads import make_workload
 
 TINY = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=200 * 4 * 256, block_size=4,
                   max_num_seqs=8, max_num_batched_tokens=64)  # 200 blocks of 4 tokens (256 B per token)
@@ -32,11 +32,30 @@ def test_fixed_token_is_never_eos():
 def test_simulated_runner_allocates_nothing_and_samples_the_fixed_token():
     cfg = load_config("tiny")
     clock = SimClock()
-    runner = SimulatedRunner(cfg, TINY.cost_model(), clock)
-    out = runner.run_batch([ScheduledSeq([1, 2, 3], 0, [0]), ScheduledSeq([4], 7, [1, 2])])
-    assert out.token_ids.tolist() == [fixed_token(cfg)] * 2
-    assert clock() == pytest.approx(TINY.cost_model().step_time([(3, 0), (1, 7)]))
+    runner = SimulatedRunner(cfg, TINY.cost_model(), clock, num_blocks=8)
+    step = SchedulerOutput(seq_ids=[0, 1], starts=[0, 7], num_tokens=[3, 1], samples=[True, True],
+                           token_ids=[1, 2, 3, 4])
+    handle = runner.execute_model(step)
+    assert clock() == 0  # dispatched: the clock moves when the host waits for the result
+    assert handle.result().token_ids.tolist() == [fixed_token(cfg)] * 2
+    one = TINY.cost_model().step_time([(3, 0), (1, 7)])
+    assert clock() == pytest.approx(one)
     assert runner.num_compiles == 0
+
+
+def test_simulated_steps_dispatched_ahead_run_back_to_back():
+    """Asynchronous scheduling: the next step is dispatched before the host waits for the current one."""
+    cfg = load_config("tiny")
+    clock = SimClock()
+    runner = SimulatedRunner(cfg, TINY.cost_model(), clock, num_blocks=8)
+    step = SchedulerOutput(seq_ids=[0], starts=[5], num_tokens=[1], samples=[True], token_ids=[1])
+    first = runner.execute_model(step)
+    second = runner.execute_model(step)  # queued behind the first on the simulated device
+    one = TINY.cost_model().step_time([(1, 5)])
+    first.result()
+    assert clock() == pytest.approx(one)
+    second.result()
+    assert clock() == pytest.approx(2 * one) and runner.busy_s == pytest.approx(2 * one)
 
 
 def test_poisson_arrivals_in_simulated_time():
@@ -109,11 +128,13 @@ def test_finished_requests_are_freed_without_the_cycle_collector():
     import gc
     import weakref
 
+    from jaxpaged.outputs import RequestOutputKind
     from jaxpaged.sampling_params import SamplingParams
     from jaxpaged.sim.driver import make_sim_engine
 
     engine, _ = make_sim_engine(TINY.engine_config(), TINY.model_config, TINY.cost_model())
-    engine.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=5, ignore_eos=True, temperature=0))
+    engine.add_request("r", list(range(1, 20)), SamplingParams(max_tokens=5, ignore_eos=True, temperature=0,
+                                                                output_kind=RequestOutputKind.FINAL_ONLY))
     request, seq = engine._requests["r"], engine._requests["r"].seqs[0]
     request_ref, seq_ref = weakref.ref(request), weakref.ref(seq)
     del request, seq
@@ -124,6 +145,7 @@ def test_finished_requests_are_freed_without_the_cycle_collector():
             outputs += engine.step()
         assert [o.request_id for o in outputs] == ["r"] and len(outputs[0].outputs[0].token_ids) == 5
         del outputs
+        engine.step()  # the last step's batch (stats.last_step_batch) lets go of its sequences
         assert request_ref() is None and seq_ref() is None
     finally:
         gc.enable()

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from jaxpaged.workloads import assign_arrivals, make_workload
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import make_sim_engine, simulate
@@ -16,8 +16,10 @@ from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.profiles import GPU_PROFILES, DeviceProfile
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
+from jaxpaged.workloads import assign_arrivals, make_workload
 
 TINY = load_config("tiny")
+FINAL = RequestOutputKind.FINAL_ONLY  # the simulator's output kind: one output per request
 # jaxpaged's padded XLA step on a CPU-like device: step times depend on the longest context
 PADDED = DeviceProfile("padded-cpu", peak_flops=5e10, memory_bandwidth=3e9, step_overhead_s=0.01,
                        memory_bytes=1 << 30, padded_shapes=True, per_seq_overhead_s=2e-4, attention_flops=2e10)
@@ -27,13 +29,15 @@ def _engine(profile=GPU_PROFILES["a100-80gb"], **config):
     config = {"model": "tiny", "block_size": 4, "num_blocks": 120, "max_num_seqs": 16,
               "max_num_batched_tokens": 64, **config}
     clock = SimClock()
-    runner = SimulatedRunner(TINY, CostModel(TINY, profile, block_size=config["block_size"]), clock)
-    return Engine(EngineConfig(**config), runner=runner, clock=clock)
+    runner = SimulatedRunner(TINY, CostModel(TINY, profile, block_size=config["block_size"]), clock,
+                             num_blocks=config["num_blocks"])
+    return Engine(EngineConfig(**config, async_scheduling=False), runner=runner, clock=clock)
 
 
 def _add(engine, prompts, max_tokens):
     for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
-        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        engine.add_request(f"r{i}", prompt,
+                           SamplingParams(output_kind=FINAL, temperature=0, max_tokens=n, ignore_eos=True))
 
 
 def _state(engine: Engine):
@@ -44,6 +48,7 @@ def _state(engine: Engine):
         "busy": engine.runner.busy_s,
         "runner_steps": engine.runner.num_steps,
         "stats": dataclasses.asdict(engine.stats),
+        "batch": engine.stats.last_step_batch,
         "seqs": [(s.request.request_id, list(s.token_ids), s.num_computed_tokens, engine.kv.block_table(s.seq_id),
                   engine.kv.num_computed_tokens(s.seq_id), list(s.request.token_times),
                   s.request.peak_blocks_shared) for s in seqs],
@@ -111,7 +116,8 @@ def test_fast_forward_declines_unless_every_sequence_decodes():
     _add(engine, [[3] * 30, [4] * 5], [8, 8])
     assert fast_forward(engine) == (0, [])  # nothing running yet: both wait
     parallel = _engine()
-    parallel.add_request("n2", [3] * 9, SamplingParams(n=2, temperature=1.0, max_tokens=6, ignore_eos=True))
+    parallel.add_request("n2", [3] * 9,
+                         SamplingParams(output_kind=FINAL, n=2, temperature=1.0, max_tokens=6, ignore_eos=True))
     while parallel.scheduler.waiting or parallel.scheduler.running[0].request.fork_pending:
         parallel.step()
     parallel.step()
@@ -179,7 +185,7 @@ def _lockstep(arrivals, **config):
 
 
 def test_admissions_inside_fast_forward_equal_stepping():
-    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    greedy = functools.partial(SamplingParams, output_kind=FINAL, temperature=0, ignore_eos=True)
     step_s = CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10)])  # about one decode step
     shared = [9, 8, 7, 6, 5, 4, 3, 2]
     arrivals = [(0.0, "a", [11] * 6, greedy(max_tokens=40)), (0.0, "b", [12] * 9, greedy(max_tokens=33))]
@@ -188,8 +194,8 @@ def test_admissions_inside_fast_forward_equal_stepping():
         (3.5 * step_s, "d", shared + [1, 2], greedy(max_tokens=20)),  # same prefix in flight: deferred a step
         (9.2 * step_s, "one", [13] * 7, greedy(max_tokens=1)),  # finishes in its admission step
         (14.1 * step_s, "long", [14] * 150, greedy(max_tokens=5)),  # more than the budget: chunked prefill
-        (20.3 * step_s, "fork", [15] * 9, SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4,
-                                                          ignore_eos=True)),
+        (20.3 * step_s, "fork", [15] * 9, SamplingParams(output_kind=FINAL, n=2, temperature=1.0, seed=1,
+                                                          max_tokens=4, ignore_eos=True)),
         (26.0 * step_s, "e", [16] * 12, greedy(max_tokens=12)),
     ]
     fast, slow = _engine(max_num_batched_tokens=64), _engine(max_num_batched_tokens=64)
@@ -208,16 +214,19 @@ def test_admissions_inside_fast_forward_equal_stepping():
 
 
 def test_last_step_batch_after_an_admission_then_quiet_steps():
-    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    greedy = functools.partial(SamplingParams, output_kind=FINAL, temperature=0, ignore_eos=True)
     fast, slow = _engine(block_size=16, num_blocks=40), _engine(block_size=16, num_blocks=40)  # rare events
     for engine in (fast, slow):
         _add(engine, [[5] * 6, [6] * 7], [40, 40])
         engine.step()  # prefills: both decode from here
     deadline = fast.clock() + 6 * CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10), (1, 10)])
 
+    added = []
+
     def feed():  # one arrival now, then nothing until after the deadline
-        if "new" not in fast._requests:
+        if not added:
             fast.add_request("new", [7] * 5, greedy(max_tokens=30))
+            added.append("new")
         return deadline
 
     steps, _ = fast_forward(fast, feed=feed)
@@ -233,7 +242,7 @@ def test_last_step_batch_after_an_admission_then_quiet_steps():
 def test_a_prompt_one_token_from_done_is_not_a_decode():
     # budget 16 - 2 decodes: "c" computes 14 of its 15 prompt tokens, leaving one token to compute like a
     # decode; but that step computes a prompt token and samples the first output token (TTFT)
-    greedy = functools.partial(SamplingParams, temperature=0, ignore_eos=True)
+    greedy = functools.partial(SamplingParams, output_kind=FINAL, temperature=0, ignore_eos=True)
     step_s = CostModel(TINY, GPU_PROFILES["a100-80gb"]).step_time([(1, 10)])
     arrivals = [(0.0, "a", [11] * 5, greedy(max_tokens=30)), (0.0, "b", [12] * 5, greedy(max_tokens=30)),
                 (5.5 * step_s, "c", [13] * 15, greedy(max_tokens=6))]

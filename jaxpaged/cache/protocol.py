@@ -1,0 +1,68 @@
+"""What the scheduler and engine need from a KV cache manager (paged, or the contiguous baseline)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+from jaxpaged.cache.records import BlockTableUpdate, CacheStats, PrefixMatch
+
+
+class KVManager(Protocol):
+    """Block tables and their lifecycle, on the host; implemented by `KVCacheManager` and
+    `ContiguousKVCacheManager`. The manager never touches device arrays."""
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+        ...
+
+    @property
+    def stats(self) -> CacheStats:
+        """Occupancy and prefix-cache counters."""
+        ...
+
+    def match_prefix(self, token_ids: Sequence[int], *, cache_salt: str | None = None) -> PrefixMatch:
+        """The longest cached prefix of `token_ids` (no side effects)."""
+        ...
+
+    def allocate_new(self, seq_id: Hashable, token_ids: Sequence[int], num_new_tokens: int,
+                     match: PrefixMatch | None, *, cache_salt: str | None = None) -> bool:
+        """Admit a sequence with its matched prefix and `num_new_tokens` more slots; False if it does not fit now."""
+        ...
+
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:
+        """Slots for `num_new_tokens` more tokens after the scheduled ones; None if they do not fit now."""
+        ...
+
+    def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """The first `num_computed_tokens` of `token_ids` now have K/V."""
+        ...
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """Start `child_id` sharing the parent's computed blocks."""
+        ...
+
+    def free(self, seq_id: Hashable) -> None:
+        """Release every block of the sequence."""
+        ...
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """A copy of the sequence's physical block ids."""
+        ...
+
+    def num_blocks_held(self, seq_id: Hashable) -> int:
+        """Blocks the sequence keeps from others."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block nobody holds; False (nothing done) while any block is in use."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Recompute every bookkeeping rule from scratch; AssertionError on the first broken one."""
+        ...

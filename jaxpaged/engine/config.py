@@ -1,0 +1,76 @@
+"""`EngineConfig`: everything that shapes an engine, validated on creation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxpaged.config import ModelConfig
+from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
+from jaxpaged.offload.setup import validate_tier_options
+from jaxpaged.scheduler import PREEMPTION_MODES
+
+DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes an engine; `LLM(**kwargs)` fills it."""
+
+    model: str = "tiny"
+    block_size: int = 16
+    num_blocks: int | None = None  # or derive it from kv_cache_bytes
+    kv_cache_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    prefix_cache_snapshot: str | None = None  # directory: restored at start if it exists
+    save_prefix_cache_on_shutdown: bool = False  # shutdown() writes the snapshot there
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # default: the model's, capped by the pool
+    # schedule step N+1 while step N runs on the device (its sampled tokens stay there as N+1's inputs);
+    # beam search runs synchronously regardless
+    async_scheduling: bool = True
+    attention_backend: str = "auto"
+    pallas_interpret: bool = False
+    kv_cache_dtype: str = "auto"
+    dtype: str | None = None
+    seed: int = 0
+    hash_algo: str = "sha256"
+    pool_fill_value: float = 0.0  # NaN in tests proves stale slots never leak
+    kv_layout: str = "paged"  # or "contiguous": the naive baseline, max_model_len reserved per sequence
+    # fp8 KV: (k_scale, v_scale), each [num_layers, num_kv_heads]; None = calibrate on the first prefill
+    kv_scales: tuple | None = None
+    kv_scale_margin: float = DEFAULT_SCALE_MARGIN
+    # lower tiers: host RAM cache of evicted cached blocks (off unless set), optional disk cache behind it
+    host_cache_bytes: int | None = None
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 1 << 30
+    preemption_mode: str = "recompute"  # or "swap": preempted blocks go to the host tier and back
+
+    def __post_init__(self):
+        if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
+            raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if not self.kv_scale_margin >= 1.0:
+            raise ValueError(f"kv_scale_margin must be >= 1.0, got {self.kv_scale_margin}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        validate_tier_options(self)
+
+    def resolve_num_blocks(self, model_config: ModelConfig, kv_dtype) -> int:
+        """`num_blocks`, or as many blocks as `kv_cache_bytes` (default 256 MiB) holds at `kv_dtype`."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        budget = self.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+        per_block = self.block_size * model_config.kv_bytes_per_token(np.dtype(kv_dtype).name)
+        if budget < per_block:
+            raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")
+        return budget // per_block

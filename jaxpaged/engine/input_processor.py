@@ -1,0 +1,124 @@
+"""Input processing: prompts in every accepted form become validated `Request`s.
+
+A prompt is a string (tokenized), token ids (any iterable of integers), or a
+dict with `prompt_token_ids` or `prompt` and optionally `cache_salt`. Bad input
+raises ValueError naming what was wrong and the limit, before anything changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from typing import Callable
+from typing import Sequence as Seq
+
+import numpy as np
+
+from jaxpaged.config import ModelConfig
+from jaxpaged.mathutils import cdiv
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sequence import Request, Sequence
+
+
+class InputProcessor:
+    """Parses, tokenizes and validates prompts; builds requests with their sequences and stop ids."""
+
+    def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
+                 load_tokenizer: Callable[[], object], seed: int = 0):
+        """`load_tokenizer()` is called once, when the first string prompt or text output needs it."""
+        self.model_config = model_config
+        self.max_model_len = max_model_len
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._load_tokenizer = load_tokenizer
+        self._seed_rng = np.random.default_rng(seed)
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The tokenizer for string prompts and output text (bytes unless the checkpoint has one)."""
+        return self._load_tokenizer()
+
+    @functools.cached_property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end a sequence unless ignore_eos: the model's EOS plus the tokenizer's stop ids."""
+        ids = set(self.tokenizer.stop_token_ids)
+        if self.model_config.eos_token_id is not None:
+            ids.add(self.model_config.eos_token_id)
+        return frozenset(ids)
+
+    def process(self, request_id: str, prompt: str | Seq[int] | dict, params: SamplingParams, *,
+                cache_salt: str | None, arrival_time: float, arrival_order: int) -> Request:
+        """A new request with its first sequence(s); ValueError on bad input."""
+        text, token_ids, cache_salt = self._parse_prompt(prompt, cache_salt)
+        self._validate(token_ids, params)
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        request = Request(
+            request_id, token_ids, params, arrival_time=arrival_time, arrival_order=arrival_order,
+            prompt=text, cache_salt=cache_salt,
+            max_len=min(len(token_ids) + params.max_tokens, self.max_model_len),
+            stop_token_ids=frozenset(params.stop_token_ids) | eos, eos_token_ids=eos,
+            base_seed=int(self._seed_rng.integers(2**31)) if params.seed is None else params.seed)
+        # n > 1: one sequence prefills all but the last prompt token, then forks n ways
+        width = params.n if not params.use_beam_search else 1
+        request.fork_pending = width > 1 and len(token_ids) > 1
+        copies = 1 if request.fork_pending else width
+        request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        return request
+
+    def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
+        """Raise ValueError if `process` would reject this prompt (changes nothing)."""
+        _, token_ids, _ = self._parse_prompt(prompt, None)
+        self._validate(token_ids, params)
+
+    def _parse_prompt(self, prompt, cache_salt):
+        text = None
+        if isinstance(prompt, dict):
+            cache_salt = prompt.get("cache_salt", cache_salt)
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt_token_ids' or 'prompt'")
+        if isinstance(prompt, str):
+            text, prompt = prompt, self.tokenizer.encode(prompt)
+        return text, self._token_ids(prompt), cache_salt
+
+    def _token_ids(self, values) -> list[int]:
+        """The prompt as Python ints; ValueError unless every id is an integer in the vocabulary."""
+        if isinstance(values, np.ndarray):
+            ids = values
+            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(f"prompt token ids must be a flat sequence of integers, "
+                                 f"got dtype {ids.dtype} and shape {ids.shape}")
+        else:  # any iterable of ids: one C pass that rejects non-integers (2.5, "7", [1])
+            if isinstance(values, (bytes, bytearray)):
+                raise ValueError("prompt token ids must be integers, not bytes (pass a str to tokenize it)")
+            if not isinstance(values, (list, tuple)):
+                values = tuple(values)  # a range, a generator: struct.pack needs their length
+            try:
+                ids = np.frombuffer(struct.pack(f"<{len(values)}q", *values), dtype=np.int64)
+            except struct.error as err:
+                raise ValueError(f"prompt token ids must be a flat sequence of integers: {err}") from None
+        if ids.size == 0:
+            return []
+        vocab = self.model_config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            bad = ids[(ids < 0) | (ids >= vocab)][0]
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        return ids.tolist()
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                             f"exceeds max_model_len ({self.max_model_len})")
+        width = max(params.n, params.beam_width)
+        bs = self.block_size
+        # the prompt's blocks, shared, plus each sequence's own tail: the most the request can hold
+        needed = cdiv(len(token_ids), bs) + width * (cdiv(params.max_tokens, bs) + 1)
+        if needed > self.num_blocks:
+            raise ValueError(f"request can never fit the KV pool: it may need {needed} blocks of {bs} tokens, "
+                             f"the pool has {self.num_blocks}")

@@ -1,0 +1,157 @@
+"""The runner's persistent batch: one row per resident sequence, kept across steps (vLLM v1's InputBatch).
+
+A row holds what changes rarely: the sequence's block table and its sampling
+settings. The scheduler sends only changes (rows to add and free, blocks
+appended, a block replaced by its copy-on-write copy), and each step's
+`StepInput` is cut from the rows with vectorised numpy: no per-step walk over
+any sequence's block table in Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
+from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
+
+MIN_ROWS = 16
+MIN_TABLE_COLUMNS = 16
+
+
+class InputBatch:
+    """Host arrays with one row per resident sequence; `prepare` lays out a step from them."""
+
+    def __init__(self, block_size: int, num_rows: int = MIN_ROWS):
+        """Rows and block-table columns start at the given sizes and double when full."""
+        self.block_size = block_size
+        rows = next_power_of_two(max(num_rows, MIN_ROWS))
+        self.block_table = np.zeros((rows, MIN_TABLE_COLUMNS), np.int32)
+        self.num_prompt_tokens = np.zeros(rows, np.int32)
+        self.temperature = np.zeros(rows, np.float32)
+        self.top_k = np.full(rows, -1, np.int32)
+        self.top_p = np.ones(rows, np.float32)
+        self.seeds = np.zeros(rows, np.uint32)
+        self._row_of: dict[int, int] = {}
+        self._free_rows = list(range(rows - 1, -1, -1))  # a stack: the lowest row is handed out first
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated (held or free)."""
+        return self.block_table.shape[0]
+
+    @property
+    def num_rows_in_use(self) -> int:
+        return len(self._row_of)
+
+    def row_of(self, seq_id: int) -> int:
+        """The row that holds sequence `seq_id`."""
+        return self._row_of[seq_id]
+
+    def block_ids(self, seq_id: int, num_blocks: int) -> list[int]:
+        """The first `num_blocks` entries of the sequence's block table."""
+        return self.block_table[self._row_of[seq_id], :num_blocks].tolist()
+
+    # ---- changes from the scheduler -----------------------------------------------------------
+
+    def apply(self, out: SchedulerOutput) -> None:
+        """Free rows, add rows, then apply block-table updates, as the scheduler lists them."""
+        for seq_id in out.freed_seq_ids:
+            self._free_rows.append(self._row_of.pop(seq_id))
+        for new in out.new_rows:
+            if new.seq_id in self._row_of:
+                raise ValueError(f"sequence {new.seq_id} already has row {self._row_of[new.seq_id]}")
+            row = self._take_row()
+            self._row_of[new.seq_id] = row
+            self._ensure_columns(len(new.block_ids))
+            self.block_table[row] = 0
+            self.block_table[row, :len(new.block_ids)] = new.block_ids
+            self.num_prompt_tokens[row] = new.num_prompt_tokens
+            self.temperature[row] = new.temperature
+            self.top_k[row] = new.top_k
+            self.top_p[row] = new.top_p
+            self.seeds[row] = new.seed
+        for seq_id, start, block_ids in out.block_updates:
+            end = start + len(block_ids)
+            self._ensure_columns(end)
+            self.block_table[self._row_of[seq_id], start:end] = block_ids
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            self._grow_rows()
+        return self._free_rows.pop()
+
+    def _grow_rows(self) -> None:
+        old = self.capacity
+        for name in ("block_table", "num_prompt_tokens", "temperature", "top_k", "top_p", "seeds"):
+            array = getattr(self, name)
+            grown = np.zeros((2 * old, *array.shape[1:]), array.dtype)
+            grown[:old] = array
+            setattr(self, name, grown)
+        self.top_k[old:] = -1
+        self.top_p[old:] = 1.0
+        self._free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+    def _ensure_columns(self, num_blocks: int) -> None:
+        columns = self.block_table.shape[1]
+        if num_blocks > columns:
+            grown = np.zeros((self.capacity, next_power_of_two(num_blocks)), np.int32)
+            grown[:, :columns] = self.block_table
+            self.block_table = grown
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def prepare(self, out: SchedulerOutput) -> StepInput:
+        """This step's padded arrays, cut from the rows (same layout as `build_step_input`)."""
+        num_seqs = out.num_seqs
+        bs = self.block_size
+        rows = np.fromiter(map(self._row_of.__getitem__, out.seq_ids), np.int64, num_seqs)
+        counts = np.array(out.num_tokens, np.int64)
+        starts = np.array(out.starts, np.int64)
+        tokens = np.array(out.token_ids, np.int64)
+        context = starts + counts
+
+        is_decode = counts == 1
+        decode = np.flatnonzero(is_decode)
+        prefill = np.flatnonzero(~is_decode)
+        prefill_counts = counts[prefill]
+        max_blocks = cdiv(int(context.max()), bs)
+        buckets = step_buckets(len(decode), len(prefill), int(prefill_counts.sum()),
+                               int(prefill_counts.max()) if len(prefill) else 0, max_blocks)
+        self._ensure_columns(buckets.blocks_per_seq)
+        step = empty_step_input(buckets, num_seqs)
+
+        # where each sequence goes: its batch row and its first token row
+        n_dec = buckets.num_decode_rows
+        batch_row = np.empty(num_seqs, np.int64)
+        batch_row[decode] = np.arange(len(decode))
+        batch_row[prefill] = n_dec + np.arange(len(prefill))
+        first_token = batch_row.copy()
+        first_token[prefill] = n_dec + np.cumsum(prefill_counts) - prefill_counts
+
+        # token rows: the scheduler's tokens are concatenated in schedule order
+        seq_of_token = np.repeat(np.arange(num_seqs), counts)
+        offset = np.arange(len(tokens)) - np.repeat(np.cumsum(counts) - counts, counts)
+        dest = first_token[seq_of_token] + offset
+        positions = starts[seq_of_token] + offset
+        token_rows = rows[seq_of_token]
+        on_device = tokens == TOKEN_ON_DEVICE
+        step.token_ids[dest] = np.where(on_device, 0, tokens)
+        step.token_src_rows[dest] = np.where(on_device, token_rows, -1)
+        step.positions[dest] = positions
+        step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+
+        # sequence rows
+        step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
+        step.context_lens[batch_row] = context
+        step.query_start[batch_row] = first_token
+        step.query_lens[batch_row] = counts
+        step.logits_indices[batch_row] = first_token + counts - 1
+        step.temperature[batch_row] = self.temperature[rows]
+        step.top_k[batch_row] = self.top_k[rows]
+        step.top_p[batch_row] = self.top_p[rows]
+        step.seeds[batch_row] = self.seeds[rows]
+        step.counters[batch_row] = context - self.num_prompt_tokens[rows]
+        step.sample_rows[batch_row] = rows
+        step.order[:] = batch_row
+        return step

@@ -1,0 +1,264 @@
+"""The model runner: owns the weights, the KV pool and the persistent batch; runs jitted, donated steps.
+
+The step is a pure function `(params, pool, last_tokens, inputs) -> (outputs,
+pool', last_tokens')`. The pool is donated so XLA updates it in place, and so
+is `last_tokens`: each persistent-batch row's most recent sample, kept on the
+device. A decode whose input is the token the previous step sampled reads it
+from there, so the host can lay out and dispatch step N+1 before it has read
+step N's tokens (asynchronous scheduling). Each distinct bucketed shape
+compiles once; `num_compiles` counts traces so benchmarks can report it.
+
+The runner is the one owner of the pool: copy-on-write copies, the lower
+tiers' block transfers, snapshot restores and fp8 scales all go through its
+methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
+from jaxpaged.config import ModelConfig
+from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
+from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
+from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.model import LlamaModel
+from jaxpaged.offload.transfer import finish_gather, gather_blocks, scatter_blocks, start_gather
+from jaxpaged.runner.input_batch import InputBatch
+from jaxpaged.sampling import SamplingBatch, sample
+from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
+from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+
+
+class DeviceStepInput(NamedTuple):
+    """The device copy of a `StepInput` (its arrays, minus the static layout)."""
+
+    token_ids: jax.Array
+    token_src_rows: jax.Array
+    positions: jax.Array
+    attention: AttentionBatch
+    logits_indices: jax.Array
+    sampling: SamplingBatch
+    sample_rows: jax.Array
+
+
+class PendingStep:
+    """A dispatched step: device arrays still being computed, and how to put their rows in caller order."""
+
+    def __init__(self, outputs: dict[str, jax.Array], order: np.ndarray):
+        self._outputs = outputs
+        self._order = order
+
+    def result(self) -> ModelOutput:
+        """Wait for the step and bring its results to the host, in the caller's sequence order."""
+        host = jax.device_get(self._outputs)
+        rows = self._order
+        return ModelOutput(
+            token_ids=host["token_ids"][rows],
+            logprobs=host["logprobs"][rows],
+            top_ids=host["top_ids"][rows] if "top_ids" in host else None,
+            top_logprobs=host["top_logprobs"][rows] if "top_logprobs" in host else None,
+            logits=host["logits"][rows] if "logits" in host else None,
+        )
+
+
+class _NoStep:
+    """The handle of a step with nothing scheduled (only changes applied)."""
+
+    def result(self) -> ModelOutput:
+        return ModelOutput(token_ids=np.zeros(0, np.int32), logprobs=np.zeros(0, np.float32))
+
+
+class _PendingBlocks:
+    def __init__(self, gathered: jax.Array, num_blocks: int):
+        self._gathered, self._num_blocks = gathered, num_blocks
+
+    def result(self) -> list[np.ndarray]:
+        return finish_gather(self._gathered, self._num_blocks)
+
+
+class ModelRunner:
+    """Runs steps of one model over one paged pool (implements `KVPoolRunner`)."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        *,
+        kv_dtype=None,
+        backend: AttentionBackend = AttentionBackend(),
+        pool_fill_value: float = 0.0,
+        kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
+        max_num_seqs: int = 64,
+    ):
+        """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows)."""
+        self.config: ModelConfig = model.config
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.backend = backend
+        self.graphdef, self.params = nnx.split(model)
+        k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
+        self._pool: KVPool = create_pool(self.config, num_blocks, block_size, kv_dtype,
+                                         fill_value=pool_fill_value, k_scale=k_scale, v_scale=v_scale)
+        self.kv_dtype = np.dtype(self._pool.dtype)
+        self.kv_block_shape = (2, self.config.num_layers, self.config.num_kv_heads, block_size,
+                               self.config.head_dim)
+        self.input_batch = InputBatch(block_size, max_num_seqs)
+        self._last_tokens = jnp.zeros(self.input_batch.capacity, jnp.int32)
+        self._trace_count = 0
+        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2),
+                             static_argnames=("layout", "return_logits", "num_top_logprobs"))
+
+    @property
+    def pool(self) -> KVPool:
+        """The pool arrays (read-only: every change goes through the runner's methods)."""
+        return self._pool
+
+    @property
+    def num_compiles(self) -> int:
+        """Distinct step shapes compiled so far."""
+        return self._trace_count
+
+    def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput, *,
+                 layout: StepLayout, return_logits: bool, num_top_logprobs: int):
+        self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
+        model = nnx.merge(self.graphdef, params)
+        src = inputs.token_src_rows
+        token_ids = jnp.where(src >= 0, last_tokens[jnp.maximum(src, 0)], inputs.token_ids)
+        hidden, pool = model(token_ids, inputs.positions, pool, inputs.attention, layout, self.backend)
+        logits = model.logits(hidden[inputs.logits_indices])
+        tokens, logprobs = sample(logits, inputs.sampling)
+        keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
+        last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
+        out = {"token_ids": tokens, "logprobs": logprobs}
+        if return_logits:
+            out["logits"] = logits
+        if num_top_logprobs:
+            top_lp, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), num_top_logprobs)
+            out["top_logprobs"], out["top_ids"] = top_lp, top_ids
+        return out, pool, last_tokens
+
+    # ---- the engine's entry point -------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> PendingStep | _NoStep:
+        """Apply the scheduler's changes, lay out its step and dispatch it; returns without waiting."""
+        step = self.prepare_step(scheduler_output)
+        if step is None:
+            return _NoStep()
+        return self.dispatch(step, num_top_logprobs=scheduler_output.num_top_logprobs)
+
+    def reset(self) -> None:
+        """Forget every row of the persistent batch (the pool and compiled steps are kept)."""
+        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity)
+
+    def prepare_step(self, scheduler_output: SchedulerOutput) -> StepInput | None:
+        """Update the persistent batch, make the copy-on-write copies, and lay out the step (None: empty)."""
+        self.input_batch.apply(scheduler_output)
+        if scheduler_output.copies:
+            self.copy_blocks(scheduler_output.copies)
+        if not scheduler_output.seq_ids:
+            return None
+        with jax.profiler.TraceAnnotation("layout_inputs"):
+            return self.input_batch.prepare(scheduler_output)
+
+    def dispatch(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> PendingStep:
+        """Start one step on the device; the handle's `result()` waits for it."""
+        inputs = self._device_inputs(step)
+        self._fit_last_tokens()
+        with jax.profiler.TraceAnnotation("dispatch_step"):
+            inputs = jax.device_put(inputs)
+            out, self._pool, self._last_tokens = self._step(
+                self.params, self._pool, self._last_tokens, inputs, layout=step.layout,
+                return_logits=return_logits, num_top_logprobs=num_top_logprobs)
+        return PendingStep(out, step.order)
+
+    def execute(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> ModelOutput:
+        """Run one hand-built step to completion and bring back its sampled tokens (and logits if asked)."""
+        return self.dispatch(step, return_logits=return_logits, num_top_logprobs=num_top_logprobs).result()
+
+    def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
+        """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
+        return self._step.lower(self.params, self._pool, self._last_tokens, self._device_inputs(step),
+                                layout=step.layout, return_logits=return_logits,
+                                num_top_logprobs=num_top_logprobs)
+
+    def _fit_last_tokens(self) -> None:
+        """Grow the device copy of each row's last sample with the persistent batch (old rows kept)."""
+        grow = self.input_batch.capacity - self._last_tokens.shape[0]
+        if grow > 0:
+            self._last_tokens = jnp.concatenate([self._last_tokens, jnp.zeros(grow, jnp.int32)])
+
+    @staticmethod
+    def _device_inputs(step: StepInput) -> DeviceStepInput:
+        step.check_shapes()
+        return DeviceStepInput(
+            token_ids=step.token_ids,
+            token_src_rows=step.token_src_rows,
+            positions=step.positions,
+            attention=AttentionBatch(step.slot_mapping, step.block_tables, step.context_lens,
+                                     step.query_start, step.query_lens),
+            logits_indices=step.logits_indices,
+            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters),
+            sample_rows=step.sample_rows,
+        )
+
+    # ---- the pool -------------------------------------------------------------------------------
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Apply copy-on-write block copies (src -> dst) to the pool, in place."""
+        if not pairs:
+            return
+        size = next_power_of_two(len(pairs))  # pad: few compiles
+        src = np.zeros(size, np.int32)
+        dst = np.full(size, self.num_blocks, np.int32)  # out of range = dropped
+        src[:len(pairs)], dst[:len(pairs)] = zip(*pairs)
+        self._pool = copy_blocks(self._pool, jnp.asarray(src), jnp.asarray(dst))
+
+    def start_read_blocks(self, block_ids: Sequence[int]) -> _PendingBlocks:
+        """Dispatch one gather of the given blocks and start its copy to the host."""
+        return _PendingBlocks(start_gather(self._pool, list(block_ids)), len(block_ids))
+
+    def read_blocks(self, block_ids: Sequence[int]) -> list[np.ndarray]:
+        """Host copies of the given blocks, one `[2, L, Hkv, B, D]` array per block."""
+        return gather_blocks(self._pool, list(block_ids))
+
+    def write_blocks(self, block_ids: Sequence[int], blocks: Sequence[np.ndarray]) -> None:
+        """Overwrite the given pool blocks with host data, in one transfer and one donated scatter."""
+        self._pool = scatter_blocks(self._pool, list(block_ids),
+                                    [np.asarray(b).astype(self.kv_dtype, copy=False) for b in blocks])
+
+    def kv_scales(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pool's fp8 scales `(k_scale, v_scale)` on the host."""
+        return np.asarray(self._pool.k_scale), np.asarray(self._pool.v_scale)
+
+    def set_kv_scales(self, k_scale: np.ndarray, v_scale: np.ndarray) -> None:
+        """Replace the pool's fp8 scales (scales are pool data: no recompile)."""
+        self._pool = self._pool._replace(k_scale=jnp.asarray(k_scale, jnp.float32),
+                                         v_scale=jnp.asarray(v_scale, jnp.float32))
+
+    def calibrate_kv_scales(self, token_ids: Sequence[int], margin: float) -> None:
+        """Set fp8 scales from running `token_ids` once through a float32 pool (see `calibrate_kv_scales`)."""
+        model = nnx.merge(self.graphdef, self.params)
+        self.set_kv_scales(*calibrate_kv_scales(model, list(token_ids), self.block_size, margin))
+
+
+def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int,
+                        margin: float = DEFAULT_SCALE_MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """Run `token_ids` once through a float32 pool sized for them; return fp8 `(k_scale, v_scale)`.
+
+    The pool starts at zero, so its absmax is exactly the prompt's K/V absmax.
+    """
+    if not token_ids:
+        raise ValueError("fp8 calibration needs at least one token")
+    num_blocks = cdiv(len(token_ids), block_size)
+    runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32)
+    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size))
+    k_absmax, v_absmax = pool_absmax(runner.pool)
+    return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

@@ -1,0 +1,103 @@
+"""What the scheduler hands the runner each step, and what the runner hands back.
+
+The runner keeps a persistent batch: one row per resident sequence (its block
+table and sampling settings) across steps. So a `SchedulerOutput` carries only
+what changed since the last one (rows to add, blocks appended, rows to free,
+copy-on-write copies) plus this step's per-sequence work: which sequences,
+from which position, how many tokens, and the input token ids the host knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxpaged.sequence import Request, Sequence
+
+TOKEN_ON_DEVICE = -1  # an input token sampled by the previous step and still on the device
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewRow:
+    """A sequence the runner has no row for (admitted, resumed after preemption, or forked)."""
+
+    seq_id: int
+    block_ids: list[int]
+    num_prompt_tokens: int  # the sampled token's index among the outputs is context length - this
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulerOutput:
+    """One step's batch and the changes the runner applies to its persistent batch first.
+
+    The per-sequence lists are parallel, in schedule order. `token_ids` is their
+    input tokens, concatenated; `TOKEN_ON_DEVICE` marks a token the previous
+    step sampled that the host has not read (asynchronous scheduling): the
+    runner takes it from its device copy of that row's last sample.
+    """
+
+    seqs: list[Sequence] = dataclasses.field(default_factory=list)
+    seq_ids: list[int] = dataclasses.field(default_factory=list)
+    starts: list[int] = dataclasses.field(default_factory=list)  # first position computed
+    num_tokens: list[int] = dataclasses.field(default_factory=list)  # tokens computed
+    samples: list[bool] = dataclasses.field(default_factory=list)  # the step samples the seq's next token
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    new_rows: list[NewRow] = dataclasses.field(default_factory=list)
+    block_updates: list[tuple[int, int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    freed_seq_ids: list[int] = dataclasses.field(default_factory=list)  # rows to release, before new_rows
+    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (src, dst) blocks
+    preempted: list[Request] = dataclasses.field(default_factory=list)
+    num_top_logprobs: int = 0  # beam search: how many top log-probabilities per row to bring back
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def scheduled(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens computed) pairs, in schedule order."""
+        return list(zip(self.seqs, self.num_tokens))
+
+
+@dataclasses.dataclass
+class ModelOutput:
+    """A step's results on the host, one row per scheduled sequence, in schedule order."""
+
+    token_ids: np.ndarray  # [num_seqs] sampled ids
+    logprobs: np.ndarray  # [num_seqs] log-probability of each sampled id
+    top_ids: np.ndarray | None = None  # [num_seqs, k] when num_top_logprobs > 0
+    top_logprobs: np.ndarray | None = None
+    logits: np.ndarray | None = None  # [num_seqs, vocab] when a hand-built step asks for them
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    """Cumulative counters plus the last scheduled step's batch (read by metrics and benchmarks)."""
+
+    num_steps: int = 0  # steps with work, counted when scheduled
+    prompt_tokens: int = 0  # prompt tokens computed (cache hits excluded), counted when their step lands
+    generation_tokens: int = 0
+    last_step_tokens: int = 0
+    last_step_seqs: int = 0
+
+    def __post_init__(self):
+        self._last_batch: tuple[list[Sequence], list[int]] = ([], [])
+
+    def set_last_batch(self, seqs: list[Sequence], num_tokens: list[int]) -> None:
+        """Record the last scheduled step's sequences and token counts (read lazily)."""
+        self._last_batch = (seqs, num_tokens)
+
+    @property
+    def last_step_batch(self) -> list[tuple[str, int, int]]:
+        """The last scheduled step: (request id, sequence index, tokens computed), in schedule order."""
+        seqs, counts = self._last_batch
+        return [(s.request.request_id, s.index, n) for s, n in zip(seqs, counts)]

@@ -1,0 +1,448 @@
+"""Continuous-batching scheduler that speaks in token budgets, and the post-step update.
+
+`schedule()` picks each step's batch: running sequences first (decodes and
+unfinished prefill chunks, in arrival order), then waiting ones admitted FCFS
+while the token budget, the sequence cap and free blocks allow. When a running
+sequence cannot get a block, the latest-arrived running request is preempted
+by recompute: its blocks are freed (cached full blocks stay in the prefix
+cache) and it rejoins the front of the queue, where resuming re-hits those
+blocks. In swap mode (``preemption_mode="swap"``, needs the host tier) its
+computed blocks are first copied to the host and copied back on resume.
+
+With lower tiers (``tiers``), admission continues a prefix match into the host
+(and disk) tier: those blocks are copied into freshly allocated device blocks
+and committed as computed before the step runs.
+
+`update_from_output()` applies a step's results: it commits the computed
+blocks to the cache manager, appends sampled tokens, checks stop conditions,
+forks n > 1 prompts, runs beam steps and finishes sequences. With asynchronous
+scheduling it runs one step late (after the next step was scheduled), so a
+sequence can have one step in flight past its stop; that step's token is
+dropped here and its blocks are already free.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import time
+from typing import Callable
+
+from jaxpaged.buckets import pow2_bucket
+from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
+from jaxpaged.mathutils import cdiv
+from jaxpaged.scheduler.beam import beam_score, rank_candidates
+from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
+from jaxpaged.sequence import Request, Sequence, SeqStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits on one step's batch, and what preemption does."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    preemption_mode: str = "recompute"
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+
+
+class Scheduler:
+    """Decides each step's batch and applies its results; owns the waiting queue and the running list."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVManager, tiers=None, *,
+                 clock: Callable[[], float] = time.monotonic):
+        """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it."""
+        if config.preemption_mode == "swap" and tiers is None:
+            raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
+        self.config = config
+        self.kv = kv
+        self.tiers = tiers
+        self.clock = clock
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []  # in arrival order (request, then sequence index)
+        self.num_preemptions = 0
+        self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
+        self.stats = SchedulerStats()
+        self._freed: list[int] = []  # resident sequences that left the running set since the last schedule
+        self._finished: list[Request] = []  # finished since the last take_finished_requests()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request's sequences at the back."""
+        for seq in request.seqs:
+            seq.status = SeqStatus.WAITING
+            self.waiting.append(seq)
+        if request.use_beam_search:
+            self.num_beam_requests += 1
+
+    def abort_request(self, request: Request, now: float) -> None:
+        """Finish every live sequence of `request` now ("abort") and free its blocks."""
+        request.aborted = True
+        for seq in list(request.seqs):
+            self.finish_seq(seq, "abort", now)
+
+    def finish_seq(self, seq: Sequence, reason: str, now: float) -> None:
+        """End a sequence with `reason`; the request finishes with its last sequence."""
+        seq.finish_reason = reason
+        self._release(seq)
+        request = seq.request
+        request.seqs.remove(seq)
+        request.finished_seqs.append(seq)
+        if not request.seqs:
+            request.finish_time = now
+            self._finished.append(request)
+            if request.use_beam_search:
+                self.num_beam_requests -= 1
+
+    def take_finished_requests(self) -> list[Request]:
+        """The requests finished since the last call."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    # ---- schedule ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch under the token budget; see the module docstring."""
+        out = SchedulerOutput()
+        now = self.clock()
+        budget = self.config.max_num_batched_tokens
+        preempted = out.preempted
+        for seq in list(self.running):  # kept in arrival order (insort), no per-step sort
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = seq.num_schedulable_tokens
+            if num_new == 0:
+                continue
+            if num_new > budget:
+                num_new = budget
+            update = self._allocate_or_preempt(seq, num_new, preempted)
+            if update is None:
+                continue  # seq itself was preempted
+            self._add(out, seq, num_new, update, now)
+            budget -= num_new
+        if preempted:
+            self._drop_preempted(out)
+        else:
+            self._admit_waiting(out, budget, now)
+        self._finish_schedule(out)
+        return out
+
+    def schedule_waiting(self, budget: int) -> SchedulerOutput:
+        """Admission alone, with `budget` tokens: the part of `schedule()` after the running sequences.
+
+        For the simulator's decode fast-forward, which runs the running
+        sequences itself; statistics are left to the caller.
+        """
+        out = SchedulerOutput()
+        if self.waiting:
+            self._admit_waiting(out, budget, self.clock())
+        out.freed_seq_ids, self._freed = self._freed, []
+        return out
+
+    def _add(self, out: SchedulerOutput, seq: Sequence, num_new: int, update: BlockTableUpdate,
+             now: float) -> None:
+        """Put `num_new` tokens of `seq` in the batch and count them as being computed."""
+        start = seq.num_computed_tokens
+        end = start + num_new
+        tokens = seq.token_ids
+        known = len(tokens)
+        samples = end == known + seq.num_placeholders
+        out.seqs.append(seq)
+        out.seq_ids.append(seq.seq_id)
+        out.starts.append(start)
+        out.num_tokens.append(num_new)
+        out.samples.append(samples)
+        if num_new == 1:
+            out.token_ids.append(tokens[start] if start < known else TOKEN_ON_DEVICE)
+        else:
+            out.token_ids.extend(_input_tokens(tokens, start, end))
+        seq.num_computed_tokens = end
+        if samples:
+            seq.num_placeholders += 1
+        request = seq.request
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        if not seq.resident:
+            out.new_rows.append(_new_row(seq, self.kv.block_table(seq.seq_id)))
+            seq.resident = True
+        elif update.block_ids:
+            out.block_updates.append((seq.seq_id, update.start, update.block_ids))
+        if update.copies:
+            out.copies.extend(update.copies)
+        if update.block_ids and len(request.seqs) == 1:
+            self.record_block_usage(request)
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Request]):
+        while True:
+            update = self.kv.allocate_slots(seq.seq_id, num_new)
+            if update is not None:
+                return update
+            victim = self.running[-1].request  # the latest arrival: running is in arrival order
+            self.preempt(victim)
+            preempted.append(victim)
+            if victim is seq.request:
+                return None
+
+    def _drop_preempted(self, out: SchedulerOutput) -> None:
+        """Take sequences preempted late in the loop (after being scheduled) back out of the batch."""
+        kept = [i for i, seq in enumerate(out.seqs) if seq.status is SeqStatus.RUNNING]
+        dropped = {seq.seq_id for seq in out.seqs if seq.status is not SeqStatus.RUNNING}
+        for i, seq in enumerate(out.seqs):
+            if seq.seq_id in dropped and out.samples[i]:
+                seq.num_placeholders -= 1
+        unsent = {row.seq_id for row in out.new_rows if row.seq_id in dropped}
+        self._freed = [seq_id for seq_id in self._freed if seq_id not in unsent]  # never had a row
+        out.new_rows = [row for row in out.new_rows if row.seq_id not in dropped]
+        out.block_updates = [u for u in out.block_updates if u[0] not in dropped]
+        out.seqs = [out.seqs[i] for i in kept]
+        out.seq_ids = [out.seq_ids[i] for i in kept]
+        out.starts = [out.starts[i] for i in kept]
+        out.num_tokens = [out.num_tokens[i] for i in kept]
+        out.samples = [out.samples[i] for i in kept]
+        out.token_ids = [t for seq, s, n in zip(out.seqs, out.starts, out.num_tokens)
+                         for t in _input_tokens(seq.token_ids, s, s + n)]
+
+    def _finish_schedule(self, out: SchedulerOutput) -> None:
+        out.freed_seq_ids, self._freed = self._freed, []
+        if self.num_beam_requests:
+            beam = max((s.request.params.beam_width for s in out.seqs if s.request.use_beam_search), default=0)
+            out.num_top_logprobs = pow2_bucket(2 * beam) if beam else 0
+        stats = self.stats
+        if out.seq_ids:
+            stats.num_steps += 1
+            stats.last_step_tokens = len(out.token_ids)
+            stats.last_step_seqs = len(out.seq_ids)
+        stats.set_last_batch(out.seqs, out.num_tokens)
+
+    def preempt(self, request: Request) -> None:
+        """Free every running sequence of `request` and put them at the front of the queue."""
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        for seq in reversed(request.seqs):
+            if seq.status is SeqStatus.RUNNING:
+                self.running.remove(seq)
+                if self.config.preemption_mode == "swap":
+                    num_blocks = cdiv(seq.num_computed_tokens, self.kv.block_size)
+                    self.tiers.swap_out(seq.seq_id, self.kv.block_table(seq.seq_id)[:num_blocks],
+                                        seq.num_computed_tokens)
+                self._free_blocks(seq)
+                seq.num_computed_tokens = 0
+                seq.status = SeqStatus.WAITING
+                self.waiting.appendleft(seq)
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        deferred = []
+        kv, tiers = self.kv, self.tiers
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            request = seq.request
+            limit = seq.compute_limit
+            tokens = seq.token_ids[:limit] if request.fork_pending else seq.token_ids
+            match = kv.match_prefix(tokens, cache_salt=request.cache_salt)
+            restore = None
+            if tiers is not None:
+                restore = tiers.plan_restore(seq.seq_id, match, len(tokens), limit)
+            num_restored = restore.num_tokens if restore else 0
+            if match.num_pending_tokens > 0 and not num_restored and (self.running or out.seqs):
+                # Another running sequence is computing this prefix right now: wait a step
+                # and hit its blocks instead of computing them twice.
+                deferred.append(self.waiting.popleft())
+                continue
+            num_cached = match.num_cached_tokens + num_restored
+            num_new = max(min(limit - num_cached, budget), 0)
+            if not kv.allocate_new(seq.seq_id, tokens, num_restored + num_new, match,
+                                   cache_salt=request.cache_salt):
+                break  # not enough free blocks: FCFS, so nobody behind it goes first
+            self.waiting.popleft()
+            if tiers is not None:
+                tiers.admitted(seq.seq_id, restore)
+            if num_restored:  # the device copy lands before the step: count those tokens as computed
+                kv.commit(seq.seq_id, tokens, num_cached)
+            seq.num_computed_tokens = num_cached
+            seq.status = SeqStatus.RUNNING
+            bisect.insort(self.running, seq, key=_arrival)
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
+            if num_new:
+                self._add(out, seq, num_new, NO_CHANGE, now)
+                budget -= num_new
+            self.record_block_usage(request)
+        self.waiting.extendleft(reversed(deferred))
+
+    # ---- after the step ---------------------------------------------------------------------
+
+    def update_from_output(self, out: SchedulerOutput, result: ModelOutput, now: float) -> list[Request]:
+        """Apply a step's results (arrived at `now`); returns the requests it advanced, in schedule order.
+
+        Commits each sequence's computed tokens, appends its sampled token,
+        checks stop conditions, forks n > 1 prompts and runs beam steps. A
+        sequence that finished after this step was scheduled (stopped, aborted)
+        takes nothing from it. One preempted after it was scheduled keeps its
+        sampled token but commits nothing: its blocks are gone.
+        """
+        tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
+        kv, stats = self.kv, self.stats
+        touched: dict[Request, None] = {}
+        beam_ready = []
+        starts, counts, samples = out.starts, out.num_tokens, out.samples
+        for i, seq in enumerate(out.seqs):
+            status = seq.status
+            if status is SeqStatus.FINISHED:
+                continue
+            request = seq.request
+            touched[request] = None
+            start = starts[i]
+            end = start + counts[i]
+            if status is SeqStatus.RUNNING:
+                kv.commit(seq.seq_id, seq.token_ids, end)
+            num_prompt = len(request.prompt_token_ids)
+            if start < num_prompt:
+                stats.prompt_tokens += min(end, num_prompt) - start
+            if not samples[i]:
+                if request.fork_pending and status is SeqStatus.RUNNING and end == num_prompt - 1:
+                    self._fork_samples(request)
+                continue
+            seq.num_placeholders -= 1
+            if request.params.beam_width > 1:
+                seq.pending_candidates = list(zip(result.top_ids[i].tolist(), result.top_logprobs[i].tolist()))
+                if all(s.pending_candidates is not None for s in request.seqs):
+                    beam_ready.append(request)
+                continue
+            self._append(seq, tokens[i], logprobs[i], now)
+        for request in beam_ready:
+            self._beam_step(request, now)
+        for request in touched:
+            if len(request.seqs) > 1:
+                self.record_block_usage(request)
+        return list(touched)
+
+    def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += logprob
+        self.stats.generation_tokens += 1
+        request = seq.request
+        if request.first_token_time is None:
+            request.first_token_time = now
+        if seq.index == 0:
+            request.token_times.append(now)
+        reason = _stop_reason(seq, token)
+        if reason:
+            self.finish_seq(seq, reason, now)
+
+    def _fork_samples(self, request: Request) -> None:
+        """The prompt (all but its last token) is in the pool: fork it into n sequences."""
+        request.fork_pending = False
+        parent = request.seqs[0]
+        for index in range(1, request.params.n):
+            self._fork(parent, index)
+
+    def _fork(self, parent: Sequence, index: int) -> Sequence:
+        child = parent.fork(index)
+        self.kv.fork(parent.seq_id, child.seq_id)
+        parent.request.seqs.append(child)
+        child.status = SeqStatus.RUNNING
+        bisect.insort(self.running, child, key=_arrival)
+        return child
+
+    def _beam_step(self, request: Request, now: float) -> None:
+        """Keep the beam_width best extensions of the live beams; fork where a beam is kept twice."""
+        live = list(request.seqs)
+        chosen, kept = [], set()
+        for seq, tok, cum in rank_candidates(request, live):
+            if seq in kept:  # fork before the parent appends its own token
+                seq = self._fork(seq, index=len(request.seqs) + len(request.finished_seqs))
+            kept.add(seq)
+            chosen.append((seq, tok, cum))
+        for seq in live:
+            seq.pending_candidates = None
+            if seq not in kept:  # a pruned beam: drop it without an output
+                self._release(seq)
+                request.seqs.remove(seq)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.token_times.append(now)
+        for seq, tok, cum in chosen:
+            seq.token_ids.append(tok)
+            seq.cumulative_logprob = cum
+            self.stats.generation_tokens += 1
+            reason = _stop_reason(seq, tok)
+            if reason:
+                self.finish_seq(seq, reason, now)
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+
+    def _release(self, seq: Sequence) -> None:
+        """Take a sequence out of the running set or the queue, freeing what it holds."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self._free_blocks(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+            if self.tiers is not None:
+                self.tiers.drop_swap(seq.seq_id)
+        seq.status = SeqStatus.FINISHED
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        self.kv.free(seq.seq_id)
+        if seq.resident:
+            self._freed.append(seq.seq_id)
+            seq.resident = False
+
+    def record_block_usage(self, request: Request) -> None:
+        """Raise the request's peak block counts to what its running sequences hold now."""
+        kv = self.kv
+        if len(request.seqs) == 1:  # nothing shared within the request: skip the table copies
+            seq = request.seqs[0]
+            held = kv.num_blocks_held(seq.seq_id) if seq.status is SeqStatus.RUNNING else 0
+            request.peak_blocks_shared = max(request.peak_blocks_shared, held)
+            request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
+            return
+        tables = [kv.block_table(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
+        request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
+        request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
+
+
+def _stop_reason(seq: Sequence, token: int) -> str | None:
+    request = seq.request
+    if token in request.stop_token_ids:
+        return "stop"
+    if len(seq.token_ids) >= request.max_len:
+        return "length"
+    return None
+
+
+def _input_tokens(tokens: list[int], start: int, end: int) -> list[int]:
+    """Tokens `[start, end)`; the last one may still be on the device (the previous step's sample)."""
+    chunk = tokens[start:end]
+    if len(chunk) < end - start:
+        assert len(chunk) == end - start - 1, "only the previous step's sample can be unknown"
+        chunk.append(TOKEN_ON_DEVICE)
+    return chunk
+
+
+def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
+    request = seq.request
+    p = request.params
+    return NewRow(seq.seq_id, block_ids, len(request.prompt_token_ids),
+                  temperature=0.0 if p.beam_width > 1 else p.temperature, top_k=p.top_k, top_p=p.top_p,
+                  seed=(request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF)
+
+
+def _arrival(seq: Sequence) -> tuple[int, int]:
+    return seq.request.arrival_order, seq.index
+
+
+__all__ = ["Scheduler", "SchedulerConfig", "beam_score"]
