@@ -19,7 +19,7 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class CompletionOutput:
     """One generated sequence of a request (with DELTA outputs: its new tokens and text only)."""
 
@@ -69,7 +69,7 @@ class RequestMetrics:
         return None if self.finish_time is None else self.finish_time - self.arrival_time
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class RequestOutput:
     """A request's progress after a step; `finished` marks its last output (aborted ones included)."""
 
@@ -79,4 +79,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int  # prompt tokens served from the prefix cache
-    metrics: RequestMetrics
+    metrics: RequestMetrics | None  # on the final output; None on the outputs streamed before it

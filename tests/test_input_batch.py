@@ -65,7 +65,7 @@ def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps):
             in_flight = None
         out = scheduler.schedule()
         rows.apply(out)
-        if out.seq_ids:
+        if out.seqs:
             step = rows.prepare(out)
             expected = build_step_input(_reference(out, kv), BS)
             device = expected.token_ids == TOKEN_ON_DEVICE
@@ -82,7 +82,7 @@ def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps):
         result = ModelOutput(token_ids=rng.integers(0, 200, out.num_seqs), logprobs=np.zeros(out.num_seqs))
         if in_flight is not None:
             scheduler.update_from_output(*in_flight)
-        in_flight = (out, result, 0.0) if out.seq_ids else None
+        in_flight = (out, result, 0.0) if out.seqs else None
         kv.check_invariants()
     assert steps > 20 and scheduler.num_preemptions > 0 and kv.stats.num_cow_copies > 0
     rows.apply(scheduler.schedule())  # rows of the last finished sequences are freed by the next schedule

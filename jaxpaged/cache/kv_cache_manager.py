@@ -309,12 +309,13 @@ class KVCacheManager:
           ValueError: unknown sequence, negative count, or a length that could
             never fit the pool.
         """
-        seq = self._seq(seq_id)
+        seq = self._seqs.get(seq_id) or self._seq(seq_id)  # once per sequence per step: no extra call
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
         start, bs = seq.num_scheduled, self.block_size
         table = seq.table
-        num_fresh = cdiv(start + num_new_tokens, bs) - len(table)
+        end = start + num_new_tokens
+        num_fresh = cdiv(end, bs) - len(table) if end > len(table) * bs else 0
         if num_fresh > 0:
             self._check_fits(start + num_new_tokens, f"sequence {seq_id!r} grown")
         blocks = self._pool.blocks
@@ -361,22 +362,23 @@ class KVCacheManager:
             tokens given or the slots allocated; or a write into a block still
             shared with another sequence (``allocate_slots`` was skipped).
         """
-        seq = self._seq(seq_id)
+        seq = self._seqs.get(seq_id) or self._seq(seq_id)  # once per sequence per step: no extra call
         old, new = seq.num_computed, num_computed_tokens
         bs, table = self.block_size, seq.table
-        limit = min(len(token_ids), len(table) * bs)
-        if not old <= new <= limit:
+        if not old <= new <= len(token_ids) or new > len(table) * bs:
+            limit = min(len(token_ids), len(table) * bs)
             raise ValueError(
                 f"num_computed_tokens for {seq_id!r} must be in [{old}, {limit}] "
                 f"({len(token_ids)} tokens, {len(table)} blocks allocated), got {new}"
             )
-        blocks = self._pool.blocks
-        for index in range(old // bs, (new - 1) // bs + 1) if new > old else ():
-            if blocks[table[index]].ref_count > 1:
-                raise ValueError(
-                    f"sequence {seq_id!r} wrote into shared block {seq.table[index]}; "
-                    "call allocate_slots before the step so it is copied on write"
-                )
+        if new > old:
+            blocks = self._pool.blocks
+            for index in range(old // bs, (new - 1) // bs + 1):
+                if blocks[table[index]].ref_count > 1:
+                    raise ValueError(
+                        f"sequence {seq_id!r} wrote into shared block {seq.table[index]}; "
+                        "call allocate_slots before the step so it is copied on write"
+                    )
         seq.num_computed = new
         if new > seq.num_scheduled:
             seq.num_scheduled = new

@@ -259,7 +259,7 @@ class Engine:
         """Lower-tier transfers, fp8 calibration on the first prefill, then the runner's step."""
         if self.tiers is not None:  # before CoW copies: offloads must read blocks before reuse
             self.tiers.apply(self.runner)
-        if self._calibrate_kv_scales and scheduler_output.seq_ids:
+        if self._calibrate_kv_scales and scheduler_output.seqs:
             seq, start, n = scheduler_output.seqs[0], scheduler_output.starts[0], scheduler_output.num_tokens[0]
             with jax.profiler.TraceAnnotation("fp8_calibration"):
                 self.runner.calibrate_kv_scales(seq.token_ids[:start + n], self.config.kv_scale_margin)
@@ -276,7 +276,7 @@ class Engine:
         now = self.clock()
         if self.tiers is not None:
             self.tiers.finish()
-        if not scheduler_output.seq_ids:
+        if not scheduler_output.seqs:
             return []
         with jax.profiler.TraceAnnotation("update_from_output"):
             return self.scheduler.update_from_output(scheduler_output, result, now)

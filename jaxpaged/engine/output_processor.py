@@ -34,17 +34,22 @@ class OutputProcessor:
     def __init__(self, tokenizer: Callable[[], object]):
         """`tokenizer()` returns the tokenizer; called only when text is needed."""
         self._tokenizer = tokenizer
-        self._streams: dict[str, dict[int, _Stream]] = {}
+        self._streams: dict[str, list[_Stream]] = {}  # per streaming request, one per sequence index
 
     def process(self, advanced: list[Request], finished: list[Request]) -> list[RequestOutput]:
-        """One output per advanced request that streams (unless it finished), then one per finished request."""
+        """One output per streaming request that has something new, then one per finished request.
+
+        Streaming outputs carry `metrics=None`; the final output carries the request's metrics.
+        """
         outputs = []
         for request in advanced:
             p = request.params
-            if p.output_kind is FINAL_ONLY or p.beam_width > 1 or request.finish_time is not None:
+            if p.output_kind is FINAL_ONLY or request.finish_time is not None or p.beam_width > 1:
                 continue
-            output = self._output(request, sorted(request.seqs + request.finished_seqs, key=_index),
-                                  finished=False)
+            seqs = request.seqs
+            if request.finished_seqs:
+                seqs = sorted(seqs + request.finished_seqs, key=_index)
+            output = self._output(request, seqs, finished=False)
             if output is not None:
                 outputs.append(output)
         for request in finished:
@@ -56,6 +61,7 @@ class OutputProcessor:
             output = self._beam_output(request)
         else:
             output = self._output(request, sorted(request.finished_seqs, key=_index), finished=True)
+            output.metrics = _metrics(request)
         self._streams.pop(request.request_id, None)
         # A sequence points at its request and the request at its sequences: break that cycle, so
         # reference counting frees them now instead of the cyclic GC (whole token lists) later.
@@ -67,32 +73,32 @@ class OutputProcessor:
         p = request.params
         delta = p.output_kind is DELTA
         num_prompt = len(request.prompt_token_ids)
-        streams = self._streams.setdefault(request.request_id, {})
-        if not finished and not any(_is_new(streams.get(seq.index), seq, num_prompt) for seq in seqs):
-            return None  # a prefill chunk that sampled nothing yet
+        streams = self._streams.get(request.request_id)
+        if streams is None:
+            streams = self._streams[request.request_id] = [_Stream() for _ in range(p.n)]
         completions = []
+        anything_new = finished
         for seq in seqs:
-            stream = streams.get(seq.index)
-            if stream is None:
-                stream = streams[seq.index] = _Stream()
-            total = len(seq.token_ids) - num_prompt
+            stream = streams[seq.index]
+            token_ids = seq.token_ids
+            emitted = stream.num_tokens
             seq_finished = seq.finish_reason is not None
-            if delta and not _is_new(stream, seq, num_prompt):
-                continue  # nothing new for this sequence
-            token_ids = seq.token_ids[num_prompt + (stream.num_tokens if delta else 0):]
-            text = self._text(p, stream, seq.token_ids, num_prompt, flush=seq_finished)
-            stream.num_tokens, stream.finished = total, seq_finished
-            completions.append(CompletionOutput(index=seq.index, token_ids=token_ids, text=text,
-                                                cumulative_logprob=seq.cumulative_logprob,
-                                                finish_reason=seq.finish_reason))
+            if len(token_ids) - num_prompt == emitted and seq_finished == stream.finished:
+                if delta:
+                    continue  # nothing new for this sequence
+            else:
+                anything_new = True
+            text = self._text(p, stream, token_ids, num_prompt, flush=seq_finished) if p.detokenize else ""
+            stream.num_tokens, stream.finished = len(token_ids) - num_prompt, seq_finished
+            completions.append(CompletionOutput(seq.index, token_ids[num_prompt + emitted if delta else num_prompt:],
+                                                text, seq.cumulative_logprob, seq.finish_reason))
+        if not anything_new:
+            return None  # a prefill chunk that sampled nothing yet
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
-                             finished=finished, num_cached_tokens=request.num_cached_tokens or 0,
-                             metrics=_metrics(request))
+                             finished, request.num_cached_tokens or 0, None)
 
     def _text(self, p, stream: _Stream, token_ids: list[int], num_prompt: int, *, flush: bool) -> str:
-        """The text to hand out now: all of it, or (DELTA) the new part; "" without detokenize."""
-        if not p.detokenize:
-            return ""
+        """The text to hand out now: all of it, or (DELTA) the new part."""
         if p.output_kind is FINAL_ONLY:
             return self._tokenizer().decode(token_ids[num_prompt:])
         if stream.detokenizer is None:
@@ -122,13 +128,6 @@ def _metrics(request: Request) -> RequestMetrics:
     return RequestMetrics(request.arrival_time, request.first_scheduled_time, request.first_token_time,
                           request.finish_time, request.num_preemptions, request.peak_blocks_shared,
                           request.peak_blocks_unshared, request.token_times)
-
-
-def _is_new(stream: _Stream | None, seq: Sequence, num_prompt: int) -> bool:
-    """Whether the sequence has tokens or a finish reason it has not handed out."""
-    if stream is None:
-        return len(seq.token_ids) > num_prompt or seq.finish_reason is not None
-    return len(seq.token_ids) - num_prompt != stream.num_tokens or (seq.finish_reason is not None) != stream.finished
 
 
 def _index(seq: Sequence) -> int:

@@ -9,6 +9,8 @@ any sequence's block table in Python.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from jaxpaged.mathutils import cdiv, next_power_of_two
@@ -16,6 +18,7 @@ from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
 
 MIN_ROWS = 16
+_seq_id = operator.attrgetter("seq_id")
 MIN_TABLE_COLUMNS = 16
 
 
@@ -105,7 +108,7 @@ class InputBatch:
         """This step's padded arrays, cut from the rows (same layout as `build_step_input`)."""
         num_seqs = out.num_seqs
         bs = self.block_size
-        rows = np.fromiter(map(self._row_of.__getitem__, out.seq_ids), np.int64, num_seqs)
+        rows = np.fromiter(map(self._row_of.__getitem__, map(_seq_id, out.seqs)), np.int64, num_seqs)
         counts = np.array(out.num_tokens, np.int64)
         starts = np.array(out.starts, np.int64)
         tokens = np.array(out.token_ids, np.int64)

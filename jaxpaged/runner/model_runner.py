@@ -163,7 +163,7 @@ class ModelRunner:
         self.input_batch.apply(scheduler_output)
         if scheduler_output.copies:
             self.copy_blocks(scheduler_output.copies)
-        if not scheduler_output.seq_ids:
+        if not scheduler_output.seqs:
             return None
         with jax.profiler.TraceAnnotation("layout_inputs"):
             return self.input_batch.prepare(scheduler_output)

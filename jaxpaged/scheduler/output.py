@@ -10,12 +10,14 @@ from which position, how many tokens, and the input token ids the host knows.
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import numpy as np
 
 from jaxpaged.sequence import Request, Sequence
 
 TOKEN_ON_DEVICE = -1  # an input token sampled by the previous step and still on the device
+_seq_id = operator.attrgetter("seq_id")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +44,6 @@ class SchedulerOutput:
     """
 
     seqs: list[Sequence] = dataclasses.field(default_factory=list)
-    seq_ids: list[int] = dataclasses.field(default_factory=list)
     starts: list[int] = dataclasses.field(default_factory=list)  # first position computed
     num_tokens: list[int] = dataclasses.field(default_factory=list)  # tokens computed
     samples: list[bool] = dataclasses.field(default_factory=list)  # the step samples the seq's next token
@@ -56,7 +57,12 @@ class SchedulerOutput:
 
     @property
     def num_seqs(self) -> int:
-        return len(self.seq_ids)
+        return len(self.seqs)
+
+    @property
+    def seq_ids(self) -> list[int]:
+        """The scheduled sequences' ids, in schedule order."""
+        return list(map(_seq_id, self.seqs))
 
     @property
     def num_batched_tokens(self) -> int:

@@ -118,6 +118,7 @@ class Scheduler:
         now = self.clock()
         budget = self.config.max_num_batched_tokens
         preempted = out.preempted
+        allocate_slots = self.kv.allocate_slots
         for seq in list(self.running):  # kept in arrival order (insort), no per-step sort
             if budget == 0:
                 break
@@ -128,9 +129,11 @@ class Scheduler:
                 continue
             if num_new > budget:
                 num_new = budget
-            update = self._allocate_or_preempt(seq, num_new, preempted)
+            update = allocate_slots(seq.seq_id, num_new)
             if update is None:
-                continue  # seq itself was preempted
+                update = self._preempt_until_allocated(seq, num_new, preempted)
+                if update is None:
+                    continue  # seq itself was preempted
             self._add(out, seq, num_new, update, now)
             budget -= num_new
         if preempted:
@@ -161,7 +164,6 @@ class Scheduler:
         known = len(tokens)
         samples = end == known + seq.num_placeholders
         out.seqs.append(seq)
-        out.seq_ids.append(seq.seq_id)
         out.starts.append(start)
         out.num_tokens.append(num_new)
         out.samples.append(samples)
@@ -178,6 +180,8 @@ class Scheduler:
         if not seq.resident:
             out.new_rows.append(_new_row(seq, self.kv.block_table(seq.seq_id)))
             seq.resident = True
+        elif update is NO_CHANGE:
+            return  # the common decode step
         elif update.block_ids:
             out.block_updates.append((seq.seq_id, update.start, update.block_ids))
         if update.copies:
@@ -185,16 +189,18 @@ class Scheduler:
         if update.block_ids and len(request.seqs) == 1:
             self.record_block_usage(request)
 
-    def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[Request]):
+    def _preempt_until_allocated(self, seq: Sequence, num_new: int,
+                                 preempted: list[Request]) -> BlockTableUpdate | None:
+        """Preempt the latest arrivals until `seq` gets its slots; None if `seq` itself was preempted."""
         while True:
-            update = self.kv.allocate_slots(seq.seq_id, num_new)
-            if update is not None:
-                return update
             victim = self.running[-1].request  # the latest arrival: running is in arrival order
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq.request:
                 return None
+            update = self.kv.allocate_slots(seq.seq_id, num_new)
+            if update is not None:
+                return update
 
     def _drop_preempted(self, out: SchedulerOutput) -> None:
         """Take sequences preempted late in the loop (after being scheduled) back out of the batch."""
@@ -208,7 +214,6 @@ class Scheduler:
         out.new_rows = [row for row in out.new_rows if row.seq_id not in dropped]
         out.block_updates = [u for u in out.block_updates if u[0] not in dropped]
         out.seqs = [out.seqs[i] for i in kept]
-        out.seq_ids = [out.seq_ids[i] for i in kept]
         out.starts = [out.starts[i] for i in kept]
         out.num_tokens = [out.num_tokens[i] for i in kept]
         out.samples = [out.samples[i] for i in kept]
@@ -221,10 +226,10 @@ class Scheduler:
             beam = max((s.request.params.beam_width for s in out.seqs if s.request.use_beam_search), default=0)
             out.num_top_logprobs = pow2_bucket(2 * beam) if beam else 0
         stats = self.stats
-        if out.seq_ids:
+        if out.seqs:
             stats.num_steps += 1
             stats.last_step_tokens = len(out.token_ids)
-            stats.last_step_seqs = len(out.seq_ids)
+            stats.last_step_seqs = len(out.seqs)
         stats.set_last_batch(out.seqs, out.num_tokens)
 
     def preempt(self, request: Request) -> None:
@@ -287,31 +292,34 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, result: ModelOutput, now: float) -> list[Request]:
         """Apply a step's results (arrived at `now`); returns the requests it advanced, in schedule order.
 
-        Commits each sequence's computed tokens, appends its sampled token,
+        Commits each sequence's computed tokens (a plain decode only when it
+        fills a block: nothing is hashed before), appends its sampled token,
         checks stop conditions, forks n > 1 prompts and runs beam steps. A
         sequence that finished after this step was scheduled (stopped, aborted)
         takes nothing from it. One preempted after it was scheduled keeps its
         sampled token but commits nothing: its blocks are gone.
         """
         tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
-        kv, stats = self.kv, self.stats
+        kv, stats, bs = self.kv, self.stats, self.kv.block_size
         touched: dict[Request, None] = {}
         beam_ready = []
-        starts, counts, samples = out.starts, out.num_tokens, out.samples
-        for i, seq in enumerate(out.seqs):
+        for i, (seq, start, count, samples) in enumerate(zip(out.seqs, out.starts, out.num_tokens, out.samples)):
             status = seq.status
             if status is SeqStatus.FINISHED:
                 continue
             request = seq.request
             touched[request] = None
-            start = starts[i]
-            end = start + counts[i]
-            if status is SeqStatus.RUNNING:
+            end = start + count
+            # A decode that leaves its block partial has nothing to hash: its commit waits for the one
+            # that fills the block (the manager's growth follows the scheduled tokens). Requests that
+            # fork commit every step, since a fork shares exactly the committed blocks.
+            if status is SeqStatus.RUNNING and (count > 1 or end % bs == 0 or len(request.seqs) > 1
+                                                or request.fork_pending or request.params.beam_width > 1):
                 kv.commit(seq.seq_id, seq.token_ids, end)
             num_prompt = len(request.prompt_token_ids)
             if start < num_prompt:
                 stats.prompt_tokens += min(end, num_prompt) - start
-            if not samples[i]:
+            if not samples:
                 if request.fork_pending and status is SeqStatus.RUNNING and end == num_prompt - 1:
                     self._fork_samples(request)
                 continue
@@ -324,10 +332,11 @@ class Scheduler:
             self._append(seq, tokens[i], logprobs[i], now)
         for request in beam_ready:
             self._beam_step(request, now)
-        for request in touched:
+        touched_list = list(touched)
+        for request in touched_list:
             if len(request.seqs) > 1:
                 self.record_block_usage(request)
-        return list(touched)
+        return touched_list
 
     def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
         seq.token_ids.append(token)

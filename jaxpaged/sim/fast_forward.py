@@ -55,7 +55,6 @@ class _Lane:
     c0: int
     start: int  # the step before its first lane step (0: a lane from the start)
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
-    kv_computed: int  # what the cache manager has been told is computed (committed)
 
 
 def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, until: float = math.inf,
@@ -100,8 +99,7 @@ class _DecodeRun:
         bs = self.kv.block_size
         c0 = seq.num_computed_tokens - step
         finish = step + seq.request.max_len - seq.num_tokens
-        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish,
-                     seq.num_computed_tokens)
+        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish)
         self.active[lane.pos] = lane
         self.advanced[seq.request] = None
         self.total_c0 += c0
@@ -199,8 +197,11 @@ class _DecodeRun:
         ends = {lane.pos for lane in ending}
         self.ended = (j, list(ending))
         stop = new_max = False
+        fills = {lane.pos for lane in committing}
         for lane in sorted({*committing, *ending}, key=_pos):
             if lane.pos in ends:
+                if lane.pos in fills:  # its last step filled a block: committed before the finish
+                    self._commit_block(lane, j)
                 self._settle(lane, j)
                 self.scheduler.finish_seq(lane.seq, "length", now)
                 del self.active[lane.pos]
@@ -218,8 +219,7 @@ class _DecodeRun:
         if j + self.kv.block_size <= lane.finish_step:
             self.commits[j + self.kv.block_size].append(lane)
         self._extend_tokens(lane, j - 1)
-        lane.kv_computed = lane.c0 + j
-        self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.kv_computed)
+        self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.c0 + j)
 
     def _extend_tokens(self, lane: _Lane, steps_done: int) -> None:
         """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
@@ -233,7 +233,10 @@ class _DecodeRun:
         self._extend_tokens(lane, steps_done)
         seq = lane.seq
         seq.num_computed_tokens = lane.c0 + steps_done
-        self.kv.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        if seq.status is SeqStatus.RUNNING:  # the manager's scheduled tokens, as allocate_slots leaves them
+            behind = seq.num_computed_tokens - self.kv.num_scheduled_tokens(seq.seq_id)
+            update = self.kv.allocate_slots(seq.seq_id, behind)
+            assert not update.block_ids, "a lane's blocks are allocated when it first writes into them"
         if seq.index == 0:
             seq.request.token_times.extend(self.times[lane.start:steps_done])
 

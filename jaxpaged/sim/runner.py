@@ -88,7 +88,7 @@ class SimulatedRunner:
         seconds = 0.0
         if scheduler_output.copies:
             seconds += self.cost_model.copy_time(len(scheduler_output.copies))
-        if scheduler_output.seq_ids:
+        if scheduler_output.seqs:
             seconds += self.cost_model.step_time(zip(scheduler_output.num_tokens, scheduler_output.starts))
             self.num_steps += 1
         self.busy_s += seconds

@@ -46,7 +46,7 @@ class RecordingRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Record the step, then run it."""
         self._rows.apply(scheduler_output)
-        if scheduler_output.seq_ids:
+        if scheduler_output.seqs:
             self.batches.append(self._batch(scheduler_output))
         return self.inner.execute_model(scheduler_output)
 

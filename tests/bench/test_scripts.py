@@ -70,3 +70,19 @@ def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
     if dtype == "float16":
         assert cap["num_blocks"] == 8583 and "5.24 MB" in out
         assert 140e9 < cap["weight_bytes"] < 142e9  # not ~35 GB
+
+
+def test_bench_host_overhead(tmp_path):
+    out = run_script("bench_host_overhead.py", "--model=tiny", "--profile=a100-80gb", "--num_seqs=8,16",
+                     "--context_len=40", "--steps=4", "--repeats=1", f"--json_out={tmp_path}/h.json",
+                     f"--md_out={tmp_path}/h.md")
+    result = json.loads((tmp_path / "h.json").read_text())
+    assert sorted((r["num_seqs"], r["output_kind"]) for r in result["host"]) == [
+        (8, "DELTA"), (8, "FINAL_ONLY"), (16, "DELTA"), (16, "FINAL_ONLY")]
+    for r in result["host"]:  # every part was timed, on decode steps with a device that takes no time
+        assert min(r["schedule_ms"], r["layout_ms"], r["update_ms"], r["host_ms"]) > 0
+        assert r["num_steps"] == 4 and not r["sleep"] and r["step_ms"] >= r["host_ms"]  # host <= step, each step
+    assert sorted((r["num_seqs"], r["async_scheduling"]) for r in result["busy"]) == [
+        (8, False), (8, True), (16, False), (16, True)]
+    assert all(0 < r["device_busy"] <= 1 and r["sleep"] for r in result["busy"])
+    assert "| seqs | outputs |" in out and (tmp_path / "h.md").read_text().count("\n|") >= 10

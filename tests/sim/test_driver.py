@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 
 from jaxpaged.config import load_config
+from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import SchedulerOutput
+from jaxpaged.sequence import Request, Sequence
 from jaxpaged.sim.runner import SimClock, SimulatedRunner, fixed_token
 from jaxpaged.sim.scenario import Deployment, SweepPoint, run_at_rate, sustainable_rate
 from jaxpaged.workloads import make_workload
@@ -29,11 +31,16 @@ def test_fixed_token_is_never_eos():
     assert fixed_token(cfg.replace(eos_token_id=0)) == 1
 
 
+def _seqs(count):
+    request = Request("r", [1, 2, 3], SamplingParams(), arrival_time=0.0, arrival_order=0)
+    return [Sequence(request, [1, 2, 3], i) for i in range(count)]
+
+
 def test_simulated_runner_allocates_nothing_and_samples_the_fixed_token():
     cfg = load_config("tiny")
     clock = SimClock()
     runner = SimulatedRunner(cfg, TINY.cost_model(), clock, num_blocks=8)
-    step = SchedulerOutput(seq_ids=[0, 1], starts=[0, 7], num_tokens=[3, 1], samples=[True, True],
+    step = SchedulerOutput(seqs=_seqs(2), starts=[0, 7], num_tokens=[3, 1], samples=[True, True],
                            token_ids=[1, 2, 3, 4])
     handle = runner.execute_model(step)
     assert clock() == 0  # dispatched: the clock moves when the host waits for the result
@@ -48,7 +55,7 @@ def test_simulated_steps_dispatched_ahead_run_back_to_back():
     cfg = load_config("tiny")
     clock = SimClock()
     runner = SimulatedRunner(cfg, TINY.cost_model(), clock, num_blocks=8)
-    step = SchedulerOutput(seq_ids=[0], starts=[5], num_tokens=[1], samples=[True], token_ids=[1])
+    step = SchedulerOutput(seqs=_seqs(1), starts=[5], num_tokens=[1], samples=[True], token_ids=[1])
     first = runner.execute_model(step)
     second = runner.execute_model(step)  # queued behind the first on the simulated device
     one = TINY.cost_model().step_time([(1, 5)])

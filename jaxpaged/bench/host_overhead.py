@@ -1,0 +1,214 @@
+"""Host overhead of `Engine.step` at GPU batch sizes, and whether it hides under the device step.
+
+A `SleepingDeviceRunner` stands in for a GPU: it keeps the real persistent
+batch and lays out every step with the real code (`InputBatch`), predicts the
+step's time with the cost model of a device profile, and hands the step to a
+worker thread that sleeps that long and then returns the fixed token, as an
+asynchronous device would. The engine, scheduler, cache manager and output
+processor are the real ones.
+
+`measure_host_overhead` serves `num_seqs` decoding sequences of ~`context_len`
+tokens and times, per step, the engine's parts (schedule, input layout,
+update from the step's results, output processing) and the whole step minus
+the time spent waiting for the device (and predicting its time). With
+`sleep=False` the device takes no time, so the step time is all host time;
+with `sleep=True` the device-busy fraction (the share of the measured wall
+time the device thread spent in steps) shows how much of the host work is
+hidden, with asynchronous scheduling on or off.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxpaged.config import load_config
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.mathutils import cdiv
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.runner import InputBatch
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.profiles import get_profile
+from jaxpaged.sim.runner import fixed_token
+from jaxpaged.step_input import StepInput
+
+
+class _Timer:
+    """Adds up the wall time of calls to one function."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.total_s = 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.total_s += time.perf_counter() - start
+
+
+class _PendingSleep:
+    def __init__(self, runner: "SleepingDeviceRunner", future: concurrent.futures.Future | None, num_seqs: int):
+        self._runner, self._future, self._num_seqs = runner, future, num_seqs
+
+    def result(self) -> ModelOutput:
+        if self._future is not None:
+            start = time.perf_counter()
+            self._future.result()
+            self._runner.wait_s += time.perf_counter() - start
+        n = self._num_seqs
+        return ModelOutput(token_ids=np.full(n, self._runner.token, np.int32), logprobs=np.zeros(n, np.float32))
+
+
+class SleepingDeviceRunner:
+    """A runner whose device is a worker thread sleeping each step's predicted time (see the module docstring)."""
+
+    num_compiles = 0
+
+    def __init__(self, config, cost_model: CostModel, num_blocks: int, *, sleep: bool = True):
+        self.config = config
+        self.cost_model = cost_model
+        self.block_size = cost_model.block_size
+        self.num_blocks = num_blocks
+        self.sleep = sleep
+        self.token = fixed_token(config)
+        self.input_batch = InputBatch(self.block_size)
+        self.layout = _Timer(self.input_batch.prepare)
+        self.device_s = 0.0  # predicted (slept) seconds of every dispatched step
+        self.wait_s = 0.0  # host seconds spent waiting for the device
+        self.predict_s = 0.0  # host seconds spent predicting step times (the stand-in's own cost)
+        self.busy_intervals: list[tuple[float, float]] = []  # (start, end) of every sleep, perf_counter
+        self._device = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def reset(self) -> None:
+        """Forget every row of the persistent batch."""
+        self.input_batch = InputBatch(self.block_size)
+        self.layout = _Timer(self.input_batch.prepare)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> _PendingSleep:
+        """Apply the changes, lay out the step (timed), and queue its predicted time on the device thread."""
+        self.input_batch.apply(scheduler_output)
+        if not scheduler_output.seqs:
+            return _PendingSleep(self, None, 0)
+        step = self.layout(scheduler_output)
+        start = time.perf_counter()
+        seconds = self.step_time(step)
+        self.predict_s += time.perf_counter() - start
+        self.device_s += seconds
+        future = self._device.submit(self._run_step, seconds) if self.sleep else None
+        return _PendingSleep(self, future, scheduler_output.num_seqs)
+
+    def _run_step(self, seconds: float) -> None:
+        start = time.perf_counter()
+        time.sleep(seconds)
+        self.busy_intervals.append((start, time.perf_counter()))
+
+    def busy_seconds(self, begin: float, end: float) -> float:
+        """Seconds within `[begin, end]` during which the device thread was running a step."""
+        return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in self.busy_intervals)
+
+    def step_time(self, step: StepInput) -> float:
+        """The cost model's time for the laid-out step (O(1) numpy for a decode-only step)."""
+        real = step.query_lens > 0
+        lens, context = step.query_lens[real], step.context_lens[real]
+        if np.all(lens == 1):
+            before = context - 1
+            return self.cost_model.decode_step_time(len(before), int(before.sum()), int(before.max()))
+        return self.cost_model.step_time(zip(lens.tolist(), (context - lens).tolist()))
+
+    def close(self) -> None:
+        self._device.shutdown(wait=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOverhead:
+    """Per-step medians (milliseconds) over the measured decode steps, and the device-busy fraction."""
+
+    num_seqs: int
+    async_scheduling: bool
+    sleep: bool
+    output_kind: str
+    schedule_ms: float
+    layout_ms: float
+    update_ms: float
+    outputs_ms: float
+    host_ms: float  # the whole step minus waiting for the device (and the stand-in predicting its time)
+    device_ms: float  # predicted device time per step
+    step_ms: float  # wall time per step
+    device_busy: float  # fraction of the measured wall time the device thread spent in steps (1.0 without sleep)
+    us_per_seq: float  # host_ms per sequence, in microseconds
+    num_steps: int
+
+
+def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: str = "h200-141gb",
+                          context_len: int = 1200, steps: int = 64, warmup_steps: int = 8,
+                          async_scheduling: bool = True, sleep: bool = True,
+                          output_kind: RequestOutputKind = RequestOutputKind.DELTA, detokenize: bool = False,
+                          seed: int = 0) -> HostOverhead:
+    """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
+    config = load_config(model)
+    block_size = 16
+    budget = 16384  # prompts go in fast; the measured steps are pure decodes whatever the budget
+    cost_model = CostModel(config, get_profile(profile), block_size=block_size)
+    longest = context_len + context_len // 8
+    prefill_steps = cdiv(num_seqs * longest, budget) + 2  # early prompts decode while later ones go in
+    max_tokens = prefill_steps + warmup_steps + steps + 4
+    max_len = longest + max_tokens
+    num_blocks = num_seqs * (cdiv(max_len, block_size) + 1)
+    runner = SleepingDeviceRunner(config, cost_model, num_blocks, sleep=False)  # no sleeping until measured
+    engine = Engine(EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks, max_num_seqs=num_seqs,
+                                 max_num_batched_tokens=max(num_seqs, budget), max_model_len=max_len,
+                                 async_scheduling=async_scheduling, hash_algo="xxh3_128"),
+                    runner=runner)
+    rng = np.random.default_rng(seed)
+    for i in range(num_seqs):
+        length = int(rng.integers(context_len - context_len // 8, longest))
+        engine.add_request(f"r{i}", rng.integers(0, config.vocab_size, length).tolist(),
+                           SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                          detokenize=detokenize, output_kind=output_kind))
+    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running):
+        engine.step()  # prompts, in chunks of the token budget
+    for _ in range(warmup_steps):
+        engine.step()
+    assert len(engine.scheduler.running) == num_seqs, "every sequence must be decoding while measured"
+    runner.sleep = sleep
+
+    timers = {"schedule": _Timer(engine.scheduler.schedule),
+              "update": _Timer(engine.scheduler.update_from_output),
+              "outputs": _Timer(engine.output_processor.process)}
+    engine.scheduler.schedule = timers["schedule"]
+    engine.scheduler.update_from_output = timers["update"]
+    engine.output_processor.process = timers["outputs"]
+    samples: dict[str, list[float]] = {name: [] for name in ("schedule", "layout", "update", "outputs", "host",
+                                                               "step")}
+    device0 = runner.device_s
+    gc.collect()
+    begin = time.perf_counter()
+    for _ in range(steps):
+        before = {name: t.total_s for name, t in timers.items()}
+        layout0, wait0, predict0 = runner.layout.total_s, runner.wait_s, runner.predict_s
+        start = time.perf_counter()
+        engine.step()
+        step_s = time.perf_counter() - start
+        for name, t in timers.items():
+            samples[name].append(t.total_s - before[name])
+        samples["layout"].append(runner.layout.total_s - layout0)
+        samples["host"].append(step_s - (runner.wait_s - wait0) - (runner.predict_s - predict0))
+        samples["step"].append(step_s)
+    end = time.perf_counter()
+    device = runner.device_s - device0
+    runner.close()
+    busy = runner.busy_seconds(begin, end) / (end - begin) if sleep else 1.0
+    ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+    return HostOverhead(num_seqs, async_scheduling, sleep, output_kind.name, ms["schedule"], ms["layout"],
+                        ms["update"], ms["outputs"], ms["host"], device / steps * 1e3, ms["step"],
+                        busy, ms["host"] / num_seqs * 1e3, steps)
