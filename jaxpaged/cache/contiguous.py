@@ -188,7 +188,7 @@ class ContiguousKVCacheManager:
         if new_blocks == old_blocks:
             return NO_CHANGE
         first = region.index * self.region_blocks
-        return BlockTableUpdate(old_blocks, tuple(range(first + old_blocks, first + new_blocks)))
+        return BlockTableUpdate(old_blocks, list(range(first + old_blocks, first + new_blocks)))
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Record that the first ``num_computed_tokens`` tokens now have K/V.

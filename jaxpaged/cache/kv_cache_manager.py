@@ -348,7 +348,7 @@ class KVCacheManager:
             if len(seq.block_hashes) > table_len:  # prompt blocks with known hashes just got slots
                 self._sync_in_flight(seq)
         seq.num_scheduled = start + num_new_tokens
-        return BlockTableUpdate(first_changed, tuple(table[first_changed:]), copies)
+        return BlockTableUpdate(first_changed, table[first_changed:], copies)
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Records that the first ``num_computed_tokens`` of ``token_ids`` now have K/V.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from jaxpaged.cache.block_pool import KVBlock
@@ -60,19 +61,18 @@ class CacheStats:
         return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class BlockTableUpdate:
+class BlockTableUpdate(NamedTuple):
     """What :meth:`KVCacheManager.allocate_slots` changed in one sequence's block table.
 
     Entries from index ``start`` on are now ``block_ids``: blocks appended, or a
     shared block replaced by its private copy (and whatever was appended after
     it). ``copies`` are the ``(src, dst)`` block copies the device must make
     before the step (copy-on-write). ``NO_CHANGE`` (the common decode step) has
-    neither.
+    neither. (A NamedTuple: one is made at every block allocation.)
     """
 
     start: int
-    block_ids: tuple[int, ...]
+    block_ids: Sequence[int]  # a copy
     copies: tuple[tuple[int, int], ...] = ()
 
 

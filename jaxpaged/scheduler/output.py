@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,8 +21,7 @@ TOKEN_ON_DEVICE = -1  # an input token sampled by the previous step and still on
 _seq_id = operator.attrgetter("seq_id")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NewRow:
+class NewRow(NamedTuple):
     """A sequence the runner has no row for (admitted, resumed after preemption, or forked)."""
 
     seq_id: int
@@ -49,7 +49,7 @@ class SchedulerOutput:
     samples: list[bool] = dataclasses.field(default_factory=list)  # the step samples the seq's next token
     token_ids: list[int] = dataclasses.field(default_factory=list)
     new_rows: list[NewRow] = dataclasses.field(default_factory=list)
-    block_updates: list[tuple[int, int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    block_updates: list[tuple[int, int, list[int]]] = dataclasses.field(default_factory=list)
     freed_seq_ids: list[int] = dataclasses.field(default_factory=list)  # rows to release, before new_rows
     copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (src, dst) blocks
     preempted: list[Request] = dataclasses.field(default_factory=list)

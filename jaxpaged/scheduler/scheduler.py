@@ -186,8 +186,6 @@ class Scheduler:
             out.block_updates.append((seq.seq_id, update.start, update.block_ids))
         if update.copies:
             out.copies.extend(update.copies)
-        if update.block_ids and len(request.seqs) == 1:
-            self.record_block_usage(request)
 
     def _preempt_until_allocated(self, seq: Sequence, num_new: int,
                                  preempted: list[Request]) -> BlockTableUpdate | None:
@@ -284,7 +282,6 @@ class Scheduler:
             if num_new:
                 self._add(out, seq, num_new, NO_CHANGE, now)
                 budget -= num_new
-            self.record_block_usage(request)
         self.waiting.extendleft(reversed(deferred))
 
     # ---- after the step ---------------------------------------------------------------------
@@ -405,13 +402,19 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
 
     def _free_blocks(self, seq: Sequence) -> None:
+        self.record_block_usage(seq.request)  # a lone sequence's table only grows until it is freed
         self.kv.free(seq.seq_id)
         if seq.resident:
             self._freed.append(seq.seq_id)
             seq.resident = False
 
     def record_block_usage(self, request: Request) -> None:
-        """Raise the request's peak block counts to what its running sequences hold now."""
+        """Raise the request's peak block counts to what its running sequences hold now.
+
+        Called before any of its sequences is freed (finish, preemption) and,
+        for requests with several sequences (their tables share blocks and
+        change), after every step.
+        """
         kv = self.kv
         if len(request.seqs) == 1:  # nothing shared within the request: skip the table copies
             seq = request.seqs[0]

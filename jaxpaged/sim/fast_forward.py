@@ -55,6 +55,7 @@ class _Lane:
     c0: int
     start: int  # the step before its first lane step (0: a lane from the start)
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
+    scheduled: int  # the cache manager's scheduled tokens for it (moved by allocations and commits)
 
 
 def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, until: float = math.inf,
@@ -89,7 +90,7 @@ class _DecodeRun:
         self.total_c0 = 0  # sum of active lanes' c0: their contexts before step j sum to this + len * (j - 1)
         self.max_c0 = -math.inf
         self.times: list[float] = []  # end of each step run: the token times of its sequences
-        self.last_admitted = SchedulerOutput()
+        self.last_admitted: SchedulerOutput | None = None
         self.advanced: dict[Request, None] = {}  # requests of every lane and every admitted sequence
         for seq in engine.scheduler.running:
             self._add_lane(seq, 0)
@@ -99,7 +100,8 @@ class _DecodeRun:
         bs = self.kv.block_size
         c0 = seq.num_computed_tokens - step
         finish = step + seq.request.max_len - seq.num_tokens
-        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish)
+        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish,
+                     self.kv.num_scheduled_tokens(seq.seq_id))
         self.active[lane.pos] = lane
         self.advanced[seq.request] = None
         self.total_c0 += c0
@@ -143,18 +145,17 @@ class _DecodeRun:
             lanes += self.ended[1] if self.ended[0] == step else []
             lanes.sort(key=_pos)
             admitted = self.last_admitted
-            self.scheduler.stats.set_last_batch([lane.seq for lane in lanes] + admitted.seqs,
-                                                [1] * len(lanes) + admitted.num_tokens)
+            self.scheduler.stats.set_last_batch([lane.seq for lane in lanes] + (admitted.seqs if admitted else []),
+                                                [1] * len(lanes) + (admitted.num_tokens if admitted else []))
         return step
 
     def _allocate(self, j: int, growing: list[_Lane]) -> None:
         """The scheduler's decode part of step j: a fresh block for each lane writing past its table."""
         bs = self.kv.block_size
         for lane in sorted(growing, key=_pos):
-            seq_id = lane.seq.seq_id
-            update = self.kv.allocate_slots(seq_id, lane.c0 + j - self.kv.num_scheduled_tokens(seq_id))
+            update = self.kv.allocate_slots(lane.seq.seq_id, lane.c0 + j - lane.scheduled)
+            lane.scheduled = lane.c0 + j
             assert not update.copies, "plain decodes own their last block: no copy-on-write"
-            self.scheduler.record_block_usage(lane.seq.request)  # as Scheduler.schedule does on growth
             if j + bs <= lane.finish_step:
                 self.allocs[j + bs].append(lane)
 
@@ -171,7 +172,7 @@ class _DecodeRun:
     def _run_step(self, j: int, admitted: SchedulerOutput | None) -> None:
         """The device's part of step j: each lane computes one token, each admitted sequence its chunk."""
         num_lanes, runner, stats = len(self.active), self.runner, self.scheduler.stats
-        self.last_admitted = admitted or SchedulerOutput()
+        self.last_admitted = admitted
         if admitted is not None:
             seconds = runner.cost_model.step_time([(1, lane.c0 + j - 1) for lane in self.active.values()]
                                                   + list(zip(admitted.num_tokens, admitted.starts)))
@@ -220,6 +221,7 @@ class _DecodeRun:
             self.commits[j + self.kv.block_size].append(lane)
         self._extend_tokens(lane, j - 1)
         self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.c0 + j)
+        lane.scheduled = max(lane.scheduled, lane.c0 + j)
 
     def _extend_tokens(self, lane: _Lane, steps_done: int) -> None:
         """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
@@ -234,9 +236,9 @@ class _DecodeRun:
         seq = lane.seq
         seq.num_computed_tokens = lane.c0 + steps_done
         if seq.status is SeqStatus.RUNNING:  # the manager's scheduled tokens, as allocate_slots leaves them
-            behind = seq.num_computed_tokens - self.kv.num_scheduled_tokens(seq.seq_id)
-            update = self.kv.allocate_slots(seq.seq_id, behind)
-            assert not update.block_ids, "a lane's blocks are allocated when it first writes into them"
+            if seq.num_computed_tokens > lane.scheduled:
+                update = self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens - lane.scheduled)
+                assert not update.block_ids, "a lane's blocks are allocated when it first writes into them"
         if seq.index == 0:
             seq.request.token_times.extend(self.times[lane.start:steps_done])
 

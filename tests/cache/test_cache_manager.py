@@ -33,7 +33,7 @@ def test_blocks_are_allocated_lazily_and_returned_on_free():
     mgr.commit("a", prompt, 8)
     update = mgr.allocate_slots("a", 2)
     assert len(mgr.block_table("a")) == 3
-    assert update == BlockTableUpdate(2, (mgr.block_table("a")[2],), ())
+    assert update == BlockTableUpdate(2, [mgr.block_table("a")[2]], ())
     mgr.commit("a", prompt, 10)
     mgr.free("a")
     assert mgr.num_free_blocks == 8 and mgr.stats.num_used_blocks == 0
@@ -214,7 +214,7 @@ def test_next_step_is_allocated_before_the_current_one_is_committed():
     update = mgr.allocate_slots("a", 1)  # step N+1: the token step N will sample, at position 7
     assert update is NO_CHANGE and mgr.num_scheduled_tokens("a") == 7 + 1
     update = mgr.allocate_slots("a", 1)  # step N+2 writes position 8: a fresh block
-    assert update.start == 2 and update.block_ids == (mgr.block_table("a")[2],)
+    assert update.start == 2 and update.block_ids == [mgr.block_table("a")[2]]
     mgr.check_invariants()
     mgr.commit("a", prompt, 7)  # step N lands
     tokens = prompt + [1, 2]
@@ -241,7 +241,7 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write():
     update = mgr.allocate_slots("c", 1)
     child_table = mgr.block_table("c")
     assert update.copies == ((parent_table[1], child_table[1]),) and child_table[0] == parent_table[0]
-    assert update.start == 1 and update.block_ids == (child_table[1],)  # the private copy replaces entry 1
+    assert update.start == 1 and update.block_ids == [child_table[1]]  # the private copy replaces entry 1
     assert mgr.allocate_slots("p", 1).copies == ()  # the parent's block is private again
     mgr.commit("c", tokens + [7], 7)
     mgr.commit("p", tokens + [8], 7)
