@@ -75,15 +75,10 @@ class Sequence:
 
     @property
     def num_schedulable_tokens(self) -> int:
-        """Tokens the next step may compute (read for every running sequence every step: kept inline)."""
+        """Tokens the next step may compute."""
         if self.pending_candidates is not None:
             return 0
-        request = self.request
-        if request.fork_pending:
-            limit = len(request.prompt_token_ids) - 1
-        else:
-            limit = min(len(self.token_ids) + self.num_placeholders, request.max_len - 1)
-        return max(limit - self.num_computed_tokens, 0)
+        return max(self.compute_limit - self.num_computed_tokens, 0)
 
     def fork(self, index: int) -> "Sequence":
         """A child with the same tokens and computed state (its blocks are shared by the cache manager)."""

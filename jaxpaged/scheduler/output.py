@@ -68,11 +68,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def scheduled(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens computed) pairs, in schedule order."""
-        return list(zip(self.seqs, self.num_tokens))
-
 
 @dataclasses.dataclass
 class ModelOutput:
