@@ -3,6 +3,12 @@
     python scripts/bench_serving.py --config=small --workload=chatbot --num_requests=16 \
         --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
+With ``--backend=http`` it drives a running server (scripts/serve.py) over
+async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online.py):
+
+    python scripts/bench_serving.py --backend=http --base_url=http://127.0.0.1:8000 \
+        --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
+
 Latencies and throughput exclude compile time (reported separately); see
 jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
 """
@@ -18,12 +24,15 @@ from absl import app, flags
 from tqdm.auto import tqdm
 
 from jaxpaged.bench import flags as bench_flags
+from jaxpaged.bench import online
 from jaxpaged.bench.report import markdown_table
 from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.workloads import WORKLOADS
 
+BACKEND = flags.DEFINE_enum("backend", "offline", ["offline", "http"],
+                            "offline: compare KV modes in-process; http: drive the server at --base_url")
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to serve")
 MODES_FLAG = flags.DEFINE_list("modes", list(MODES), "modes to compare")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
@@ -36,8 +45,11 @@ PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
 
 
 def main(argv):
-    """Build the workload, run every mode, print and write the results."""
-    del argv
+    """Build the workload, run every mode (or drive the server), print and write the results."""
+    if BACKEND.value == "http":
+        online.run_from_flags(WORKLOAD.value, extra_args=argv[1:], json_out=JSON_OUT.value, md_out=MD_OUT.value,
+                              progress=PROGRESS.value)
+        return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)

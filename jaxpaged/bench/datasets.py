@@ -1,0 +1,198 @@
+"""Request sets for the online benchmark: random, prefix repetition, ShareGPT JSON, or a jaxpaged workload.
+
+Every builder returns :class:`BenchRequest` s, deterministic given the seed.
+A prompt is either token ids or text; :func:`with_prompt_format` converts
+between the two with the served model's tokenizer and re-measures the prompt
+length (decoding random ids and re-encoding the text need not give the same
+number of tokens).
+
+- ``random``: prompts of ``input_len`` random token ids and ``output_len``
+  generated tokens, each length drawn uniformly within ``+-range_ratio`` of it
+  (as ``vllm bench serve --dataset-name random``).
+- ``prefix_repetition``: ``num_prefixes`` random prefixes of ``prefix_len``
+  tokens; each request is one of them (round robin, then shuffled) followed by
+  its own random suffix of ``suffix_len`` tokens, with ``output_len`` tokens to
+  generate. The shape that exercises the prefix cache.
+- ``sharegpt``: a ShareGPT-format JSON list of ``{"conversations": [{"from":
+  "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}``; the first turn
+  is the prompt and the second's length (in tokens) is the output length unless
+  a fixed one is given. A ``value`` may be text or a list of token ids.
+- a jaxpaged workload (``jaxpaged.workloads``): its token prompts, output
+  lengths and cache salts, via :func:`from_workload`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from jaxpaged.config import load_config
+from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from jaxpaged.workloads import TOKEN_ID_LIMIT, WorkloadRequest
+
+PROMPT_FORMATS = ("tokens", "text")
+# vLLM's ShareGPT filter: drop conversations shorter than this on either side
+SHAREGPT_MIN_LEN = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRequest:
+    """One request to send.
+
+    Attributes:
+      request_id: unique id within the benchmark.
+      prompt: token ids or text, sent as the completion's ``prompt``.
+      prompt_len: tokens the prompt is (by the served model's tokenizer for text).
+      output_len: tokens to generate (``max_tokens``; with ``ignore_eos`` exactly this many).
+      cache_salt: tenant salt isolating the prefix cache, or None.
+    """
+
+    request_id: str
+    prompt: str | list[int]
+    prompt_len: int
+    output_len: int
+    cache_salt: str | None = None
+
+
+def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
+    """The tokenizer a server of ``name_or_dir`` (a shipped config name or a checkpoint directory) uses."""
+    path = Path(name_or_dir)
+    if (path / "tokenizer.json").is_file():
+        return HFTokenizer.from_dir(path)
+    if path.is_dir():
+        return ByteTokenizer()  # a checkpoint without a tokenizer: the engine falls back to bytes too
+    return load_tokenizer(None, load_config(name_or_dir))
+
+
+def _check_positive(**lengths: int) -> None:
+    for name, value in lengths.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _tokens(rng: np.random.Generator, n: int, vocab_limit: int) -> list[int]:
+    return rng.integers(0, vocab_limit, size=n).tolist()
+
+
+def random_requests(num_requests: int, *, input_len: int, output_len: int, range_ratio: float = 0.0,
+                    seed: int = 0, vocab_limit: int = TOKEN_ID_LIMIT) -> list[BenchRequest]:
+    """``num_requests`` random token prompts; lengths uniform in ``[len * (1 - r), len * (1 + r)]``, at least 1."""
+    _check_positive(input_len=input_len, output_len=output_len, vocab_limit=vocab_limit)
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    rng = np.random.default_rng(seed)
+
+    def length(mean: int) -> int:
+        low, high = max(1, int(mean * (1 - range_ratio))), int(mean * (1 + range_ratio))
+        return int(rng.integers(low, max(low, high) + 1))
+
+    requests = []
+    for i in range(num_requests):
+        prompt = _tokens(rng, length(input_len), vocab_limit)
+        requests.append(BenchRequest(f"random-{i}", prompt, len(prompt), length(output_len)))
+    return requests
+
+
+def prefix_repetition_requests(num_requests: int, *, prefix_len: int, suffix_len: int, num_prefixes: int,
+                               output_len: int, seed: int = 0,
+                               vocab_limit: int = TOKEN_ID_LIMIT) -> list[BenchRequest]:
+    """``num_requests`` prompts, each one of ``num_prefixes`` shared prefixes plus a unique suffix, shuffled."""
+    _check_positive(prefix_len=prefix_len, suffix_len=suffix_len, num_prefixes=num_prefixes,
+                    output_len=output_len, vocab_limit=vocab_limit)
+    rng = np.random.default_rng(seed)
+    prefixes = [_tokens(rng, prefix_len, vocab_limit) for _ in range(num_prefixes)]
+    prompts = [prefixes[i % num_prefixes] + _tokens(rng, suffix_len, vocab_limit) for i in range(num_requests)]
+    order = rng.permutation(num_requests)
+    return [BenchRequest(f"prefix-{i}", prompts[j], prefix_len + suffix_len, output_len)
+            for i, j in enumerate(order)]
+
+
+def _measure(value: str | list, tokenizer: Tokenizer | None, what: str) -> int:
+    if isinstance(value, list):
+        if not all(isinstance(t, int) for t in value):
+            raise ValueError(f"{what}: a token-id list must hold only integers")
+        return len(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{what}: expected text or a list of token ids, got {type(value).__name__}")
+    if tokenizer is None:
+        raise ValueError(f"{what} is text: a tokenizer is needed to count its tokens")
+    return len(tokenizer.encode(value))
+
+
+def sharegpt_requests(path: str | Path, num_requests: int, *, tokenizer: Tokenizer | None, seed: int = 0,
+                      output_len: int | None = None, max_prompt_len: int = 1024,
+                      max_total_len: int = 2048) -> list[BenchRequest]:
+    """``num_requests`` first turns of a ShareGPT-format JSON file, sampled (shuffled by ``seed``).
+
+    Conversations with fewer than two turns are skipped; so are those whose
+    prompt or reply is under 4 tokens, whose prompt exceeds ``max_prompt_len``
+    or whose prompt plus output exceeds ``max_total_len`` (vLLM's filter). With
+    ``output_len`` every request generates that many tokens instead of its
+    reply's length. ValueError when fewer usable conversations remain than asked.
+    """
+    entries = json.loads(Path(path).read_text())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a JSON list of conversations, got {type(entries).__name__}")
+    if output_len is not None:
+        _check_positive(output_len=output_len)
+    order = np.random.default_rng(seed).permutation(len(entries))
+    requests = []
+    for index in order:
+        if len(requests) == num_requests:
+            break
+        entry = entries[index]
+        turns = entry.get("conversations", entry.get("conversation")) if isinstance(entry, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        prompt = turns[0].get("value")
+        what = f"{path} entry {index}"
+        prompt_len = _measure(prompt, tokenizer, f"{what} prompt")
+        reply_len = _measure(turns[1].get("value"), tokenizer, f"{what} reply")
+        wanted = reply_len if output_len is None else output_len
+        too_short = prompt_len < SHAREGPT_MIN_LEN or (output_len is None and reply_len < SHAREGPT_MIN_LEN)
+        if too_short or prompt_len > max_prompt_len or prompt_len + wanted > max_total_len:
+            continue
+        requests.append(BenchRequest(f"sharegpt-{index}", prompt, prompt_len, wanted))
+    if len(requests) < num_requests:
+        raise ValueError(f"{path}: only {len(requests)} usable conversations for {num_requests} requests "
+                         f"(prompt 4-{max_prompt_len} tokens, prompt + output <= {max_total_len})")
+    return requests
+
+
+def from_workload(requests: Sequence[WorkloadRequest]) -> list[BenchRequest]:
+    """A jaxpaged workload's requests as bench requests (token prompts, cache salts kept).
+
+    Multiturn workloads are refused: a later turn's prompt holds the earlier
+    turns' generated tokens, which a completion stream does not return as ids.
+    """
+    if any(r.conversation_id is not None for r in requests):
+        raise ValueError("multiturn workloads need each turn's generated token ids; "
+                         "the online benchmark sends single-turn workloads only")
+    return [BenchRequest(r.request_id, list(r.prompt_token_ids), len(r.prompt_token_ids), r.max_tokens,
+                         r.cache_salt) for r in requests]
+
+
+def with_prompt_format(requests: Sequence[BenchRequest], prompt_format: str,
+                       tokenizer: Tokenizer | None) -> list[BenchRequest]:
+    """``requests`` with every prompt as ``"tokens"`` or ``"text"``, lengths re-measured by ``tokenizer``."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"unknown prompt_format {prompt_format!r}; choose from {', '.join(PROMPT_FORMATS)}")
+    wants_text = prompt_format == "text"
+    converted = []
+    for r in requests:
+        if isinstance(r.prompt, str) == wants_text:
+            converted.append(r)
+            continue
+        if tokenizer is None:
+            raise ValueError(f"converting prompts to {prompt_format} needs a tokenizer")
+        if wants_text:
+            text = tokenizer.decode(r.prompt)
+            converted.append(dataclasses.replace(r, prompt=text, prompt_len=len(tokenizer.encode(text))))
+        else:
+            ids = tokenizer.encode(r.prompt)
+            converted.append(dataclasses.replace(r, prompt=ids, prompt_len=len(ids)))
+    return converted
