@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
                    md_out: str | None = None, progress: bool = True) -> dict:
     """Run the HTTP benchmark the flags describe against ``--base_url``; print, write and return the result."""
     slos = goodput_from_flags(extra_args)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     model = MODEL.value or fetch_model_name(BASE_URL.value)
     requests = requests_from_flags(workload, model)
     offsets = offsets_from_flags(len(requests))
@@ -129,6 +131,6 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
               "workload": workload if DATASET.value == "workload" else None, "num_requests": len(requests),
               "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": BURSTINESS.value,
               "max_concurrency": MAX_CONCURRENCY.value, "goodput_slos_ms": slos, "metrics": metrics,
-              "requests": [dataclasses.asdict(r) | {"text": None} for r in results]}
+              "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}
     write_outputs(result, table, json_out, md_out)
     return result
