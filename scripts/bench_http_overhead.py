@@ -15,6 +15,7 @@ The request set and arrivals come from the same flags as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import httpx
@@ -35,6 +36,10 @@ from jaxpaged.workloads import WORKLOADS
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload for --dataset_name=workload")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 REPEATS = flags.DEFINE_integer("repeats", 3, "timed runs per side, interleaved; medians reported")
+WARMUP = flags.DEFINE_integer("warmup_runs", 1, "untimed runs per side first (they compile the step shapes)")
+START_SERVER = flags.DEFINE_boolean("start_server", True,
+                                    "start serve.py with the offline engine's settings; false: use the server at "
+                                    "--base_url, which must run with the settings this script prints")
 SERVE_ARGS = flags.DEFINE_multi_string("serve_arg", [], "extra scripts/serve.py flag, e.g. --serve_arg=--foo=1")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
@@ -66,24 +71,33 @@ def main(argv):
         env = {"JAX_COMPILATION_CACHE_DIR": bench_flags.COMPILE_CACHE.value,
                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
-    with ServerProcess(serve_args, env=env) as server:
-        model = fetch_model_name(server.base_url)
+    print("server settings:", " ".join(serve_args))
+    with ServerProcess(serve_args, env=env) if START_SERVER.value else contextlib.nullcontext() as server:
+        base_url = server.base_url if server is not None else online.BASE_URL.value
+        model = fetch_model_name(base_url)
+        offline_compiles: list[int] = []  # per offline run, warm-up runs first
 
         def run_offline():
             engine.kv.reset_prefix_cache()
-            return offline_results(engine, requests, offsets)
+            compiles = engine.runner.num_compiles
+            outcome = offline_results(engine, requests, offsets)
+            offline_compiles.append(engine.runner.num_compiles - compiles)
+            return outcome
 
         def run_http():
-            httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=30, trust_env=False).raise_for_status()
-            return run_requests(server.base_url, model, requests, offsets, ignore_eos=online.IGNORE_EOS.value,
+            httpx.post(f"{base_url}/reset_prefix_cache", timeout=30, trust_env=False).raise_for_status()
+            return run_requests(base_url, model, requests, offsets, ignore_eos=online.IGNORE_EOS.value,
                                 timeout_s=online.TIMEOUT.value)
 
-        result = compare_offline_http(run_offline, run_http, compute_metrics, repeats=REPEATS.value)
+        result = compare_offline_http(run_offline, run_http, compute_metrics, repeats=REPEATS.value,
+                                      warmup_runs=WARMUP.value)
     table = comparison_table(result["median"]["offline"], result["median"]["http"])
     print(table)
     meta = {"config": config, "dataset_name": online.DATASET.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": online.BURSTINESS.value,
-            "repeats": REPEATS.value, "setup": setup.__dict__, "serve_args": serve_args}
+            "repeats": REPEATS.value, "warmup_runs": WARMUP.value, "setup": setup.__dict__,
+            "serve_args": serve_args, "offline_compiles_per_run": offline_compiles}
+    print("offline compiles per run (warm-up runs first):", offline_compiles)
     online.write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
 
 

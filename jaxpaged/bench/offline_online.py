@@ -92,11 +92,11 @@ def comparison_table(offline: Mapping[str, float], http: Mapping[str, float]) ->
 def compare_offline_http(run_offline: Callable[[], tuple[list[RequestResult], float]],
                          run_http: Callable[[], tuple[list[RequestResult], float]],
                          summarize: Callable[[list[RequestResult], float], dict[str, float]], *,
-                         repeats: int = 3, warmup: bool = True) -> dict:
-    """Run both sides ``repeats`` times, interleaved (after one untimed warm-up each); per-run and median metrics."""
+                         repeats: int = 3, warmup_runs: int = 1) -> dict:
+    """Run both sides ``repeats`` times, interleaved, after ``warmup_runs`` untimed runs each (compiles)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    if warmup:
+    for _ in range(warmup_runs):
         run_offline()
         run_http()
     runs: dict[str, list[dict[str, float]]] = {"offline": [], "http": []}

@@ -62,8 +62,9 @@ def test_median_metrics_and_interleaved_runs():
         return run
 
     result = compare_offline_http(side("offline", 1.0), side("http", 2.0),
-                                  lambda v, d: {"x_ms": v, "request_throughput": 1 / v}, repeats=2)
-    assert calls == ["offline", "http"] * 3  # one warm-up each, then alternating
+                                  lambda v, d: {"x_ms": v, "request_throughput": 1 / v}, repeats=2,
+                                  warmup_runs=2)
+    assert calls == ["offline", "http"] * 4  # two warm-ups each, then alternating
     assert result["median"] == {"offline": {"x_ms": 1.0, "request_throughput": 1.0},
                                 "http": {"x_ms": 2.0, "request_throughput": 0.5}}
     assert result["http_cost"] == {"x_ms": 1.0, "request_throughput": 0.5}
