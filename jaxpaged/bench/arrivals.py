@@ -20,7 +20,8 @@ def arrival_offsets(num_requests: int, request_rate: float, *, burstiness: float
                     seed: int = 0) -> Float[np.ndarray, " n"]:
     """Seconds from the start at which each of ``num_requests`` requests is sent (non-decreasing).
 
-    The first request waits one gap too, as in a process that starts at time 0.
+    The first request goes at 0 and each later one a random gap after the one
+    before, as ``vllm bench serve`` sends them.
     """
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
@@ -31,5 +32,5 @@ def arrival_offsets(num_requests: int, request_rate: float, *, burstiness: float
     if request_rate == 0 or math.isinf(request_rate):
         return np.zeros(num_requests)
     scale = 1.0 / (request_rate * burstiness)
-    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=scale, size=num_requests)
-    return np.cumsum(gaps)
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=scale, size=max(num_requests - 1, 0))
+    return np.concatenate([np.zeros(min(num_requests, 1)), np.cumsum(gaps)])
