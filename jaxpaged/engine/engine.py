@@ -39,6 +39,7 @@ from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
 from jaxpaged.sequence import Request
+from jaxpaged.validation import check_float, check_str
 
 
 class Engine:
@@ -160,6 +161,9 @@ class Engine:
         arrival_time: float | None = None,
     ) -> None:
         """Validate and queue a request; raises ValueError (changing nothing) on bad input."""
+        check_str("request_id", request_id)
+        if arrival_time is not None:
+            arrival_time = check_float("arrival_time", arrival_time)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = self.input_processor.process(

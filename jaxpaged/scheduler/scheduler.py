@@ -34,6 +34,7 @@ from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.mathutils import cdiv
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
+from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -450,7 +451,7 @@ def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
     p = request.params
     return NewRow(seq.seq_id, block_ids, len(request.prompt_token_ids),
                   temperature=0.0 if p.beam_width > 1 else p.temperature, top_k=p.top_k, top_p=p.top_p,
-                  seed=(request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF)
+                  seed=sequence_seed(request.base_seed, seq.index))
 
 
 def _arrival(seq: Sequence) -> tuple[int, int]:
