@@ -192,6 +192,10 @@ class Engine:
         """Whether a dispatched step's results are still to be processed (asynchronous scheduling)."""
         return self._in_flight is not None
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether `request_id` is in use: added, and its final output not yet returned by `step()`."""
+        return request_id in self._requests
+
     def has_unfinished_requests(self) -> bool:
         """Whether some request has not had its final output yet (an aborted one waits for `step()`)."""
         return bool(self._requests)
