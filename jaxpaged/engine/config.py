@@ -56,16 +56,8 @@ class EngineConfig:
         self._check_types()
         if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
             raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
-        if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
-        if not self.kv_scale_margin >= 1.0:
-            raise ValueError(f"kv_scale_margin must be >= 1.0, got {self.kv_scale_margin}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         validate_tier_options(self)

@@ -90,8 +90,8 @@ class Engine:
         self.runner = runner
         self.kv: KVManager = self._make_kv_manager()
         self.tiers = build_tiers(config, self.kv, runner)
-        if self.tiers is not None and not self._calibrate_kv_scales:
-            self.tiers.set_format(*runner.kv_scales())
+        if not self._calibrate_kv_scales:
+            self._tie_disk_tier_to_identity()
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode),
             self.kv, self.tiers, clock=clock)
@@ -127,6 +127,12 @@ class Engine:
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.config.enable_prefix_caching,
                               hash_algo=self.config.hash_algo)
+
+    def _tie_disk_tier_to_identity(self) -> None:
+        """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""
+        if self.tiers is not None and self.tiers.disk is not None:
+            from jaxpaged.snapshot import engine_identity, identity_digest
+            self.tiers.set_format(identity_digest(engine_identity(self)))
 
     def _load_tokenizer(self, given):
         if given is not None:
@@ -219,10 +225,16 @@ class Engine:
     def load_prefix_cache(self, path: str):
         """Restore a snapshot into the prefix cache; ValueError if it was made for another engine.
 
+        An fp8 engine whose scales are not calibrated yet adopts the snapshot's.
+
         Returns `jaxpaged.snapshot.RestoreStats` (blocks restored / skipped / dropped for room).
         """
         from jaxpaged.snapshot import load_prefix_cache
-        return load_prefix_cache(self, path)
+        stats = load_prefix_cache(self, path, adopt_kv_scales=self._calibrate_kv_scales)
+        if self._calibrate_kv_scales:  # an fp8 engine took the snapshot's scales: no calibration now
+            self._calibrate_kv_scales = False
+            self._tie_disk_tier_to_identity()
+        return stats
 
     def shutdown(self) -> None:
         """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
@@ -272,8 +284,7 @@ class Engine:
             with jax.profiler.TraceAnnotation("fp8_calibration"):
                 self.runner.calibrate_kv_scales(seq.token_ids[:start + n], self.config.kv_scale_margin)
             self._calibrate_kv_scales = False
-            if self.tiers is not None:
-                self.tiers.set_format(*self.runner.kv_scales())
+            self._tie_disk_tier_to_identity()
         return self.runner.execute_model(scheduler_output)
 
     def _finish_in_flight(self) -> list[Request]:
