@@ -88,15 +88,8 @@ class InputProcessor:
                 raise ValueError("a dict prompt needs 'prompt_token_ids' or 'prompt'")
         check_optional_str("cache_salt", cache_salt)
         if isinstance(prompt, str):
-            text, prompt = prompt, self.encode(prompt)
+            text, prompt = prompt, self.tokenizer.encode(prompt)  # ValueError without a tokenizer
         return text, self._token_ids(prompt), cache_salt
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a text prompt; ValueError if the model has no tokenizer for text."""
-        if not getattr(self.tokenizer, "can_encode", True):
-            raise ValueError("this model has no tokenizer (no tokenizer.json or tokenizer.model): "
-                             "pass prompt token ids instead of text")
-        return self.tokenizer.encode(text)
 
     def _token_ids(self, values) -> list[int]:
         """The prompt as Python ints; ValueError unless every id is an integer in the vocabulary."""
