@@ -17,10 +17,11 @@ import json
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.sim import scenario
 from jaxpaged.workloads import WORKLOADS, make_workload
 
-MODEL = flags.DEFINE_string("model", "llama3-70b", "model config name or path")
+MODEL = flags.DEFINE_string("model", "llama3-8b", "model config name or path")
 PROFILE = flags.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "requests per run")
@@ -40,6 +41,15 @@ FAST_FORWARD = flags.DEFINE_bool("decode_fast_forward", True, "jump over predict
                                   "results; --nodecode_fast_forward steps through every one)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write every run's summary here")
 PLOT = flags.DEFINE_string("plot", None, "write the rate sweep (p99 TTFT vs rate) as a PNG here")
+
+flag_checks.model_name("model")
+flag_checks.device_profile("profile")
+flag_checks.positive("num_requests", "block_size", "max_num_seqs", "max_num_batched_tokens")
+flag_checks.non_negative("refine", "seed")
+flag_checks.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv_cache_gb", "ttft_p99_bound_s")
+flag_checks.list_of("prefix_caching", choices=["off", "on"])
+flag_checks.list_of("rates", number_at_least=0)
+flag_checks.key_values("scales")
 
 
 def _scales() -> dict:

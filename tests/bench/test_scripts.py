@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
-TINY = ["--config=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
+TINY = ["--model=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
         "--output_len=3", "--kv_budget_tokens=256", "--max_model_len=64", f"--compile_cache_dir={CACHE}"]
 
 
@@ -61,7 +61,7 @@ def test_profile(tmp_path):
 
 @pytest.mark.parametrize("dtype, per_token", [("float16", 327_680), ("fp8", 163_840)])
 def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
-    out = run_script("kv_capacity.py", "--config=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
+    out = run_script("kv_capacity.py", "--model=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
                      f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["bytes_per_token"] == per_token
