@@ -70,7 +70,7 @@ class EngineConfig:
         check_int("max_num_seqs", self.max_num_seqs, low=1, high=INT32_MAX)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=INT32_MAX)
         check_optional_int("max_model_len", self.max_model_len, low=1, high=INT32_MAX)
-        check_int("seed", self.seed, low=0, high=2**64 - 1)
+        check_int("seed", self.seed, low=0, high=2**32 - 1)  # seeds the random weights too
         check_int("disk_cache_bytes", self.disk_cache_bytes, low=1)
         check_float("pool_fill_value", self.pool_fill_value, allow_nan=True)
         check_float("kv_scale_margin", self.kv_scale_margin, low=1.0)
