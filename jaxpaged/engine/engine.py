@@ -120,6 +120,10 @@ class Engine:
             raise ValueError("host_cache_bytes needs a runner that owns a device KV pool (ModelRunner)")
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
+        if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
+                                        or self.config.prefix_cache_snapshot):
+            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
+                             f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self) -> KVManager:
         if self.config.kv_layout == "contiguous":

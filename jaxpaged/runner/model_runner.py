@@ -68,7 +68,7 @@ class PendingStep:
 
     def result(self) -> ModelOutput:
         """Wait for the step and bring its results to the host, in the caller's sequence order."""
-        host = jax.device_get(self._outputs)
+        host = jax.device_get(jax.tree.map(_local_copy, self._outputs))
         rows = self._order
         return ModelOutput(
             token_ids=host["token_ids"][rows],
@@ -77,6 +77,11 @@ class PendingStep:
             top_logprobs=host["top_logprobs"][rows] if "top_logprobs" in host else None,
             logits=host["logits"][rows] if "logits" in host else None,
         )
+
+
+def _local_copy(array: jax.Array) -> jax.Array:
+    """A replicated array's copy on one of this process's devices (the whole array even when multi-host)."""
+    return array if array.is_fully_addressable else array.addressable_data(0)
 
 
 class _NoStep:
