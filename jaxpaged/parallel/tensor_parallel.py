@@ -41,21 +41,10 @@ ParamPath = tuple
 
 
 def validate_tensor_parallel_size(config: ModelConfig, size: int) -> None:
-    """Raise ValueError unless `size` devices can split `config` (heads, KV heads, MLP, devices)."""
-    if size < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    """Raise ValueError unless `size` devices can split `config` (heads, KV heads, MLP) and are visible."""
+    config.check_tensor_parallel(size)
     if size == 1:
         return
-    if config.num_heads % size:
-        raise ValueError(f"tensor_parallel_size={size} must divide the model's num_heads "
-                         f"({config.num_heads}) so each device holds whole query heads")
-    kv = config.num_kv_heads
-    if kv % size and size % kv:
-        raise ValueError(f"tensor_parallel_size={size} must divide num_kv_heads ({kv}) or be a "
-                         f"multiple of it (KV heads are then replicated); {size} is neither")
-    if config.intermediate_size % size:
-        raise ValueError(f"tensor_parallel_size={size} must divide intermediate_size "
-                         f"({config.intermediate_size})")
     available = len(jax.devices())
     if size > available:
         raise ValueError(f"tensor_parallel_size={size} needs {size} devices; {available} are visible "
