@@ -38,9 +38,9 @@ from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absma
 from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import LlamaModel
+from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
-from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 from jaxpaged.runner.input_batch import InputBatch
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
