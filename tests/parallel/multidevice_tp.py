@@ -83,6 +83,8 @@ def test_engine_tokens_equal_single_device(models, single_device, config, n):
     pages = engine.runner.pool.k[0]
     total = ref_engine.runner.pool.k[0].nbytes  # the whole logical pool of one layer
     share = total // min(n, config.num_kv_heads)  # 1/N, or one KV head's worth when heads are replicated
+    assert engine.stats.num_steps and engine.kv.stats.num_cow_copies > 0  # forks copied blocks on write
+    assert all(a.sharding == engine.runner.tp.pool_pages for a in engine.runner.pool.k + engine.runner.pool.v)
     shards = pages.addressable_shards
     assert len({s.device for s in shards}) == n
     assert all(s.data.nbytes == share for s in shards)
@@ -107,6 +109,7 @@ def test_logits_and_blocks_match_single_device(models, config, n):
     np.testing.assert_allclose(np.stack(blocks), np.stack(ref_blocks), atol=2e-5)
     runners[1].write_blocks([0], [ref_blocks[0] + 1.0])
     np.testing.assert_allclose(runners[1].read_blocks([0])[0], ref_blocks[0] + 1.0, atol=2e-5)
+    assert all(a.sharding == runners[1].tp.pool_pages for a in runners[1].pool.k)  # the scatter kept the split
 
 
 def test_pool_donated_and_not_copied(models):
