@@ -123,6 +123,7 @@ class ModelRunner:
         self.config: ModelConfig = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks
+        # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
         if self.tp is None:
             self.backend = backend
@@ -158,12 +159,10 @@ class ModelRunner:
             v_scale = tp.to_physical_heads(np.asarray(v_scale), axis=1)
         make = functools.partial(create_pool, tp.physical_config, self.num_blocks, self.block_size, kv_dtype,
                                  fill_value=fill_value, k_scale=k_scale, v_scale=v_scale)
-        shardings = self._pool_shardings(num_layers=self.config.num_layers)
-        return jax.jit(make, out_shardings=shardings)()  # each device allocates its heads only
+        return jax.jit(make, out_shardings=self._pool_shardings())()  # each device allocates its heads only
 
-    def _pool_shardings(self, num_layers: int | None = None) -> KVPool:
-        layers = num_layers or self.config.num_layers
-        pages = (self.tp.pool_pages,) * layers
+    def _pool_shardings(self) -> KVPool:
+        pages = (self.tp.pool_pages,) * self.config.num_layers
         return KVPool(pages, pages, self.tp.pool_scales, self.tp.pool_scales)
 
     def _put(self, tree):

@@ -6,7 +6,9 @@ one CPU device, and XLA's device count is fixed when JAX starts.
 Every check compares N devices with N = 1: logits within float tolerance,
 greedy and seeded tokens equal through prefix hits, preemption and n > 1;
 each device holds 1/N of the pool (1/kv_heads when KV heads are replicated);
-compiles stay as many as on one device; the pool is still donated.
+compiles stay as many as on one device; the pool is still donated and keeps
+its split; host block copies and fp8 scales stay in logical KV heads; the
+Pallas kernel works on local heads; checkpoints load straight into shards.
 """
 
 import jax
@@ -166,3 +168,22 @@ def test_fp8_pool_with_replicated_heads(models):
     for a, b in zip(scales, ref_scales):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     assert tokens == ref_tokens
+
+
+@pytest.mark.parametrize("fmt,n", [("hf", 4), ("orbax", 2)])
+def test_checkpoints_load_into_shards(models, tmp_path, fmt, n):
+    """A checkpoint loaded at N devices: each weight arrives as its slices, and the model computes the same."""
+    from jaxpaged.checkpoint import load_model, save_hf_checkpoint, save_params
+    from jaxpaged.checkpoint.skeleton import model_params
+    model = models[TINY.name]
+    (save_hf_checkpoint if fmt == "hf" else save_params)(model, tmp_path / fmt)
+    loaded = model_params(load_model(tmp_path / fmt, tensor_parallel_size=n))
+    for path, value in model_params(model).items():
+        np.testing.assert_array_equal(np.asarray(loaded[path]), np.asarray(value), err_msg=str(path))
+    up = loaded[("layers", 0, "mlp", "up_proj", "kernel")]
+    assert {s.data.shape for s in up.addressable_shards} == {(TINY.hidden_size, TINY.intermediate_size // n)}
+    step = _steps()[0]
+    ref = ModelRunner(model, 16, BS).execute(step, return_logits=True)
+    got = ModelRunner(load_model(tmp_path / fmt, tensor_parallel_size=n), 16, BS,
+                      tensor_parallel_size=n).execute(step, return_logits=True)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=2e-5, rtol=1e-5)
