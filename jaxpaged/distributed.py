@@ -47,6 +47,15 @@ def validate(coordinator_address: str | None, num_processes: int, process_id: in
         raise ValueError(f"coordinator_address must be host:port, got {coordinator_address!r}")
 
 
+@flags.multi_flags_validator(["coordinator_address", "num_processes", "process_id"])
+def _check_flags(values: dict) -> bool:
+    try:
+        validate(values["coordinator_address"], values["num_processes"], values["process_id"])
+    except ValueError as e:
+        raise flags.ValidationError(str(e)) from None
+    return True
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int = 1, process_id: int = 0) -> bool:
     """Join the multi-process JAX runtime; returns whether it did (False for one process).
 

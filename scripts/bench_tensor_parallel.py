@@ -31,6 +31,10 @@ PREFILL = flags.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 ROUNDS = flags.DEFINE_integer("rounds", 10, "timed rounds (each runs every size once); medians reported")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write results here as JSON")
+flags.register_validator("sizes", lambda sizes: all(s.isdigit() and int(s) >= 1 for s in sizes),
+                         "--sizes must be positive integers, e.g. 1,2,4")
+for _flag in ("decode_batch", "decode_context", "prefill_len", "block_size", "rounds"):
+    flags.register_validator(_flag, lambda value: value >= 1, f"--{_flag} must be >= 1")
 
 
 def main(argv):
