@@ -45,10 +45,17 @@ def main(argv):
         for out in engine.step():
             if out.finished:
                 tokens[out.request_id] = [c.token_ids for c in out.outputs]
+    try:  # a host tier reads whole blocks on one host: refused across processes
+        Engine(EngineConfig(model="tiny", block_size=4, num_blocks=24, tensor_parallel_size=4,
+                            host_cache_bytes=1 << 20))
+        host_tier_refused = False
+    except ValueError as e:
+        host_tier_refused = "single-process only" in str(e)
     with open(OUT.value, "w") as f:
         json.dump({"process_index": jax.process_index(), "process_count": jax.process_count(),
                    "devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
-                   "preemptions": engine.scheduler.num_preemptions, "tokens": tokens}, f)
+                   "preemptions": engine.scheduler.num_preemptions, "tokens": tokens,
+                   "host_tier_refused": host_tier_refused}, f)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from jaxpaged import distributed
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "multihost_worker.py"
+CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
 
 
 def _free_port() -> int:
@@ -24,7 +25,9 @@ def _free_port() -> int:
 
 def _start(out: Path, devices: int, *flags: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+               JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return subprocess.Popen([sys.executable, str(WORKER), f"--out={out}", *flags], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -46,6 +49,8 @@ def test_two_processes_match_single_process(tmp_path):
         assert (r["process_count"], r["devices"], r["local_devices"]) == (2, 4, 2)
         assert r["tokens"] == results["single"]["tokens"]  # p1 got its requests by broadcast from p0
         assert r["preemptions"] == results["single"]["preemptions"] > 0
+        assert r["host_tier_refused"]
+    assert not results["single"]["host_tier_refused"]  # one process: the host tier is fine
     assert len(results["single"]["tokens"]) == 6
 
 
