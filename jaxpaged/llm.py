@@ -20,7 +20,8 @@ class LLM:
     attention_backend ("auto" | "xla" | "pallas", pallas_interpret), kv_cache_dtype
     ("auto" | "bfloat16" | "fp8_e4m3", kv_scales), host_cache_bytes / disk_cache_dir
     (lower cache tiers), preemption_mode ("recompute" | "swap"), prefix_cache_snapshot,
-    hash_algo, seed. See `jaxpaged.engine.EngineConfig`.
+    hash_algo, seed, tensor_parallel_size (split the model over that many devices).
+    See `jaxpaged.engine.EngineConfig`.
     """
 
     def __init__(self, model: str = "tiny", **kwargs):

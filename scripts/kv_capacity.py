@@ -23,6 +23,8 @@ WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", None, "weight dtype (default:
 BUDGET_GB = flags.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes)")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
 CONTEXT_LEN = flags.DEFINE_integer("context_len", 2048, "tokens per sequence")
+TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over; --budget_gb is then "
+                          "each device's KV budget")
 JSON_OUT = flags.DEFINE_string("json_out", None, "also write the figures here as JSON")
 
 KV_DTYPE_NAMES = list(SUPPORTED_DTYPES) + list(DTYPE_ALIASES) + ["fp8"]
@@ -38,7 +40,7 @@ def main(argv):
     del argv
     cap = kv_capacity(load_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
                       block_size=BLOCK_SIZE.value, context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
-                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value)
+                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value, tensor_parallel_size=TP.value)
     print(format_capacity(cap))
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as f:

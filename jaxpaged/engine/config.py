@@ -50,6 +50,10 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 1 << 30
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to the host tier and back
+    # split weights and the KV pool's heads over this many devices (jaxpaged.parallel); one controller.
+    # num_blocks / kv_cache_bytes keep meaning the whole (logical) pool: each device holds 1/N of it
+    # (1/num_kv_heads when N exceeds the KV heads and they are replicated)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         """Check every field's type and range; ValueError naming the field."""
@@ -60,6 +64,8 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         validate_tier_options(self)
 
     def _check_types(self) -> None:

@@ -64,7 +64,8 @@ class Engine:
         self.clock = clock
         if runner is None and model is None:
             from jaxpaged.checkpoint import load_model
-            model = load_model(config.model, dtype=config.dtype, seed=config.seed)
+            model = load_model(config.model, dtype=config.dtype, seed=config.seed,
+                               tensor_parallel_size=config.tensor_parallel_size)
         self.model_config = runner.config if runner is not None else model.config
         kv_dtype = kv_dtype_from_name(config.kv_cache_dtype, config.dtype or self.model_config.dtype)
         if runner is not None and config.num_blocks is None and config.kv_cache_bytes is None:
@@ -84,7 +85,8 @@ class Engine:
             backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)
             runner = ModelRunner(model, self.num_blocks, self.block_size, kv_dtype=kv_dtype, backend=backend,
                                  pool_fill_value=config.pool_fill_value, kv_scales=kv_scales,
-                                 max_num_seqs=config.max_num_seqs)
+                                 max_num_seqs=config.max_num_seqs,
+                                 tensor_parallel_size=config.tensor_parallel_size)
         self._check_runner(runner)
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
@@ -119,6 +121,10 @@ class Engine:
             raise ValueError("host_cache_bytes needs a runner that owns a device KV pool (ModelRunner)")
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
+        if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
+                                        or self.config.prefix_cache_snapshot):
+            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
+                             f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self) -> KVManager:
         if self.config.kv_layout == "contiguous":
