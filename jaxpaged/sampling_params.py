@@ -10,6 +10,8 @@ from jaxpaged.validation import INT32_MAX, check_bool, check_float, check_int, c
 
 MAX_SEED = 2**64 - 1  # seeds are 64-bit; distinct seeds give distinct sample streams
 
+MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for per token (vLLM's default cap)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -23,6 +25,12 @@ class SamplingParams:
     copy-on-write). `beam_width > 1` runs beam search instead of sampling and
     returns the `beam_width` best beams, scored by `cumulative_logprob / len ** length_penalty`.
     `detokenize=False` leaves each output's `text` empty (token ids only), as in vLLM.
+    `stop` strings end a sequence when its detokenized text contains one; the
+    text is cut before it (`include_stop_str_in_output` keeps it) and, while
+    streaming, the last `len(longest stop) - 1` characters are held back so a
+    stop string never leaks out in part. `logprobs=k` returns, for every output
+    token, the log-probabilities (under the raw logits) of the sampled token
+    and of the k most likely ones; 0 returns the sampled token's alone.
     `output_kind` chooses what `Engine.step` streams back for the request:
     everything so far after every step (CUMULATIVE, the default), only what is
     new (DELTA), or one output at the end (FINAL_ONLY). Beam search returns its
@@ -41,6 +49,9 @@ class SamplingParams:
     length_penalty: float = 1.0
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    stop: Sequence[str] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         """Check every field's type and range (ValueError naming the field); store them normalised."""
@@ -65,6 +76,23 @@ class SamplingParams:
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         for name, value in fields.items():
             object.__setattr__(self, name, value)
+        self._check_stop_strings_and_logprobs()
+
+    def _check_stop_strings_and_logprobs(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be a list of non-empty strings, got {s!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        if stop and self.beam_width > 1:
+            raise ValueError("stop strings are not supported with beam search (beam_width > 1)")
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+            if self.beam_width > 1:
+                raise ValueError("logprobs is not supported with beam search (beam_width > 1)")
 
     @property
     def use_beam_search(self) -> bool:

@@ -312,6 +312,9 @@ class Engine:
         `step()` calls it; so does the simulator's decode fast-forward, which
         runs the scheduler's parts itself.
         """
+        for seq, stop in self.output_processor.find_stop_strings(advanced):
+            seq.stop_reason = stop
+            self.scheduler.finish_seq(seq, "stop", self.clock())
         finished = self.scheduler.take_finished_requests()
         for request in finished:
             del self._requests[request.request_id]
