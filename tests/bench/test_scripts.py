@@ -103,7 +103,7 @@ def test_bench_tensor_parallel(tmp_path):
 
 
 def test_kv_capacity_tensor_parallel(tmp_path):
-    run_script("kv_capacity.py", "--config=llama3-70b", "--kv_dtype=bfloat16", "--budget_gb=40",
+    run_script("kv_capacity.py", "--model=llama3-70b", "--kv_dtype=bfloat16", "--budget_gb=40",
                "--tensor_parallel_size=4", f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["kv_shards"] == 4 and cap["num_blocks"] == 40 * 10**9 // (327_680 * 16 // 4)

@@ -27,6 +27,9 @@ BAD = [
     ("profile.py", "--block_size=0", "block_size"),
     ("simulate_serving.py", "--profile=tpu-v9", "profile"),
     ("simulate_serving.py", "--scales=output_len", "scales"),
+    ("serve.py", "--port=0", "port"),
+    ("serve.py", "--kv_cache_dtype=int4", "kv_cache_dtype"),
+    ("bench_tensor_parallel.py", "--sizes=1,0", "sizes"),
 ]
 
 
