@@ -19,14 +19,14 @@ $(STAMP): pyproject.toml
 	  if [ -z "$$py" ]; then echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON=/path/to/python3.12" >&2; exit 1; fi; \
 	  echo "creating $(VENV) with $$py"; "$$py" -m venv $(VENV); fi
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test,serve]'
+	$(VPY) -m pip install --quiet -e '.[test,serve-test]'
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(STAMP)
-	$(VPY) scripts/bench_serving.py --config=small --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+	$(VPY) scripts/bench_serving.py --model=small --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache

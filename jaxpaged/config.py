@@ -74,6 +74,35 @@ class ModelConfig:
         itemsize = dtype_itemsize(kv_dtype or self.dtype)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
+    def check_tensor_parallel(self, size: int) -> None:
+        """Raise ValueError unless `size` devices split this model (whole heads, KV heads, MLP, vocabulary).
+
+        KV heads split when `size` divides them and are replicated (vLLM's rule) when
+        `size` is a multiple of them; any other size fits neither way.
+        """
+        if size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+        if size == 1:
+            return
+        if self.num_heads % size:
+            raise ValueError(f"tensor_parallel_size={size} must divide the model's num_heads "
+                             f"({self.num_heads}) so each device holds whole query heads")
+        kv = self.num_kv_heads
+        if kv % size and size % kv:
+            raise ValueError(f"tensor_parallel_size={size} must divide num_kv_heads ({kv}) or be a "
+                             f"multiple of it (KV heads are then replicated); {size} is neither")
+        if self.intermediate_size % size:
+            raise ValueError(f"tensor_parallel_size={size} must divide intermediate_size "
+                             f"({self.intermediate_size})")
+
+    def kv_shards(self, tensor_parallel_size: int) -> int:
+        """Distinct slices of the KV pool over `tensor_parallel_size` devices (each device holds one).
+
+        `tensor_parallel_size` when it divides the KV heads; `num_kv_heads` when the
+        heads are replicated, so a device then holds one KV head: 1/num_kv_heads of the pool.
+        """
+        return min(tensor_parallel_size, self.num_kv_heads)
+
     def num_params(self) -> int:
         """Parameter count (embeddings counted once when tied)."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim

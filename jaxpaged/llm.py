@@ -20,7 +20,8 @@ class LLM:
     attention_backend ("auto" | "xla" | "pallas", pallas_interpret), kv_cache_dtype
     ("auto" | "bfloat16" | "fp8_e4m3", kv_scales), host_cache_bytes / disk_cache_dir
     (lower cache tiers), preemption_mode ("recompute" | "swap"), prefix_cache_snapshot,
-    hash_algo, seed. See `jaxpaged.engine.EngineConfig`.
+    hash_algo, seed, tensor_parallel_size (split the model over that many devices).
+    See `jaxpaged.engine.EngineConfig`.
     """
 
     def __init__(self, model: str = "tiny", **kwargs):
@@ -38,7 +39,10 @@ class LLM:
 
         A prompt is a token-id list, a string, or a dict with `prompt_token_ids`
         or `prompt` and optionally `cache_salt`. If any prompt is invalid,
-        ValueError is raised before anything runs.
+        ValueError is raised before anything runs. Only this call's requests
+        are waited for and returned; requests added through `llm.engine` (or
+        left by an interrupted call) keep running, and their outputs are not
+        returned here.
         """
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -50,17 +54,29 @@ class LLM:
             self.engine.validate_prompt(prompt, params)  # all or nothing
         ids = []
         for prompt, params in zip(prompts, sampling_params):
-            request_id = f"llm-{self._next_id}"
-            self._next_id += 1
-            self.engine.add_request(request_id, prompt,
+            ids.append(self._new_request_id())
+            self.engine.add_request(ids[-1], prompt,
                                     dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY))
-            ids.append(request_id)
-        wanted = set(ids)
+        return self._run_until_finished(ids, use_tqdm)
+
+    def _new_request_id(self) -> str:
+        """The next `llm-N` id that the engine does not hold (a request may have been added directly)."""
+        while self.engine.has_request(f"llm-{self._next_id}"):
+            self._next_id += 1
+        self._next_id += 1
+        return f"llm-{self._next_id - 1}"
+
+    def _run_until_finished(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until each of `ids` has its final output; other requests' outputs are left alone."""
         results: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
             while len(results) < len(ids):
+                if not self.engine.has_unfinished_requests():
+                    missing = sorted(wanted - set(results))
+                    raise RuntimeError(f"the engine finished without outputs for {missing}")
                 for out in self.engine.step():
-                    if out.finished and out.request_id in wanted:  # others were added through llm.engine
+                    if out.finished and out.request_id in wanted and out.request_id not in results:
                         results[out.request_id] = out
                         bar.update(1)
         return [results[i] for i in ids]

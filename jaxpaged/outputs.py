@@ -28,6 +28,9 @@ class CompletionOutput:
     text: str
     cumulative_logprob: float
     finish_reason: str | None  # "stop", "length" or "abort"; None while it runs
+    # with SamplingParams.logprobs: per output token, {token id: logprob} for the sampled and top ids
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it, if any
 
     @property
     def finished(self) -> bool:

@@ -43,6 +43,9 @@ class Sequence:
     # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
     pending_candidates: list[tuple[int, float]] | None = None
     resident: bool = False  # the runner holds a row for it (its block table and sampling settings)
+    # SamplingParams.logprobs: per output token, {token id: logprob} (sampled token and top ones)
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
 
     @property
     def num_tokens(self) -> int:
@@ -84,7 +87,8 @@ class Sequence:
         """A child with the same tokens and computed state (its blocks are shared by the cache manager)."""
         return Sequence(self.request, list(self.token_ids), index,
                         num_computed_tokens=self.num_computed_tokens,
-                        cumulative_logprob=self.cumulative_logprob, status=self.status)
+                        cumulative_logprob=self.cumulative_logprob, status=self.status,
+                        logprobs=None if self.logprobs is None else list(self.logprobs))
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,8 +1,13 @@
 """Tokenizers: a byte-level fallback, a Hugging Face `tokenizer.json` wrapper, and streaming decode.
 
-The engine depends only on the `Tokenizer` protocol. Models without a
-`tokenizer.json` (the shipped random-weight configs) use `ByteTokenizer`:
-ids 0-255 are raw bytes, then BOS and EOS (256 and 257 in configs/tiny.json).
+The engine depends only on the `Tokenizer` protocol. A checkpoint directory
+uses its `tokenizer.json` (Hugging Face `tokenizers`), else its
+`tokenizer.model` (sentencepiece), else -- when its BOS/EOS ids lie below 256,
+so bytes cannot be tokens -- no tokenizer at all (`IdsOnlyTokenizer`: token-id
+prompts are served with empty output text, and a text prompt is refused with a
+ValueError). The shipped random-weight configs use
+`ByteTokenizer`: ids 0-255 are raw bytes, then BOS and EOS (256 and 257 in
+configs/tiny.json).
 """
 
 from __future__ import annotations
@@ -104,6 +109,70 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
+class SentencePieceTokenizer:
+    """A sentencepiece `tokenizer.model` (Llama-2 style checkpoints) behind the `Tokenizer` protocol."""
+
+    def __init__(self, processor: Any, bos_token_id: int | None, eos_token_id: int | None,
+                 stop_token_ids: Iterable[int] = ()):
+        self._sp = processor
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        stops = set(stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+        self.stop_token_ids = frozenset(stops)
+        self.vocab_size = processor.get_piece_size()
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "SentencePieceTokenizer":
+        """Load `tokenizer.model` from `model_dir`; BOS/EOS from the configs beside it, else the model's own."""
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ValueError(f"{model_dir} has a sentencepiece tokenizer.model: "
+                             "pip install sentencepiece to load it") from None
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(Path(model_dir) / "tokenizer.model"))
+        bos, eos, stops = read_special_ids(Path(model_dir), lambda piece: processor.piece_to_id(piece))
+        own = lambda i: i if i >= 0 else None  # sentencepiece reports -1 for an absent special
+        return cls(processor, own(processor.bos_id()) if bos is None else bos,
+                   own(processor.eos_id()) if eos is None else eos, stops)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, preceded by BOS (as Llama's sentencepiece tokenizer does) when it has one."""
+        ids = self._sp.encode(text)
+        return ([self.bos_token_id] if add_special_tokens and self.bos_token_id is not None else []) + ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids` (ids outside the sentencepiece vocabulary are dropped)."""
+        size = self.vocab_size
+        return self._sp.decode([i for i in ids if 0 <= i < size and not (skip_special_tokens and
+                                                                          self._sp.is_control(i))])
+
+
+class IdsOnlyTokenizer:
+    """A checkpoint without a tokenizer: token ids in and out, output text always empty.
+
+    `can_encode` is False, so the engine refuses text prompts with a ValueError.
+    """
+
+    can_encode = False
+
+    def __init__(self, bos_token_id: int | None, eos_token_id: int | None, vocab_size: int,
+                 stop_token_ids: Iterable[int] = ()):
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        stops = set(stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+        self.stop_token_ids = frozenset(stops)
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        """Always a ValueError: there is no tokenizer to encode text with."""
+        raise ValueError("this model has no tokenizer (no tokenizer.json or tokenizer.model): "
+                         "pass prompt token ids instead of text")
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Empty: without a tokenizer, outputs are token ids only."""
+        return ""
+
+
 def read_special_ids(model_dir: Path, token_to_id=None) -> tuple[int | None, int | None, set[int]]:
     """(bos, eos, stop ids) for a model directory.
 
@@ -134,9 +203,23 @@ def read_special_ids(model_dir: Path, token_to_id=None) -> tuple[int | None, int
 
 
 def load_tokenizer(model_dir: str | Path | None, config: ModelConfig) -> Tokenizer:
-    """`HFTokenizer` when `model_dir` holds a `tokenizer.json`, else a `ByteTokenizer` sized to `config`."""
-    if model_dir is not None and (Path(model_dir) / "tokenizer.json").is_file():
-        return HFTokenizer.from_dir(model_dir)
+    """The tokenizer for a model.
+
+    A directory's `tokenizer.json` (`HFTokenizer`), else its `tokenizer.model`
+    (`SentencePieceTokenizer`), else `IdsOnlyTokenizer` -- unless its BOS/EOS
+    leave ids 0-255 free, as a shipped config saved as a checkpoint does: that
+    and a shipped config name get a `ByteTokenizer` sized to `config`.
+    """
+    if model_dir is not None and Path(model_dir).is_dir():
+        model_dir = Path(model_dir)
+        if (model_dir / "tokenizer.json").is_file():
+            return HFTokenizer.from_dir(model_dir)
+        if (model_dir / "tokenizer.model").is_file():
+            return SentencePieceTokenizer.from_dir(model_dir)
+        if not _byte_ids_free(config):
+            bos, eos, stops = read_special_ids(model_dir)
+            return IdsOnlyTokenizer(config.bos_token_id if bos is None else bos,
+                                    config.eos_token_id if eos is None else eos, config.vocab_size, stops)
     bos = 256 if config.bos_token_id is None else config.bos_token_id
     eos = 257 if config.eos_token_id is None else config.eos_token_id
     return ByteTokenizer(bos, eos, vocab_size=max(config.vocab_size, bos + 1, eos + 1))
@@ -182,6 +265,12 @@ class IncrementalDetokenizer:
         self._prefix, self._read = self._read, len(self.ids)
         self.text += new
         return new
+
+
+def _byte_ids_free(config: ModelConfig) -> bool:
+    """Whether the model's BOS/EOS leave ids 0-255 to bytes (as the shipped configs do)."""
+    special = [i for i in (config.bos_token_id, config.eos_token_id) if i is not None]
+    return config.vocab_size >= 258 and all(i >= 256 for i in special)
 
 
 def _read_json(path: Path) -> dict:

@@ -1,6 +1,6 @@
 """Block-size ablation: KV waste, concurrency, prefix hits, throughput and TTFT vs block size.
 
-    python scripts/ablate_block_size.py --config=tiny --workloads=chatbot,unique,multiturn \
+    python scripts/ablate_block_size.py --model=tiny --workloads=chatbot,unique,multiturn \
         --block_sizes=1,8,16,32,64,128 --json_out=out/ablation.json --plot_dir=docs/plots
 
 Every block size gets the same KV budget in tokens (--kv_budget_tokens).
@@ -14,10 +14,12 @@ from pathlib import Path
 from absl import app, flags
 from tqdm.auto import tqdm
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.ablation import ABLATION_METRICS, sweep_block_sizes
 from jaxpaged.bench.plots import plot_all
 from jaxpaged.checkpoint import load_model
+from jaxpaged.workloads import WORKLOADS as WORKLOADS_BY_NAME
 
 WORKLOADS = flags.DEFINE_list("workloads", ["chatbot", "unique", "multiturn"], "workloads to sweep")
 BLOCK_SIZES = flags.DEFINE_list("block_sizes", ["1", "8", "16", "32", "64", "128"], "block sizes to sweep")
@@ -27,8 +29,11 @@ PLOT_DIR = flags.DEFINE_string("plot_dir", "out/plots", "one PNG per metric goes
 PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
 
 # small enough for a few minutes on 2 CPU cores; every one can be overridden on the command line
-DEFAULTS = {"config": "tiny", "num_requests": 8, "system_len": 64, "user_len": 48, "prompt_len": 112,
+DEFAULTS = {"model": "tiny", "num_requests": 8, "system_len": 64, "user_len": 48, "prompt_len": 112,
             "output_len": 16, "num_turns": 2, "kv_budget_tokens": 1024, "max_model_len": 512}
+
+flag_checks.list_of("workloads", choices=list(WORKLOADS_BY_NAME))
+flag_checks.list_of("block_sizes", integer_at_least=1)
 
 
 def main(argv):
@@ -37,7 +42,7 @@ def main(argv):
     bench_flags.enable_compile_cache()
     block_sizes = [int(b) for b in BLOCK_SIZES.value]
     workloads = {name: bench_flags.workload_from_flags(name) for name in WORKLOADS.value}
-    model = load_model(bench_flags.CONFIG.value)
+    model = load_model(bench_flags.MODEL.value)
     bar = tqdm(total=len(block_sizes) * len(workloads), desc="runs", disable=not PROGRESS.value)
     rows = sweep_block_sizes(model, workloads, block_sizes, bench_flags.setup_from_flags(
                                  max(block_sizes), [r for reqs in workloads.values() for r in reqs]),
@@ -49,7 +54,7 @@ def main(argv):
     for r in rows:
         print(f"| {r['block_size']} | {r['workload']} | " + " | ".join(f"{r[m]:.3g}" for m in ABLATION_METRICS) + " |")
     Path(JSON_OUT.value).parent.mkdir(parents=True, exist_ok=True)
-    Path(JSON_OUT.value).write_text(json.dumps({"config": bench_flags.CONFIG.value, "rows": rows}, indent=2))
+    Path(JSON_OUT.value).write_text(json.dumps({"model": bench_flags.MODEL.value, "rows": rows}, indent=2))
     if PLOT_DIR.value:
         for path in plot_all(rows, ABLATION_METRICS, Path(PLOT_DIR.value)):
             print(f"wrote {path}")

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.mathutils import cdiv
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
@@ -55,6 +56,10 @@ flags.DEFINE_string("md_out", None, "Write a Markdown table here.")
 PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 # Decode targets of issue 5 on an H200 (batch 64 x 8K, Llama-3-8B heads, bf16).
 TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_dense": 1 / 1.15}
+
+flag_checks.positive("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+                     "prefill_chunk", "repeats")
+flag_checks.non_negative("prefill_batch", "warmup")
 
 
 def peak_bandwidth(device) -> float | None:

@@ -14,6 +14,8 @@ import os
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
+from jaxpaged.cache.hashing import HASH_ALGOS
 from jaxpaged.bench.block_manager import BenchConfig, markdown_table, run_benchmarks
 
 _NUM_BLOCKS = flags.DEFINE_integer("num_blocks", 4096, "Physical blocks in the pool.")
@@ -22,6 +24,9 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "Prompt length in tokens.
 _REPEATS = flags.DEFINE_integer("repeats", 2000, "Timed calls per measurement (median reported).")
 _HASH_ALGO = flags.DEFINE_list("hash_algo", ["sha256", "xxh3_128"], "Hash algorithms to compare.")
 _JSON_OUT = flags.DEFINE_string("json_out", "out/bench_block_manager.json", "Where to write the JSON results.")
+
+flag_checks.positive("num_blocks", "block_size", "prompt_len", "repeats")
+flag_checks.list_of("hash_algo", choices=HASH_ALGOS)
 
 
 def main(argv: list[str]) -> None:

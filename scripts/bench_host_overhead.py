@@ -24,6 +24,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench.host_overhead import HostOverhead, measure_host_overhead
 from jaxpaged.outputs import RequestOutputKind
 
@@ -40,6 +41,12 @@ JSON_OUT = flags.DEFINE_string("json_out", None, "write every run as JSON here")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown tables here")
 
 PARTS = ("schedule_ms", "layout_ms", "update_ms", "outputs_ms", "host_ms", "us_per_seq")
+
+flag_checks.model_name("model")
+flag_checks.device_profile("profile")
+flag_checks.positive("context_len", "steps", "repeats")
+flag_checks.list_of("num_seqs", integer_at_least=1)
+flag_checks.list_of("output_kinds", choices=[k.name.lower() for k in RequestOutputKind])
 
 
 def _median(runs: list[HostOverhead], field: str) -> float:

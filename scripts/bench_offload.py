@@ -10,6 +10,8 @@ import os
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
+from jaxpaged.config import list_configs
 from jaxpaged.bench.offload import bench_budget, bench_ttft, capacity_table, markdown
 
 _MODEL = flags.DEFINE_string("model", "small", "Model config for the timed runs.")
@@ -24,6 +26,12 @@ _PLAN_BYTES = flags.DEFINE_integer("plan_bytes", 16 << 30, "KV budget for the ca
 _PLAN_SEQ_LEN = flags.DEFINE_integer("plan_seq_len", 4096, "Sequence length for the planner's concurrency.")
 _PARTS = flags.DEFINE_list("parts", ["capacity", "ttft", "budget"], "Which benchmarks to run.")
 _JSON_OUT = flags.DEFINE_string("json_out", "out/bench_offload.json", "Where to write the JSON results.")
+
+flag_checks.model_name("model")
+flag_checks.positive("prefix_len", "repeats", "kv_cache_bytes", "num_requests", "prompt_len", "max_tokens",
+                     "plan_bytes", "plan_seq_len")
+flag_checks.list_of("parts", choices=["capacity", "ttft", "budget"])
+flag_checks.list_of("plan_models", choices=list_configs())
 
 
 def main(argv: list[str]) -> None:

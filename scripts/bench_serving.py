@@ -1,6 +1,6 @@
 """Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side.
 
-    python scripts/bench_serving.py --config=small --workload=chatbot --num_requests=16 \
+    python scripts/bench_serving.py --model=small --workload=chatbot --num_requests=16 \
         --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
 With ``--backend=http`` it drives a running server (scripts/serve.py) over
@@ -23,6 +23,7 @@ from pathlib import Path
 from absl import app, flags
 from tqdm.auto import tqdm
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench import online
 from jaxpaged.bench.report import markdown_table
@@ -43,6 +44,12 @@ METRICS_PORT = flags.DEFINE_integer("metrics_port", None, "serve Prometheus metr
 LOG_INTERVAL = flags.DEFINE_float("log_interval_s", None, "log a one-line engine summary this often")
 PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
 
+flag_checks.positive("block_size", "repeats")
+flag_checks.list_of("modes", choices=list(MODES))
+flag_checks.at_least(1, "metrics_port")
+flags.register_validator("metrics_port", lambda v: v is None or v <= 65535, "--metrics_port must be <= 65535")
+flag_checks.at_least(1e-3, "log_interval_s")
+
 
 def main(argv):
     """Build the workload, run every mode (or drive the server), print and write the results."""
@@ -54,7 +61,7 @@ def main(argv):
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)
     setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
-    model = load_model(bench_flags.CONFIG.value)
+    model = load_model(bench_flags.MODEL.value)
     bar = tqdm(total=len(requests) * len(MODES_FLAG.value) * REPEATS.value, desc="requests",
                disable=not PROGRESS.value)
     port = iter([METRICS_PORT.value])  # the HTTP server can bind once; it serves the first engine's registry
@@ -67,7 +74,7 @@ def main(argv):
     bar.close()
     table = markdown_table(result["median"], result["ratios"])
     print(table)
-    meta = {"config": bench_flags.CONFIG.value, "workload": WORKLOAD.value, "num_requests": len(requests),
+    meta = {"model": bench_flags.MODEL.value, "workload": WORKLOAD.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
     for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
         if path:

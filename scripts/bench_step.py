@@ -1,6 +1,6 @@
 """Prefill and decode step timings on one config (the foundation's step benchmark).
 
-    python scripts/bench_step.py --config=small --prefill_len=512 --decode_batch=32
+    python scripts/bench_step.py --model=small --prefill_len=512 --decode_batch=32
 """
 
 from __future__ import annotations
@@ -11,19 +11,23 @@ import time
 import numpy as np
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, build_step_input
 
-FLAGS = flags.DEFINE_string("config", "small", "model config name or path")
+MODEL = flags.DEFINE_string("model", "small", "a shipped model config name or a config JSON")
 PREFILL = flags.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
 DECODE_BATCH = flags.DEFINE_integer("decode_batch", 32, "sequences in the decode step")
 CONTEXT = flags.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 REPEATS = flags.DEFINE_integer("repeats", 10, "timed repeats per step (median reported)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write results here as JSON")
+
+flag_checks.model_name("model")
+flag_checks.positive("prefill_len", "decode_batch", "decode_context", "block_size", "repeats")
 
 
 def time_step(runner: ModelRunner, step, repeats: int) -> float:
@@ -39,7 +43,7 @@ def time_step(runner: ModelRunner, step, repeats: int) -> float:
 
 def main(argv):
     del argv
-    config = load_config(FLAGS.value)
+    config = load_config(MODEL.value)
     bs = BLOCK_SIZE.value
     blocks_per_seq = cdiv(max(PREFILL.value, CONTEXT.value + 1), bs)
     num_blocks = blocks_per_seq * (DECODE_BATCH.value + 1)

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.model import init_model
@@ -32,7 +33,7 @@ from jaxpaged.sim.profiles import CPU_PROFILE_PATH, save_profile
 from jaxpaged.sim.validate import record_engine_batches
 from jaxpaged.workloads import make_workload
 
-CONFIG = flags.DEFINE_string("config", "small", "model config to calibrate and validate on")
+MODEL = flags.DEFINE_string("model", "small", "model config to calibrate and validate on")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 NUM_BLOCKS = flags.DEFINE_integer("num_blocks", 4200, "KV pool blocks (covers 64 x 1K-token decodes)")
 REPEATS = flags.DEFINE_integer("repeats", 5, "timed repeats per step, interleaved (median)")
@@ -45,12 +46,15 @@ OVERLAP = flags.DEFINE_bool("phase_overlap", False, "fit the roofline max(comput
                             "of their sum")
 COMPILE_CACHE = flags.DEFINE_string("compile_cache", "out/jax-compile", "persistent XLA compilation cache")
 
+flag_checks.model_name("model")
+flag_checks.positive("block_size", "num_blocks", "repeats", "num_requests")
+
 
 def main(argv):
     del argv
     jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)  # reruns skip XLA compiles
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    config = load_config(CONFIG.value)
+    config = load_config(MODEL.value)
     bs = BLOCK_SIZE.value
     if REFIT_FROM.value:
         shapes, cal_times, val_shapes, val_times = _load_measurements(REFIT_FROM.value)
@@ -104,7 +108,7 @@ def _measure(config, bs: int):
     cal_batches = [calibrate.synthetic_batch(s, bs, rng) for s in shapes]
     requests = make_workload("mixed", num_requests=NUM_REQUESTS.value, seed=1, max_prompt_len=768,
                              max_output_len=48)
-    engine_config = EngineConfig(model=CONFIG.value, block_size=bs, num_blocks=NUM_BLOCKS.value,
+    engine_config = EngineConfig(model=MODEL.value, block_size=bs, num_blocks=NUM_BLOCKS.value,
                                  max_num_seqs=32, max_num_batched_tokens=256)
     val_batches = record_engine_batches(runner, engine_config, requests)
     times = calibrate.measure_batches(runner, cal_batches + val_batches, REPEATS.value)

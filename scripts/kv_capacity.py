@@ -1,6 +1,6 @@
 """KV-cache capacity for a model config: bytes per token, blocks and sequences for a budget.
 
-    python scripts/kv_capacity.py --config=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
+    python scripts/kv_capacity.py --model=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
 
 Reproduces the reference figures: Llama-3-70B fp16 = 327,680 bytes per token,
 a 16-token block ~5.2 MB, ~8,600 blocks in 45 GB (and weights ~141 GB in fp16).
@@ -13,24 +13,34 @@ import json
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.capacity import format_capacity, kv_capacity
-from jaxpaged.config import load_config
+from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
 
-CONFIG = flags.DEFINE_string("config", "llama3-70b", "model config name or path")
+MODEL = flags.DEFINE_string("model", "llama3-70b", "a shipped model config name or a config JSON")
 KV_DTYPE = flags.DEFINE_string("kv_dtype", "float16", "KV cache dtype (float16, bfloat16, float32, fp8)")
 WEIGHT_DTYPE = flags.DEFINE_string("weight_dtype", None, "weight dtype (default: the KV dtype)")
 BUDGET_GB = flags.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes)")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
 CONTEXT_LEN = flags.DEFINE_integer("context_len", 2048, "tokens per sequence")
+TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over; --budget_gb is then "
+                          "each device's KV budget")
 JSON_OUT = flags.DEFINE_string("json_out", None, "also write the figures here as JSON")
+
+KV_DTYPE_NAMES = list(SUPPORTED_DTYPES) + list(DTYPE_ALIASES) + ["fp8"]
+flag_checks.model_name("model")
+flag_checks.one_of("kv_dtype", KV_DTYPE_NAMES)
+flag_checks.one_of("weight_dtype", KV_DTYPE_NAMES)
+flag_checks.at_least(1e-9, "budget_gb")
+flag_checks.positive("block_size", "context_len")
 
 
 def main(argv):
     """Print the capacity figures (and write JSON if asked)."""
     del argv
-    cap = kv_capacity(load_config(CONFIG.value), budget_bytes=int(BUDGET_GB.value * 1e9),
+    cap = kv_capacity(load_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
                       block_size=BLOCK_SIZE.value, context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
-                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value)
+                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value, tensor_parallel_size=TP.value)
     print(format_capacity(cap))
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as f:

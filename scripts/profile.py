@@ -1,6 +1,6 @@
 """Profile a short serving workload: a TensorBoard / XProf / Perfetto trace and the host share.
 
-    python scripts/profile.py --config=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
+    python scripts/profile.py --model=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
 
 Open the trace with `tensorboard --logdir traces/` (profile plugin) or load the
 `.trace.json.gz` under `plugins/profile/*/` into https://ui.perfetto.dev. The
@@ -14,6 +14,7 @@ import json
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.profiling import profile_workload
 from jaxpaged.bench.serving import engine_config, make_runner
@@ -27,6 +28,8 @@ BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 TRACE_DIR = flags.DEFINE_string("trace_dir", "traces/profile", "where the trace goes ('' = no trace)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write the timing summary here as JSON")
 
+flag_checks.positive("block_size")
+
 
 def main(argv):
     """Warm up, trace one run, print the host share of step time."""
@@ -34,7 +37,7 @@ def main(argv):
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)
     setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
-    model = load_model(bench_flags.CONFIG.value)
+    model = load_model(bench_flags.MODEL.value)
     runner = make_runner(model, setup)
     config = engine_config(setup, MODE.value, model.config.name)
     result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock),

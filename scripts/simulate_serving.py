@@ -17,17 +17,21 @@ import json
 
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.sim import scenario
 from jaxpaged.workloads import WORKLOADS, make_workload
 
-MODEL = flags.DEFINE_string("model", "llama3-70b", "model config name or path")
+MODEL = flags.DEFINE_string("model", "llama3-8b", "model config name or path")
 PROFILE = flags.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
 WORKLOAD = flags.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 1000, "requests per run")
 SCALES = flags.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
 WEIGHT_BYTES = flags.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = fp8/int8, 0.5 = 4-bit")
 KV_BYTES = flags.DEFINE_float("kv_bytes_per_element", 2.0, "2 = bf16/fp16 KV, 1 = fp8 KV")
-KV_CACHE_GB = flags.DEFINE_float("kv_cache_gb", None, "KV cache size in GB (1e9); default: 90% of memory - weights")
+KV_CACHE_GB = flags.DEFINE_float("kv_cache_gb", None, "KV cache size in GB (1e9) per device; default: 90% of "
+                                  "memory - the device's weights")
+TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices of --profile the model is split over "
+                          "(weights and KV per device, two all-reduces per layer over the interconnect)")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 256, "most sequences per step")
 MAX_TOKENS = flags.DEFINE_integer("max_num_batched_tokens", 2048, "token budget per step (chunked prefill)")
@@ -40,6 +44,15 @@ FAST_FORWARD = flags.DEFINE_bool("decode_fast_forward", True, "jump over predict
                                   "results; --nodecode_fast_forward steps through every one)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write every run's summary here")
 PLOT = flags.DEFINE_string("plot", None, "write the rate sweep (p99 TTFT vs rate) as a PNG here")
+
+flag_checks.model_name("model")
+flag_checks.device_profile("profile")
+flag_checks.positive("num_requests", "block_size", "max_num_seqs", "max_num_batched_tokens")
+flag_checks.non_negative("refine", "seed")
+flag_checks.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv_cache_gb", "ttft_p99_bound_s")
+flag_checks.list_of("prefix_caching", choices=["off", "on"])
+flag_checks.list_of("rates", number_at_least=0)
+flag_checks.key_values("scales")
 
 
 def _scales() -> dict:
@@ -57,9 +70,10 @@ def main(argv):
         model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
         kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
         kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
-        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value)
-    print(f"{base.model} on {base.profile}: weights {base.weight_bytes() / 1e9:.1f} GB, "
-          f"{base.num_blocks()} KV blocks of {base.block_size} tokens ({base.block_bytes() / 1e6:.2f} MB each)")
+        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value)
+    print(f"{base.model} on {base.tensor_parallel_size} x {base.profile}: weights "
+          f"{base.weight_bytes_per_device() / 1e9:.1f} GB per device, {base.num_blocks()} KV blocks of "
+          f"{base.block_size} tokens ({base.block_bytes_per_device() / 1e6:.2f} MB per device each)")
     print("| prefix caching | offered (req/s) | throughput (req/s) | p50 TTFT (s) | p99 TTFT (s) | p50 TPOT (ms) "
           "| hit rate | preemptions | wall (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -34,7 +34,7 @@ def test_validate_kv_scales_rejects_bad_shapes_and_values(tiny_config):
         validate_kv_scales(tiny_config, (good, 0 * good))
     with pytest.raises(ValueError, match="pair"):
         validate_kv_scales(tiny_config, good[0, 0])
-    with pytest.raises(ValueError, match=">= 1.0"):
+    with pytest.raises(ValueError, match="at least 1.0"):
         EngineConfig(kv_scale_margin=0.5)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.runner import InputBatch
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling_params import SamplingParams, sequence_seed
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, ModelOutput, Scheduler, SchedulerConfig
 from jaxpaged.sequence import Request, Sequence
 from jaxpaged.step_input import ScheduledSeq, build_step_input
@@ -44,7 +44,7 @@ def _reference(out, kv) -> list[ScheduledSeq]:
         p = request.params
         batch.append(ScheduledSeq(out.token_ids[at:at + n], start, kv.block_table(seq.seq_id),
                                   temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                                  seed=(request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF,
+                                  seed=sequence_seed(request.base_seed, seq.index),
                                   sample_index=start + n - len(request.prompt_token_ids)))
         at += n
     return batch

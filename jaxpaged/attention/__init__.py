@@ -1,6 +1,7 @@
 """Attention backends over the paged pool: `xla` (reference, CPU default) and `pallas` (GPU)."""
 
-from jaxpaged.attention.backend import AttentionBackend, paged_attention, resolve_backend
+from jaxpaged.attention.backend import AttentionBackend, paged_attention, resolve_backend, write_and_attend
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
 
-__all__ = ["AttentionBackend", "AttentionBatch", "StepLayout", "paged_attention", "resolve_backend"]
+__all__ = ["AttentionBackend", "AttentionBatch", "StepLayout", "paged_attention", "resolve_backend",
+           "write_and_attend"]

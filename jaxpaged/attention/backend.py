@@ -6,9 +6,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
+from jaxpaged.kv.pool import write_layer_kv
+from jaxpaged.parallel.tensor_parallel import TP_AXIS
 from pallas_kernels.reference import ragged_paged_attention_reference
 
 BACKENDS = ("auto", "xla", "pallas")
@@ -20,10 +24,14 @@ class AttentionBackend:
 
     `xla` is the pure-JAX reference; `pallas` is the GPU kernel, which
     `interpret=True` runs through the Pallas interpreter on any device (slow; tests).
+    With a `mesh` (tensor parallelism), each layer's K/V write and attention run
+    under `shard_map` over its `tp` axis: every device writes and attends over its
+    own KV heads and their query heads, so the kernel sees local heads only.
     """
 
     name: str = "xla"
     interpret: bool = False
+    mesh: Mesh | None = None
 
 
 def resolve_backend(name: str = "auto", *, interpret: bool = False) -> AttentionBackend:
@@ -64,6 +72,38 @@ def paged_attention(
             batch.query_start[n_dec:] - n_dec, batch.query_lens[n_dec:],
             max_query_len=max(layout.max_prefill_query_len, 1), sm_scale=sm_scale, **scales))
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=0)
+
+
+def write_and_attend(
+    q: Float[Array, "T Hq D"],
+    k: Float[Array, "T Hkv D"],
+    v: Float[Array, "T Hkv D"],
+    k_pages: Float[Array, "Hkv N B D"],
+    v_pages: Float[Array, "Hkv N B D"],
+    k_scale: Float[Array, "Hkv"],
+    v_scale: Float[Array, "Hkv"],
+    batch: AttentionBatch,
+    layout: StepLayout,
+    backend: AttentionBackend,
+) -> tuple[Float[Array, "T Hq D"], Array, Array]:
+    """Scatter this step's K/V into one layer's pages, then attend; returns (output, k_pages', v_pages').
+
+    Under a mesh the heads axis of q, k, v, the pages and the scales is split
+    over `tp` and the batch metadata is replicated; nothing crosses devices.
+    """
+
+    def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
+        k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
+        return paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend), k_pages, v_pages
+
+    if backend.mesh is None:
+        return local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch)
+    heads, pages, scale = P(None, TP_AXIS, None), P(TP_AXIS), P(TP_AXIS)
+    replicated = AttentionBatch(*(P() for _ in AttentionBatch._fields))
+    sharded = jax.shard_map(local, mesh=backend.mesh,
+                            in_specs=(heads, heads, heads, pages, pages, scale, scale, replicated),
+                            out_specs=(heads, pages, pages), check_vma=False)
+    return sharded(q, k, v, k_pages, v_pages, k_scale, v_scale, batch)
 
 
 def _kernel(backend: AttentionBackend):

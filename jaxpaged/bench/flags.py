@@ -5,12 +5,13 @@ from __future__ import annotations
 import jax
 from absl import flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench.serving import ServingSetup
 from jaxpaged.mathutils import cdiv
 from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
                                 max_context_len)
 
-CONFIG = flags.DEFINE_string("config", "small", "model config name or path")
+MODEL = flags.DEFINE_string("model", "small", "a shipped model config name, a config JSON or a checkpoint directory")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 16, "requests per workload")
 REQUEST_RATE = flags.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 = all at once")
 SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
@@ -33,6 +34,11 @@ _SCALES = {
     "max_prompt_len": flags.DEFINE_integer("max_prompt_len", None, "longest prompt (mixed)"),
     "max_output_len": flags.DEFINE_integer("max_output_len", None, "longest output (mixed)"),
 }
+flag_checks.model_name("model")
+flag_checks.positive("num_requests", "kv_budget_tokens", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                     *_SCALES)
+flag_checks.non_negative("request_rate", "seed")
+
 _ACCEPTS = {
     "chatbot": {"system_len", "user_len", "output_len"},
     "unique": {"prompt_len", "output_len"},

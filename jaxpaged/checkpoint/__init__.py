@@ -2,38 +2,60 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax.numpy as jnp
 
 from jaxpaged.checkpoint.convert import convert_hf_to_orbax
 from jaxpaged.checkpoint.hf import (hf_config_to_model_config, is_hf_checkpoint_dir,
-                                    load_hf_checkpoint, save_hf_checkpoint)
-from jaxpaged.checkpoint.orbax_io import is_orbax_checkpoint_dir, load_params, save_params
+                                    load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
+from jaxpaged.checkpoint.orbax_io import (is_orbax_checkpoint_dir, load_params, read_saved_config,
+                                          save_params)
 from jaxpaged.config import load_config
 from jaxpaged.model.llama import LlamaModel, init_model
+from jaxpaged.parallel import TensorParallel
 
 __all__ = ["convert_hf_to_orbax", "hf_config_to_model_config", "is_hf_checkpoint_dir",
            "is_orbax_checkpoint_dir", "load_hf_checkpoint", "load_model", "load_params",
            "save_hf_checkpoint", "save_params"]
 
 
-def load_model(path_or_name: str | Path, dtype=None, seed: int = 0) -> LlamaModel:
+def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
+               tensor_parallel_size: int = 1) -> LlamaModel:
     """The model `LLM(model=...)` names.
 
     - a jaxpaged Orbax directory (written by `save_params`): its weights;
     - a Hugging Face checkpoint directory: its weights, via `load_hf_checkpoint`;
     - a shipped config name (`tiny`, `llama3-8b`, ...) or a config JSON path: random weights from `seed`.
+
+    With `tensor_parallel_size` > 1 every weight is placed straight into its
+    shards over that many devices (`jaxpaged.parallel`; ValueError if the model
+    does not split that way), ready for `ModelRunner(tensor_parallel_size=...)`.
     """
     path = Path(path_or_name)
     if path.is_dir():
         if is_orbax_checkpoint_dir(path):
-            return load_params(path, dtype=dtype)
+            return load_params(path, dtype=dtype,
+                               sharding_of=_sharding_of(read_saved_config(path), tensor_parallel_size))
         if is_hf_checkpoint_dir(path):
-            return load_hf_checkpoint(path, dtype=dtype)
+            return load_hf_checkpoint(path, dtype=dtype,
+                                      sharding_of=_sharding_of(read_hf_config(path), tensor_parallel_size))
         raise ValueError(f"{path} is neither a jaxpaged Orbax checkpoint nor a Hugging Face "
                          f"checkpoint (config.json + safetensors)")
     config = load_config(path_or_name)
     if dtype is not None:
         config = config.replace(dtype=jnp.dtype(dtype).name)
+    if tensor_parallel_size > 1:
+        from jaxpaged.parallel.placement import init_sharded_model
+        return init_sharded_model(config, TensorParallel.create(config, tensor_parallel_size), seed, dtype)
     return init_model(config, seed=seed, dtype=dtype)
+
+
+def _sharding_of(config, tensor_parallel_size: int):
+    """Where a loader puts each logical weight under tensor parallelism (None: one device)."""
+    if tensor_parallel_size <= 1:
+        return None
+    from jaxpaged.parallel.placement import logical_sharding
+    plan = TensorParallel.create(config, tensor_parallel_size)
+    return functools.partial(logical_sharding, plan)

@@ -11,7 +11,7 @@ from jaxpaged.checkpoint.hf_config import hf_config_to_model_config, model_confi
 from jaxpaged.checkpoint.hf_names import TensorMapping, is_ignored, tensor_mappings
 from jaxpaged.checkpoint.safetensors_io import (INDEX_FILE, SINGLE_FILE, TensorReader,
                                                 weight_files, write_safetensors)
-from jaxpaged.checkpoint.skeleton import abstract_params, assemble_model, model_params
+from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_params, assemble_model, model_params
 from jaxpaged.config import ModelConfig
 from jaxpaged.model.llama import LlamaModel
 
@@ -33,12 +33,13 @@ def read_hf_config(path: str | Path) -> ModelConfig:
     return hf_config_to_model_config(hf, name=path.resolve().name)
 
 
-def load_hf_checkpoint(path: str | Path, dtype=None) -> LlamaModel:
+def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
     """Load a Hugging Face Llama checkpoint directory into a `LlamaModel`.
 
     `dtype` (e.g. "bfloat16") overrides the checkpoint's `torch_dtype`; weights
     are cast to it. Raises `ValueError` naming any missing, unexpected or
-    mis-shaped tensor before loading any weight data.
+    mis-shaped tensor before loading any weight data. `sharding_of` places
+    each weight's slices straight on their devices (tensor parallelism).
     """
     path = Path(path)
     if not is_hf_checkpoint_dir(path):
@@ -51,7 +52,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None) -> LlamaModel:
     with TensorReader(weight_files(path)) as reader:
         _check_tensors(path, config, mappings, expected, reader)
         params = {m.path: _to_flax(reader.get(m.hf_name), m) for m in mappings}
-    return assemble_model(config, params, dtype)
+    return assemble_model(config, params, dtype, sharding_of)
 
 
 def save_hf_checkpoint(model: LlamaModel, path: str | Path, *,

@@ -7,6 +7,8 @@ from typing import Any
 from jaxpaged.config import ModelConfig, RopeScaling
 
 SUPPORTED_MODEL_TYPES = ("llama",)
+SUPPORTED_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
 def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
@@ -23,6 +25,12 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
     for flag in ("attention_bias", "mlp_bias"):
         if hf.get(flag):
             raise ValueError(f"{flag}=true is not supported: the model has no bias terms")
+    missing = [key for key in REQUIRED_KEYS if key not in hf]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)} (needed for a Llama model)")
+    dtype = hf.get("torch_dtype") or hf.get("dtype") or "float32"
+    if dtype not in SUPPORTED_TORCH_DTYPES:
+        raise ValueError(f"unsupported torch_dtype {dtype!r} in config.json; supported: {SUPPORTED_TORCH_DTYPES}")
     num_heads = hf["num_attention_heads"]
     rope_theta, rope_scaling = _rope(hf)
     return ModelConfig(
@@ -39,7 +47,7 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        dtype=hf.get("torch_dtype") or hf.get("dtype") or "float32",
+        dtype=dtype,
         bos_token_id=_first_id(hf.get("bos_token_id")),
         eos_token_id=_first_id(hf.get("eos_token_id")),
     )
@@ -91,6 +99,10 @@ def _rope(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         return theta, None
     if rope_type != "llama3":
         raise ValueError(f"unsupported rope_scaling type {rope_type!r}; only 'llama3' is implemented")
+    missing = [key for key in ("factor", "low_freq_factor", "high_freq_factor",
+                               "original_max_position_embeddings") if key not in scaling]
+    if missing:
+        raise ValueError(f"config.json rope_scaling lacks {', '.join(missing)}")
     return theta, RopeScaling(
         factor=float(scaling["factor"]),
         low_freq_factor=float(scaling["low_freq_factor"]),

@@ -15,7 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jaxpaged.checkpoint.skeleton import abstract_param_state, assemble_model
+from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_param_state, assemble_model
 from jaxpaged.config import ModelConfig
 from jaxpaged.model.llama import LlamaModel
 
@@ -50,13 +50,28 @@ def read_saved_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(json.loads((Path(path) / CONFIG_FILE).read_text()))
 
 
-def load_params(path: str | Path, dtype=None) -> LlamaModel:
-    """Rebuild the model saved under `path`; `dtype` casts the weights (default: as saved)."""
+def load_params(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
+    """Rebuild the model saved under `path`; `dtype` casts the weights (default: as saved).
+
+    With `sharding_of` (tensor parallelism) Orbax restores each weight straight
+    into its per-device shards.
+    """
     path = Path(path).absolute()
     if not is_orbax_checkpoint_dir(path):
         raise ValueError(f"{path} is not a jaxpaged Orbax checkpoint (no {CONFIG_FILE} + {PARAMS_DIR}/)")
     config = read_saved_config(path)
     with ocp.StandardCheckpointer() as checkpointer:
-        restored = checkpointer.restore(path / PARAMS_DIR, abstract_param_state(config))
+        restored = checkpointer.restore(path / PARAMS_DIR, _with_shardings(abstract_param_state(config),
+                                                                           sharding_of))
     flat = {p: v.get_value() for p, v in nnx.to_flat_state(restored)}
-    return assemble_model(config, flat, dtype)
+    return assemble_model(config, flat, dtype, sharding_of)
+
+
+def _with_shardings(state: nnx.State, sharding_of: ShardingOf | None) -> nnx.State:
+    if sharding_of is None:
+        return state
+    for path, var in nnx.to_flat_state(state):
+        shape = var.get_value()
+        var.set_value(jax.ShapeDtypeStruct(shape.shape, shape.dtype,
+                                           sharding=sharding_of(path, tuple(shape.shape))))
+    return state

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +29,16 @@ def abstract_params(config: ModelConfig, dtype=None) -> dict[ParamPath, jax.Shap
     return {path: var.get_value() for path, var in nnx.to_flat_state(abstract_param_state(config, dtype))}
 
 
+ShardingOf = Callable[[ParamPath, tuple[int, ...]], jax.sharding.Sharding]
+
+
 def assemble_model(config: ModelConfig, params: Mapping[ParamPath, np.ndarray | jax.Array],
-                   dtype=None) -> LlamaModel:
+                   dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
     """A `LlamaModel` whose Params are `params` (cast to the model dtype).
+
+    With `sharding_of(path, shape)` (tensor parallelism) each host weight is cut
+    into its per-device slices on the host and each slice cast and sent to its
+    own device: no device holds a full copy of a split weight.
 
     `params` must hold exactly the paths of `abstract_params(config, dtype)`, with
     the same shapes; callers validate against that first to give a useful error.
@@ -45,12 +52,23 @@ def assemble_model(config: ModelConfig, params: Mapping[ParamPath, np.ndarray | 
     flat = nnx.to_flat_state(param_state)
     for path, var in flat:
         expected = var.get_value()
-        value = jnp.asarray(params[path], dtype=expected.dtype)
-        if value.shape != expected.shape:
-            raise ValueError(f"param {path}: expected shape {expected.shape}, got {value.shape}")
-        var.set_value(value)
+        value = params[path]
+        if tuple(np.shape(value)) != tuple(expected.shape):
+            raise ValueError(f"param {path}: expected shape {expected.shape}, got {np.shape(value)}")
+        if sharding_of is None:
+            var.set_value(jnp.asarray(value, dtype=expected.dtype))
+        else:
+            var.set_value(_place(value, expected.dtype, sharding_of(path, tuple(expected.shape))))
     derived = jax.jit(lambda: nnx.split(_construct(config, dtype), nnx.Param, ...)[2])()
     return nnx.merge(graphdef, nnx.from_flat_state(flat), derived)
+
+
+def _place(value, dtype, sharding) -> jax.Array:
+    if isinstance(value, jax.Array):  # e.g. restored by Orbax straight into its shards
+        value = value.astype(dtype)
+        return value if value.sharding == sharding else jax.device_put(value, sharding)
+    return jax.make_array_from_callback(np.shape(value), sharding,
+                                        lambda index: np.asarray(value[index]).astype(dtype))
 
 
 def model_params(model: LlamaModel) -> dict[ParamPath, jax.Array]:

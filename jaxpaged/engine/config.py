@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -10,6 +11,8 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
 from jaxpaged.offload.setup import validate_tier_options
 from jaxpaged.scheduler import PREEMPTION_MODES
+from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, check_optional_int,
+                                 check_optional_str, check_str)
 
 DEFAULT_KV_CACHE_BYTES = 256 << 20
 
@@ -47,23 +50,45 @@ class EngineConfig:
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 1 << 30
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to the host tier and back
+    # split weights and the KV pool's heads over this many devices (jaxpaged.parallel); one controller.
+    # num_blocks / kv_cache_bytes keep meaning the whole (logical) pool: each device holds 1/N of it
+    # (1/num_kv_heads when N exceeds the KV heads and they are replicated)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
+        """Check every field's type and range; ValueError naming the field."""
+        self._check_types()
         if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
             raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
-        if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {self.num_blocks}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
-        if not self.kv_scale_margin >= 1.0:
-            raise ValueError(f"kv_scale_margin must be >= 1.0, got {self.kv_scale_margin}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         validate_tier_options(self)
+
+    def _check_types(self) -> None:
+        check_str("model", self.model)
+        check_int("block_size", self.block_size, low=1, high=1 << 20)
+        check_optional_int("num_blocks", self.num_blocks, low=1, high=INT32_MAX)
+        check_optional_int("kv_cache_bytes", self.kv_cache_bytes, low=1)
+        check_int("max_num_seqs", self.max_num_seqs, low=1, high=INT32_MAX)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=INT32_MAX)
+        check_optional_int("max_model_len", self.max_model_len, low=1, high=INT32_MAX)
+        check_int("seed", self.seed, low=0, high=2**32 - 1)  # seeds the random weights too
+        check_int("disk_cache_bytes", self.disk_cache_bytes, low=1)
+        check_float("pool_fill_value", self.pool_fill_value, allow_nan=True)
+        check_float("kv_scale_margin", self.kv_scale_margin, low=1.0)
+        for name in ("enable_prefix_caching", "save_prefix_cache_on_shutdown", "async_scheduling",
+                     "pallas_interpret"):
+            check_bool(name, getattr(self, name))
+        for name in ("attention_backend", "kv_cache_dtype", "hash_algo", "kv_layout", "preemption_mode"):
+            check_str(name, getattr(self, name))
+        check_optional_str("dtype", self.dtype)
+        check_optional_str("prefix_cache_snapshot", self.prefix_cache_snapshot)
+        if self.disk_cache_dir is not None and not isinstance(self.disk_cache_dir, (str, os.PathLike)):
+            raise ValueError(f"disk_cache_dir must be a path, got {self.disk_cache_dir!r}")
 
     def resolve_num_blocks(self, model_config: ModelConfig, kv_dtype) -> int:
         """`num_blocks`, or as many blocks as `kv_cache_bytes` (default 256 MiB) holds at `kv_dtype`."""

@@ -39,6 +39,7 @@ from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
 from jaxpaged.sequence import Request
+from jaxpaged.validation import check_float, check_str
 
 
 class Engine:
@@ -63,7 +64,8 @@ class Engine:
         self.clock = clock
         if runner is None and model is None:
             from jaxpaged.checkpoint import load_model
-            model = load_model(config.model, dtype=config.dtype, seed=config.seed)
+            model = load_model(config.model, dtype=config.dtype, seed=config.seed,
+                               tensor_parallel_size=config.tensor_parallel_size)
         self.model_config = runner.config if runner is not None else model.config
         kv_dtype = kv_dtype_from_name(config.kv_cache_dtype, config.dtype or self.model_config.dtype)
         if runner is not None and config.num_blocks is None and config.kv_cache_bytes is None:
@@ -83,14 +85,15 @@ class Engine:
             backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)
             runner = ModelRunner(model, self.num_blocks, self.block_size, kv_dtype=kv_dtype, backend=backend,
                                  pool_fill_value=config.pool_fill_value, kv_scales=kv_scales,
-                                 max_num_seqs=config.max_num_seqs)
+                                 max_num_seqs=config.max_num_seqs,
+                                 tensor_parallel_size=config.tensor_parallel_size)
         self._check_runner(runner)
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
         self.kv: KVManager = self._make_kv_manager()
         self.tiers = build_tiers(config, self.kv, runner)
-        if self.tiers is not None and not self._calibrate_kv_scales:
-            self.tiers.set_format(*runner.kv_scales())
+        if not self._calibrate_kv_scales:
+            self._tie_disk_tier_to_identity()
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode),
             self.kv, self.tiers, clock=clock)
@@ -118,6 +121,10 @@ class Engine:
             raise ValueError("host_cache_bytes needs a runner that owns a device KV pool (ModelRunner)")
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
+        if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
+                                        or self.config.prefix_cache_snapshot):
+            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
+                             f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self) -> KVManager:
         if self.config.kv_layout == "contiguous":
@@ -126,6 +133,12 @@ class Engine:
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.config.enable_prefix_caching,
                               hash_algo=self.config.hash_algo)
+
+    def _tie_disk_tier_to_identity(self) -> None:
+        """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""
+        if self.tiers is not None and self.tiers.disk is not None:
+            from jaxpaged.snapshot import engine_identity, identity_digest
+            self.tiers.set_format(identity_digest(engine_identity(self)))
 
     def _load_tokenizer(self, given):
         if given is not None:
@@ -160,6 +173,9 @@ class Engine:
         arrival_time: float | None = None,
     ) -> None:
         """Validate and queue a request; raises ValueError (changing nothing) on bad input."""
+        check_str("request_id", request_id)
+        if arrival_time is not None:
+            arrival_time = check_float("arrival_time", arrival_time)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = self.input_processor.process(
@@ -188,6 +204,10 @@ class Engine:
         """Whether a dispatched step's results are still to be processed (asynchronous scheduling)."""
         return self._in_flight is not None
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether `request_id` is in use: added, and its final output not yet returned by `step()`."""
+        return request_id in self._requests
+
     def has_unfinished_requests(self) -> bool:
         """Whether some request has not had its final output yet (an aborted one waits for `step()`)."""
         return bool(self._requests)
@@ -211,10 +231,16 @@ class Engine:
     def load_prefix_cache(self, path: str):
         """Restore a snapshot into the prefix cache; ValueError if it was made for another engine.
 
+        An fp8 engine whose scales are not calibrated yet adopts the snapshot's.
+
         Returns `jaxpaged.snapshot.RestoreStats` (blocks restored / skipped / dropped for room).
         """
         from jaxpaged.snapshot import load_prefix_cache
-        return load_prefix_cache(self, path)
+        stats = load_prefix_cache(self, path, adopt_kv_scales=self._calibrate_kv_scales)
+        if self._calibrate_kv_scales:  # an fp8 engine took the snapshot's scales: no calibration now
+            self._calibrate_kv_scales = False
+            self._tie_disk_tier_to_identity()
+        return stats
 
     def shutdown(self) -> None:
         """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
@@ -264,8 +290,7 @@ class Engine:
             with jax.profiler.TraceAnnotation("fp8_calibration"):
                 self.runner.calibrate_kv_scales(seq.token_ids[:start + n], self.config.kv_scale_margin)
             self._calibrate_kv_scales = False
-            if self.tiers is not None:
-                self.tiers.set_format(*self.runner.kv_scales())
+            self._tie_disk_tier_to_identity()
         return self.runner.execute_model(scheduler_output)
 
     def _finish_in_flight(self) -> list[Request]:
@@ -287,6 +312,9 @@ class Engine:
         `step()` calls it; so does the simulator's decode fast-forward, which
         runs the scheduler's parts itself.
         """
+        for seq, stop in self.output_processor.find_stop_strings(advanced):
+            seq.stop_reason = stop
+            self.scheduler.finish_seq(seq, "stop", self.clock())
         finished = self.scheduler.take_finished_requests()
         for request in finished:
             del self._requests[request.request_id]

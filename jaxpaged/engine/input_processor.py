@@ -15,9 +15,11 @@ from typing import Sequence as Seq
 import numpy as np
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.mathutils import cdiv
+from jaxpaged.buckets import pow2_bucket
+from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sequence import Request, Sequence
+from jaxpaged.validation import check_optional_str
 
 
 class InputProcessor:
@@ -49,6 +51,8 @@ class InputProcessor:
     def process(self, request_id: str, prompt: str | Seq[int] | dict, params: SamplingParams, *,
                 cache_salt: str | None, arrival_time: float, arrival_order: int) -> Request:
         """A new request with its first sequence(s); ValueError on bad input."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         text, token_ids, cache_salt = self._parse_prompt(prompt, cache_salt)
         self._validate(token_ids, params)
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
@@ -67,6 +71,8 @@ class InputProcessor:
 
     def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
         """Raise ValueError if `process` would reject this prompt (changes nothing)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         _, token_ids, _ = self._parse_prompt(prompt, None)
         self._validate(token_ids, params)
 
@@ -80,8 +86,9 @@ class InputProcessor:
                 prompt = prompt["prompt"]
             else:
                 raise ValueError("a dict prompt needs 'prompt_token_ids' or 'prompt'")
+        check_optional_str("cache_salt", cache_salt)
         if isinstance(prompt, str):
-            text, prompt = prompt, self.tokenizer.encode(prompt)
+            text, prompt = prompt, self.tokenizer.encode(prompt)  # ValueError without a tokenizer
         return text, self._token_ids(prompt), cache_salt
 
     def _token_ids(self, values) -> list[int]:
@@ -115,10 +122,39 @@ class InputProcessor:
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                              f"exceeds max_model_len ({self.max_model_len})")
-        width = max(params.n, params.beam_width)
-        bs = self.block_size
-        # the prompt's blocks, shared, plus each sequence's own tail: the most the request can hold
-        needed = cdiv(len(token_ids), bs) + width * (cdiv(params.max_tokens, bs) + 1)
+        vocab = self.model_config.vocab_size
+        if params.top_k > vocab:
+            raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")
+        if params.use_beam_search and pow2_bucket(2 * params.beam_width) > vocab:
+            raise ValueError(f"beam_width {params.beam_width} is too large for the vocabulary ({vocab}): "
+                             f"at most {max_beam_width(vocab)}")
+        needed = max_blocks_needed(len(token_ids), params, max_model_len=self.max_model_len,
+                                   block_size=self.block_size)
         if needed > self.num_blocks:
-            raise ValueError(f"request can never fit the KV pool: it may need {needed} blocks of {bs} tokens, "
-                             f"the pool has {self.num_blocks}")
+            raise ValueError(f"request can never fit the KV pool: it may need {needed} blocks of "
+                             f"{self.block_size} tokens, the pool has {self.num_blocks}")
+
+
+def max_beam_width(vocab_size: int) -> int:
+    """The widest beam search the device step supports (it brings back 2 x width top log-probs, padded)."""
+    return next_power_of_two(vocab_size + 1) // 4
+
+
+def max_blocks_needed(num_prompt_tokens: int, params: SamplingParams, *, max_model_len: int,
+                      block_size: int) -> int:
+    """The most KV blocks a request can hold at once, so that admission refuses only what cannot fit.
+
+    A sequence never computes the K/V of its last token (nothing reads it), so
+    it holds at most `cdiv(max_len - 1, block_size)` blocks. With n > 1 or beam
+    search the prompt's full blocks before its last token are shared and every
+    sequence owns the rest (copy-on-write); beam search replaces beams by
+    forking, so each beam may briefly hold one more block than its tokens need.
+    """
+    max_len = min(num_prompt_tokens + params.max_tokens, max_model_len)
+    per_seq = cdiv(max_len - 1, block_size)
+    width = params.beam_width if params.use_beam_search else params.n
+    if width == 1:
+        return per_seq
+    shared = (num_prompt_tokens - 1) // block_size
+    extra = 1 if params.use_beam_search else 0
+    return shared + width * (per_seq - shared + extra)

@@ -4,6 +4,12 @@ Per request it remembers how many tokens of each sequence it has handed out
 and, for streamed text, an incremental detokenizer per sequence, so a DELTA
 output carries exactly the tokens and text that are new since the request's
 previous output, and a CUMULATIVE one everything so far.
+
+Stop strings are matched here, on the detokenized text, after every step
+(`find_stop_strings`): the engine finishes the sequences that hit one. The text
+is cut before the stop string, and while a sequence streams, its last
+`len(longest stop) - 1` characters are held back, so no part of a stop string
+is ever handed out.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class _Stream:
     num_tokens: int = 0
     finished: bool = False  # its finish reason has been handed out
     detokenizer: IncrementalDetokenizer | None = None
+    num_chars: int = 0  # characters of text handed out (DELTA)
+    num_logprobs: int = 0  # logprob entries handed out (DELTA)
+    searched: int = 0  # characters of text already searched for stop strings
+    stop_text: str | None = None  # the whole text, cut at the stop string it hit
 
 
 class OutputProcessor:
@@ -35,6 +45,34 @@ class OutputProcessor:
         """`tokenizer()` returns the tokenizer; called only when text is needed."""
         self._tokenizer = tokenizer
         self._streams: dict[str, list[_Stream]] = {}  # per streaming request, one per sequence index
+
+    def find_stop_strings(self, advanced: list[Request]) -> list[tuple[Sequence, str]]:
+        """Detokenize the new tokens of requests with stop strings; returns the (sequence, stop) hits.
+
+        The caller finishes those sequences ("stop"); their text ends before
+        the stop string (or with it, with `include_stop_str_in_output`).
+        """
+        hits = []
+        for request in advanced:
+            p = request.params
+            if not p.stop or request.finish_time is not None:
+                continue
+            streams = self._streams_of(request)
+            num_prompt = len(request.prompt_token_ids)
+            for seq in request.seqs:
+                stream = streams[seq.index]
+                if stream.stop_text is not None:
+                    continue
+                detok = self._detokenizer(stream)
+                for t in seq.token_ids[num_prompt + len(detok.ids):]:
+                    detok.push(t)
+                found = _find_stop(detok.text, p.stop, stream.searched)
+                stream.searched = len(detok.text)
+                if found is not None:
+                    at, stop = found
+                    stream.stop_text = detok.text[:at + len(stop) if p.include_stop_str_in_output else at]
+                    hits.append((seq, stop))
+        return hits
 
     def process(self, advanced: list[Request], finished: list[Request]) -> list[RequestOutput]:
         """One output per streaming request that has something new, then one per finished request.
@@ -73,9 +111,7 @@ class OutputProcessor:
         p = request.params
         delta = p.output_kind is DELTA
         num_prompt = len(request.prompt_token_ids)
-        streams = self._streams.get(request.request_id)
-        if streams is None:
-            streams = self._streams[request.request_id] = [_Stream() for _ in range(p.n)]
+        streams = self._streams_of(request)
         completions = []
         anything_new = finished
         for seq in seqs:
@@ -90,8 +126,12 @@ class OutputProcessor:
                 anything_new = True
             text = self._text(p, stream, token_ids, num_prompt, flush=seq_finished) if p.detokenize else ""
             stream.num_tokens, stream.finished = len(token_ids) - num_prompt, seq_finished
+            logprobs = seq.logprobs
+            if logprobs is not None and delta:
+                logprobs, stream.num_logprobs = logprobs[stream.num_logprobs:], len(logprobs)
             completions.append(CompletionOutput(seq.index, token_ids[num_prompt + emitted if delta else num_prompt:],
-                                                text, seq.cumulative_logprob, seq.finish_reason))
+                                                text, seq.cumulative_logprob, seq.finish_reason,
+                                                None if logprobs is None else list(logprobs), seq.stop_reason))
         if not anything_new:
             return None  # a prefill chunk that sampled nothing yet
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
@@ -99,15 +139,35 @@ class OutputProcessor:
 
     def _text(self, p, stream: _Stream, token_ids: list[int], num_prompt: int, *, flush: bool) -> str:
         """The text to hand out now: all of it, or (DELTA) the new part."""
-        if p.output_kind is FINAL_ONLY:
+        if p.output_kind is FINAL_ONLY and not p.stop:
             return self._tokenizer().decode(token_ids[num_prompt:])
+        if stream.stop_text is not None:
+            text = stream.stop_text
+        else:
+            detok = self._detokenizer(stream)
+            for t in token_ids[num_prompt + len(detok.ids):]:
+                detok.push(t)
+            if flush:
+                detok.flush()
+            text = detok.text
+            if p.stop and not flush and not p.include_stop_str_in_output:
+                text = text[:max(len(text) - (max(map(len, p.stop)) - 1), stream.num_chars)]  # hold back
+        if p.output_kind is DELTA:
+            new, stream.num_chars = text[stream.num_chars:], len(text)
+            return new
+        stream.num_chars = len(text)
+        return text
+
+    def _streams_of(self, request: Request) -> list[_Stream]:
+        streams = self._streams.get(request.request_id)
+        if streams is None:
+            streams = self._streams[request.request_id] = [_Stream() for _ in range(request.params.n)]
+        return streams
+
+    def _detokenizer(self, stream: _Stream) -> IncrementalDetokenizer:
         if stream.detokenizer is None:
             stream.detokenizer = IncrementalDetokenizer(self._tokenizer())
-        detok = stream.detokenizer
-        new_text = "".join([detok.push(t) for t in token_ids[num_prompt + len(detok.ids):]])
-        if flush:
-            new_text += detok.flush()
-        return new_text if p.output_kind is DELTA else detok.text
+        return stream.detokenizer
 
     def _beam_output(self, request: Request) -> RequestOutput:
         p = request.params
@@ -132,3 +192,13 @@ def _metrics(request: Request) -> RequestMetrics:
 
 def _index(seq: Sequence) -> int:
     return seq.index
+
+
+def _find_stop(text: str, stops: tuple[str, ...], searched: int) -> tuple[int, str] | None:
+    """The earliest stop string in `text` that ends past `searched`, as (where it starts, which one)."""
+    best = None
+    for stop in stops:
+        at = text.find(stop, max(searched - len(stop) + 1, 0))
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best

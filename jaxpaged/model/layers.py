@@ -7,9 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout, paged_attention
+from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout, write_and_attend
 from jaxpaged.config import ModelConfig
-from jaxpaged.kv.pool import write_layer_kv
 from jaxpaged.model.rope import apply_rope
 
 
@@ -80,8 +79,8 @@ class Attention(nnx.Module):
     ) -> tuple[Float[Array, "T H"], Array, Array]:
         """Write this step's K/V into the pool, then attend through the block tables."""
         q, k, v = self._qkv(x, positions, inv_freq)
-        k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
-        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend)
+        out, k_pages, v_pages = write_and_attend(q, k, v, k_pages, v_pages, k_scale, v_scale,
+                                                 batch, layout, backend)
         return self.o_proj(out.reshape(x.shape[0], -1)), k_pages, v_pages
 
     def dense(self, x: Float[Array, "B L H"], positions: Int[Array, "B L"], inv_freq) -> Float[Array, "B L H"]:

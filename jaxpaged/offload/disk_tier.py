@@ -4,30 +4,46 @@ File layout (little-endian)::
 
     magic b"JPKVBLK1" | format tag (32) | key length (u8) | key | payload sha256 (32) | payload
 
-The format tag commits to the pool's dtype, block shape and fp8 scales, so a
-block written under other scales or another model is a miss. On load the key
+The format tag commits to the pool's dtype and block shape and to the engine's
+identity (model config, weights fingerprint, block size, KV dtype, fp8 scales,
+hash function), so a block written by another model, other weights or under
+other scales is a miss. On load the key
 and the payload digest are checked; a missing, truncated or corrupt file is a
 miss (and is deleted), never wrong data. Files survive the process: block
 hashes are deterministic, so a later engine with the same format reuses them.
+
+Faults: a write that fails (read-only or vanished directory, full disk) logs
+one warning, is counted in `num_write_errors`, and disables the tier (every
+later store and load is a no-op miss) so serving continues without it. Several
+engines, in several processes, may share one directory: each writes through a
+temporary file of its own (pid + random suffix) renamed atomically into place,
+and a file another engine deleted is a miss.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 _MAGIC = b"JPKVBLK1"
 _SUFFIX = ".kvblk"
 
 
-def format_tag(dtype: np.dtype, block_shape: tuple[int, ...], scales: bytes) -> bytes:
-    """32-byte digest of everything a block's bytes depend on besides its tokens."""
+def format_tag(dtype: np.dtype, block_shape: tuple[int, ...], identity: bytes) -> bytes:
+    """32-byte digest of everything a block's bytes depend on besides its tokens.
+
+    `identity` is the engine's identity digest (`jaxpaged.snapshot.identity_digest`).
+    """
     text = f"{np.dtype(dtype).name}|{tuple(block_shape)}|".encode()
-    return hashlib.sha256(text + scales).digest()
+    return hashlib.sha256(text + identity).digest()
 
 
 class DiskKVCache:
@@ -39,21 +55,35 @@ class DiskKVCache:
             raise ValueError(f"disk_cache_bytes={capacity_bytes} is smaller than one KV block "
                              f"({block_bytes} bytes)")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"disk_cache_dir {str(directory)!r} cannot be created: {err}") from None
         self.capacity_bytes = capacity_bytes
         self.dtype = np.dtype(dtype)
         self.block_shape = tuple(block_shape)
         self.tag: bytes | None = None  # unset (e.g. before fp8 calibration): every lookup misses
         self.num_corrupt = 0
+        self.num_vanished = 0  # indexed files gone when read (another engine evicted them)
+        self.num_write_errors = 0
+        self.disabled = False  # set by the first failed write
         self._sizes: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self.used_bytes = 0  # bytes of the block files indexed
-        files = sorted(self.directory.glob(f"*{_SUFFIX}"), key=lambda p: p.stat().st_mtime)
-        for path in files:  # oldest first: the LRU order survives a restart
-            try:
-                self._add(bytes.fromhex(path.stem), path.stat().st_size)
-            except ValueError:
-                continue  # not one of ours
+        for block_hash, size in self._existing_files():  # oldest first: the LRU order survives a restart
+            self._add(block_hash, size)
         self._shrink()
+
+    def _existing_files(self) -> list[tuple[bytes, int]]:
+        """(hash, size) of the block files in the directory, oldest first; files vanishing meanwhile skipped."""
+        found = []
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            try:
+                block_hash = bytes.fromhex(path.stem)
+                info = path.stat()
+            except (ValueError, OSError):  # not one of ours, or deleted by another engine just now
+                continue
+            found.append((info.st_mtime, block_hash, info.st_size))
+        return [(block_hash, size) for _, block_hash, size in sorted(found)]
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -63,26 +93,36 @@ class DiskKVCache:
 
     def store(self, block_hash: bytes, data: np.ndarray) -> None:
         """Write one block (atomically: temp file then rename), evicting old files beyond capacity."""
-        if self.tag is None or block_hash in self._sizes:
+        if self.tag is None or self.disabled or block_hash in self._sizes:
             return
         payload = np.ascontiguousarray(data, self.dtype).tobytes()
         blob = b"".join([_MAGIC, self.tag, bytes([len(block_hash)]), block_hash,
                          hashlib.sha256(payload).digest(), payload])
         path = self._path(block_hash)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(blob)
-        os.replace(tmp, path)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except OSError as err:
+            self._disable(err)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            return
         self._add(block_hash, len(blob))
         self._shrink()
 
     def load(self, block_hash: bytes) -> np.ndarray | None:
         """The block's data if its file exists and checks out; otherwise None (a bad file is deleted)."""
-        if self.tag is None or block_hash not in self._sizes:
+        if self.tag is None or self.disabled or block_hash not in self._sizes:
             return None
         try:
             blob = self._path(block_hash).read_bytes()
-        except OSError:
-            blob = b""
+        except OSError:  # deleted by another engine sharing the directory (or unreadable): a miss
+            self.num_vanished += 1
+            self._drop(block_hash)
+            return None
         data = self._parse(block_hash, blob)
         if data is None:
             self.num_corrupt += 1
@@ -109,9 +149,19 @@ class DiskKVCache:
         self._sizes[block_hash] = size
         self.used_bytes += size
 
+    def _disable(self, err: OSError) -> None:
+        self.num_write_errors += 1
+        if not self.disabled:
+            logger.warning("disk KV tier %s disabled after a failed write (%s); serving continues without it",
+                           self.directory, err)
+        self.disabled = True
+
     def _drop(self, block_hash: bytes) -> None:
         self.used_bytes -= self._sizes.pop(block_hash, 0)
-        self._path(block_hash).unlink(missing_ok=True)
+        try:
+            self._path(block_hash).unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only or vanished directory: the index no longer lists it, which is what matters
 
     def _shrink(self) -> None:
         while self.used_bytes > self.capacity_bytes and self._sizes:

@@ -64,6 +64,7 @@ class TierStats:
     swap_fallbacks: int = 0  # swap preemptions that recomputed because the host tier was full
     transfers_out: int = 0  # device->host transfers (one per step with offloads)
     transfers_in: int = 0
+    disk_write_errors: int = 0  # failed disk writes (the first one disables the disk tier)
 
 
 class KVTiers:
@@ -169,11 +170,11 @@ class KVTiers:
 
     # ---------------------------------------------------------------- device
 
-    def set_format(self, k_scale: np.ndarray, v_scale: np.ndarray) -> None:
-        """Tie disk files to the pool's dtype, block shape and fp8 scales (call once scales are final)."""
+    def set_format(self, identity: bytes) -> None:
+        """Tie disk files to the pool's dtype, block shape and `identity` (a digest of the engine's model,
+        weights, block size, KV dtype, fp8 scales and hash function; call once the scales are final)."""
         if self.disk is not None:
-            scales = np.asarray(k_scale).tobytes() + np.asarray(v_scale).tobytes()
-            self.disk.tag = format_tag(self.disk.dtype, self.disk.block_shape, scales)
+            self.disk.tag = format_tag(self.disk.dtype, self.disk.block_shape, identity)
 
     def apply(self, runner) -> None:
         """Before the step: dispatch the offload gather, then the restore scatter, on `runner`'s pool.
@@ -205,6 +206,8 @@ class KVTiers:
             if block.data is not None:
                 self.disk.store(block_hash, block.data)
         self._spilled.clear()
+        if self.disk is not None:
+            self.stats.disk_write_errors = self.disk.num_write_errors
 
     @property
     def idle(self) -> bool:

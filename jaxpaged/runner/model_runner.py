@@ -11,10 +11,19 @@ compiles once; `num_compiles` counts traces so benchmarks can report it.
 The runner is the one owner of the pool: copy-on-write copies, the lower
 tiers' block transfers, snapshot restores and fp8 scales all go through its
 methods.
+
+With `tensor_parallel_size=N > 1` the weights and the pool are split over a
+mesh of N devices (`jaxpaged.parallel`): the step is jitted with explicit
+input and output shardings (weights and pool split, step inputs and outputs
+replicated), and each layer's K/V write and attention run under `shard_map`
+on local heads. The runner's interface is unchanged: block ids, block tables
+and host block copies mean the same thing at any N (logical KV heads).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -29,7 +38,9 @@ from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absma
 from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import LlamaModel
-from jaxpaged.offload.transfer import finish_gather, gather_blocks, scatter_blocks, start_gather
+from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
+from jaxpaged.parallel import TensorParallel
+from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
@@ -57,7 +68,7 @@ class PendingStep:
 
     def result(self) -> ModelOutput:
         """Wait for the step and bring its results to the host, in the caller's sequence order."""
-        host = jax.device_get(self._outputs)
+        host = jax.device_get(jax.tree.map(_local_copy, self._outputs))
         rows = self._order
         return ModelOutput(
             token_ids=host["token_ids"][rows],
@@ -68,6 +79,11 @@ class PendingStep:
         )
 
 
+def _local_copy(array: jax.Array) -> jax.Array:
+    """A replicated array's copy on one of this process's devices (the whole array even when multi-host)."""
+    return array if array.is_fully_addressable else array.addressable_data(0)
+
+
 class _NoStep:
     """The handle of a step with nothing scheduled (only changes applied)."""
 
@@ -76,11 +92,11 @@ class _NoStep:
 
 
 class _PendingBlocks:
-    def __init__(self, gathered: jax.Array, num_blocks: int):
-        self._gathered, self._num_blocks = gathered, num_blocks
+    def __init__(self, gathered: jax.Array, num_blocks: int, to_logical):
+        self._gathered, self._num_blocks, self._to_logical = gathered, num_blocks, to_logical
 
     def result(self) -> list[np.ndarray]:
-        return finish_gather(self._gathered, self._num_blocks)
+        return [self._to_logical(b) for b in finish_gather(self._gathered, self._num_blocks)]
 
 
 class ModelRunner:
@@ -97,24 +113,65 @@ class ModelRunner:
         pool_fill_value: float = 0.0,
         kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
         max_num_seqs: int = 64,
+        tensor_parallel_size: int = 1,
     ):
-        """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows)."""
+        """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows).
+
+        `tensor_parallel_size` > 1 splits the weights and the pool over that many
+        devices (ValueError if the model's heads do not split that way).
+        """
         self.config: ModelConfig = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.backend = backend
-        self.graphdef, self.params = nnx.split(model)
+        # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
+        self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
+        if self.tp is None:
+            self.backend = backend
+            self.graphdef, self.params = nnx.split(model)
+        else:
+            self.backend = dataclasses.replace(backend, mesh=self.tp.mesh)
+            self.graphdef, self.params = shard_model(model, self.tp)
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
-        self._pool: KVPool = create_pool(self.config, num_blocks, block_size, kv_dtype,
-                                         fill_value=pool_fill_value, k_scale=k_scale, v_scale=v_scale)
+        self._pool: KVPool = self._create_pool(kv_dtype, pool_fill_value, k_scale, v_scale)
         self.kv_dtype = np.dtype(self._pool.dtype)
         self.kv_block_shape = (2, self.config.num_layers, self.config.num_kv_heads, block_size,
                                self.config.head_dim)
         self.input_batch = InputBatch(block_size, max_num_seqs)
-        self._last_tokens = jnp.zeros(self.input_batch.capacity, jnp.int32)
+        self._last_tokens = self._put(np.zeros(self.input_batch.capacity, np.int32))
         self._trace_count = 0
-        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2),
-                             static_argnames=("layout", "return_logits", "num_top_logprobs"))
+        shardings = {}
+        if self.tp is not None:
+            replicated = self.tp.replicated
+            pool_shardings = self._pool_shardings()
+            param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
+            shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
+                             out_shardings=(replicated, pool_shardings, replicated))
+        # static arguments are positional (4, 5, 6): jit takes no keyword arguments with in_shardings
+        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6), **shardings)
+
+    def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
+        if self.tp is None:
+            return create_pool(self.config, self.num_blocks, self.block_size, kv_dtype,
+                               fill_value=fill_value, k_scale=k_scale, v_scale=v_scale)
+        tp = self.tp
+        if k_scale is not None:
+            k_scale = tp.to_physical_heads(np.asarray(k_scale), axis=1)
+            v_scale = tp.to_physical_heads(np.asarray(v_scale), axis=1)
+        make = functools.partial(create_pool, tp.physical_config, self.num_blocks, self.block_size, kv_dtype,
+                                 fill_value=fill_value, k_scale=k_scale, v_scale=v_scale)
+        return jax.jit(make, out_shardings=self._pool_shardings())()  # each device allocates its heads only
+
+    def _pool_shardings(self) -> KVPool:
+        pages = (self.tp.pool_pages,) * self.config.num_layers
+        return KVPool(pages, pages, self.tp.pool_scales, self.tp.pool_scales)
+
+    def _put(self, tree):
+        """Host arrays onto the device (replicated over the mesh under tensor parallelism)."""
+        if self.tp is None:
+            return jax.device_put(tree)
+        if jax.process_count() == 1:
+            return jax.device_put(tree, self.tp.replicated)
+        return self.tp.put_replicated(tree)  # every process holds the same host values
 
     @property
     def pool(self) -> KVPool:
@@ -126,7 +183,7 @@ class ModelRunner:
         """Distinct step shapes compiled so far."""
         return self._trace_count
 
-    def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput, *,
+    def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
                  layout: StepLayout, return_logits: bool, num_top_logprobs: int):
         self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
         model = nnx.merge(self.graphdef, params)
@@ -173,10 +230,9 @@ class ModelRunner:
         inputs = self._device_inputs(step)
         self._fit_last_tokens()
         with jax.profiler.TraceAnnotation("dispatch_step"):
-            inputs = jax.device_put(inputs)
+            inputs = self._put(inputs)
             out, self._pool, self._last_tokens = self._step(
-                self.params, self._pool, self._last_tokens, inputs, layout=step.layout,
-                return_logits=return_logits, num_top_logprobs=num_top_logprobs)
+                self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs)
         return PendingStep(out, step.order)
 
     def execute(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> ModelOutput:
@@ -185,15 +241,14 @@ class ModelRunner:
 
     def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
         """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
-        return self._step.lower(self.params, self._pool, self._last_tokens, self._device_inputs(step),
-                                layout=step.layout, return_logits=return_logits,
-                                num_top_logprobs=num_top_logprobs)
+        return self._step.lower(self.params, self._pool, self._last_tokens, self._put(self._device_inputs(step)),
+                                step.layout, return_logits, num_top_logprobs)
 
     def _fit_last_tokens(self) -> None:
         """Grow the device copy of each row's last sample with the persistent batch (old rows kept)."""
         grow = self.input_batch.capacity - self._last_tokens.shape[0]
         if grow > 0:
-            self._last_tokens = jnp.concatenate([self._last_tokens, jnp.zeros(grow, jnp.int32)])
+            self._last_tokens = jnp.concatenate([self._last_tokens, self._put(np.zeros(grow, np.int32))])
 
     @staticmethod
     def _device_inputs(step: StepInput) -> DeviceStepInput:
@@ -219,38 +274,58 @@ class ModelRunner:
         src = np.zeros(size, np.int32)
         dst = np.full(size, self.num_blocks, np.int32)  # out of range = dropped
         src[:len(pairs)], dst[:len(pairs)] = zip(*pairs)
-        self._pool = copy_blocks(self._pool, jnp.asarray(src), jnp.asarray(dst))
+        self._pool = copy_blocks(self._pool, src, dst)
 
     def start_read_blocks(self, block_ids: Sequence[int]) -> _PendingBlocks:
         """Dispatch one gather of the given blocks and start its copy to the host."""
-        return _PendingBlocks(start_gather(self._pool, list(block_ids)), len(block_ids))
+        return _PendingBlocks(start_gather(self._pool, list(block_ids)), len(block_ids), self._logical_block)
 
     def read_blocks(self, block_ids: Sequence[int]) -> list[np.ndarray]:
-        """Host copies of the given blocks, one `[2, L, Hkv, B, D]` array per block."""
-        return gather_blocks(self._pool, list(block_ids))
+        """Host copies of the given blocks, one `[2, L, Hkv, B, D]` array per block (logical KV heads)."""
+        return self.start_read_blocks(block_ids).result() if block_ids else []
 
     def write_blocks(self, block_ids: Sequence[int], blocks: Sequence[np.ndarray]) -> None:
         """Overwrite the given pool blocks with host data, in one transfer and one donated scatter."""
-        self._pool = scatter_blocks(self._pool, list(block_ids),
-                                    [np.asarray(b).astype(self.kv_dtype, copy=False) for b in blocks])
+        physical = [self._physical_block(np.asarray(b).astype(self.kv_dtype, copy=False)) for b in blocks]
+        self._pool = scatter_blocks(self._pool, list(block_ids), physical)
+
+    def _logical_block(self, block: np.ndarray) -> np.ndarray:
+        return block if self.tp is None else self.tp.to_logical_heads(block, axis=2)
+
+    def _physical_block(self, block: np.ndarray) -> np.ndarray:
+        return block if self.tp is None else self.tp.to_physical_heads(block, axis=2)
 
     def kv_scales(self) -> tuple[np.ndarray, np.ndarray]:
-        """The pool's fp8 scales `(k_scale, v_scale)` on the host."""
-        return np.asarray(self._pool.k_scale), np.asarray(self._pool.v_scale)
+        """The pool's fp8 scales `(k_scale, v_scale)` on the host, `[L, Hkv]` (logical KV heads)."""
+        k, v = np.asarray(self._pool.k_scale), np.asarray(self._pool.v_scale)
+        if self.tp is None:
+            return k, v
+        return self.tp.to_logical_heads(k, axis=1), self.tp.to_logical_heads(v, axis=1)
 
     def set_kv_scales(self, k_scale: np.ndarray, v_scale: np.ndarray) -> None:
         """Replace the pool's fp8 scales (scales are pool data: no recompile)."""
-        self._pool = self._pool._replace(k_scale=jnp.asarray(k_scale, jnp.float32),
-                                         v_scale=jnp.asarray(v_scale, jnp.float32))
+        k = np.asarray(k_scale, np.float32)
+        v = np.asarray(v_scale, np.float32)
+        if self.tp is None:
+            self._pool = self._pool._replace(k_scale=jnp.asarray(k), v_scale=jnp.asarray(v))
+            return
+        put = functools.partial(self.tp.put, sharding=self.tp.pool_scales)
+        self._pool = self._pool._replace(k_scale=put(self.tp.to_physical_heads(k, axis=1)),
+                                         v_scale=put(self.tp.to_physical_heads(v, axis=1)))
 
     def calibrate_kv_scales(self, token_ids: Sequence[int], margin: float) -> None:
         """Set fp8 scales from running `token_ids` once through a float32 pool (see `calibrate_kv_scales`)."""
-        model = nnx.merge(self.graphdef, self.params)
-        self.set_kv_scales(*calibrate_kv_scales(model, list(token_ids), self.block_size, margin))
+        model = nnx.merge(self.graphdef, self.params)  # the sharded model: KV heads as the pool holds them
+        size = 1 if self.tp is None else self.tp.size
+        k, v = calibrate_kv_scales(model, list(token_ids), self.block_size, margin, tensor_parallel_size=size)
+        if self.tp is not None:
+            k, v = self.tp.to_logical_heads(k, axis=1), self.tp.to_logical_heads(v, axis=1)
+        self.set_kv_scales(k, v)
 
 
 def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int,
-                        margin: float = DEFAULT_SCALE_MARGIN) -> tuple[np.ndarray, np.ndarray]:
+                        margin: float = DEFAULT_SCALE_MARGIN, *, tensor_parallel_size: int = 1
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Run `token_ids` once through a float32 pool sized for them; return fp8 `(k_scale, v_scale)`.
 
     The pool starts at zero, so its absmax is exactly the prompt's K/V absmax.
@@ -258,7 +333,8 @@ def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int
     if not token_ids:
         raise ValueError("fp8 calibration needs at least one token")
     num_blocks = cdiv(len(token_ids), block_size)
-    runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32)
+    runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32,
+                         tensor_parallel_size=tensor_parallel_size)
     runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size))
     k_absmax, v_absmax = pool_absmax(runner.pool)
     return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

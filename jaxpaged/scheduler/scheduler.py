@@ -34,6 +34,7 @@ from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.mathutils import cdiv
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
+from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -72,6 +73,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in arrival order (request, then sequence index)
         self.num_preemptions = 0
         self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
+        self.num_top_logprob_requests = 0  # unfinished requests with logprobs > 0 (the step returns top-k)
         self.stats = SchedulerStats()
         self._freed: list[int] = []  # resident sequences that left the running set since the last schedule
         self._finished: list[Request] = []  # finished since the last take_finished_requests()
@@ -85,6 +87,8 @@ class Scheduler:
             self.waiting.append(seq)
         if request.use_beam_search:
             self.num_beam_requests += 1
+        if request.params.logprobs:
+            self.num_top_logprob_requests += 1
 
     def abort_request(self, request: Request, now: float) -> None:
         """Finish every live sequence of `request` now ("abort") and free its blocks."""
@@ -104,6 +108,8 @@ class Scheduler:
             self._finished.append(request)
             if request.use_beam_search:
                 self.num_beam_requests -= 1
+            if request.params.logprobs:
+                self.num_top_logprob_requests -= 1
 
     def take_finished_requests(self) -> list[Request]:
         """The requests finished since the last call."""
@@ -220,9 +226,11 @@ class Scheduler:
 
     def _finish_schedule(self, out: SchedulerOutput) -> None:
         out.freed_seq_ids, self._freed = self._freed, []
-        if self.num_beam_requests:
-            beam = max((s.request.params.beam_width for s in out.seqs if s.request.use_beam_search), default=0)
-            out.num_top_logprobs = pow2_bucket(2 * beam) if beam else 0
+        if self.num_beam_requests or self.num_top_logprob_requests:
+            # beams need 2 * width candidates; `logprobs=k` requests their top k
+            top = max((2 * s.request.params.beam_width if s.request.use_beam_search
+                       else s.request.params.logprobs or 0 for s in out.seqs), default=0)
+            out.num_top_logprobs = pow2_bucket(top) if top else 0
         stats = self.stats
         if out.seqs:
             stats.num_steps += 1
@@ -326,6 +334,8 @@ class Scheduler:
                 if all(s.pending_candidates is not None for s in request.seqs):
                     beam_ready.append(request)
                 continue
+            if request.params.logprobs is not None:
+                self._record_logprobs(seq, result, i, tokens[i], logprobs[i])
             self._append(seq, tokens[i], logprobs[i], now)
         for request in beam_ready:
             self._beam_step(request, now)
@@ -346,7 +356,21 @@ class Scheduler:
             request.token_times.append(now)
         reason = _stop_reason(seq, token)
         if reason:
+            if reason == "stop" and token not in request.eos_token_ids:
+                seq.stop_reason = token  # a stop_token_ids id, not EOS (as vLLM reports it)
             self.finish_seq(seq, reason, now)
+
+    @staticmethod
+    def _record_logprobs(seq: Sequence, result: ModelOutput, row: int, token: int, logprob: float) -> None:
+        """Keep the sampled token's log-probability and the request's top-k for this output token."""
+        k = seq.request.params.logprobs
+        entry = {}
+        if k:
+            entry = dict(zip(result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()))
+        entry[token] = logprob
+        if seq.logprobs is None:
+            seq.logprobs = []
+        seq.logprobs.append(entry)
 
     def _fork_samples(self, request: Request) -> None:
         """The prompt (all but its last token) is in the pool: fork it into n sequences."""
@@ -450,7 +474,7 @@ def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
     p = request.params
     return NewRow(seq.seq_id, block_ids, len(request.prompt_token_ids),
                   temperature=0.0 if p.beam_width > 1 else p.temperature, top_k=p.top_k, top_p=p.top_p,
-                  seed=(request.base_seed * 1_000_003 + seq.index) & 0xFFFFFFFF)
+                  seed=sequence_seed(request.base_seed, seq.index))
 
 
 def _arrival(seq: Sequence) -> tuple[int, int]:

@@ -13,6 +13,15 @@ A step computes `n` new tokens for each scheduled sequence that already has
   (`c + n` tokens) once and writes the K/V of its `n` new tokens.
 
 Activations are not counted (small next to weights and KV at serving shapes).
+
+Tensor parallelism over N devices (`tensor_parallel_size`) costs one device's
+share: 1/N of the FLOPs and the weights, the KV of its KV heads (1/min(N,
+kv_heads) of the pool: heads are replicated beyond that), plus two all-reduces
+per layer (after attention's o-projection and the MLP's down-projection, as
+Megatron splits them) of the step's `tokens x hidden` activations (2 bytes
+each). A ring all-reduce of M bytes moves `2 (N - 1) / N * M` bytes through
+each device's link, at `profile.interconnect_bandwidth`, plus
+`interconnect_latency_s` per all-reduce; it is not overlapped with compute.
 With `profile.padded_shapes` the step is costed as jaxpaged's bucketed XLA
 reference runs it (see `jaxpaged/step_input.py`): tokens, rows and the
 block table padded to powers of two, attention over whole block tables.
@@ -54,19 +63,31 @@ class CostModel:
 
     def __init__(self, config: ModelConfig, profile: DeviceProfile, *,
                  weight_bytes_per_param: float = 2.0, kv_bytes_per_element: float = 2.0,
-                 block_size: int = 16):
-        """`weight_bytes_per_param`: 2 for bf16/fp16, 1 for fp8/int8, 0.5 for 4-bit."""
+                 block_size: int = 16, tensor_parallel_size: int = 1):
+        """`weight_bytes_per_param`: 2 for bf16/fp16, 1 for fp8/int8, 0.5 for 4-bit.
+
+        With `tensor_parallel_size` > 1 every figure is one device's (see the module docstring).
+        """
+        config.check_tensor_parallel(tensor_parallel_size)
+        if tensor_parallel_size > 1 and not profile.interconnect_bandwidth:
+            raise ValueError(f"profile {profile.name!r} has no interconnect_bandwidth; "
+                             f"tensor_parallel_size={tensor_parallel_size} needs one")
         self.config = config
         self.profile = profile
         self.block_size = block_size
+        self.tensor_parallel_size = tp = tensor_parallel_size
         h = config.hidden_size
         q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         layer_params = 2 * h * q_dim + 2 * h * kv_dim + 3 * h * config.intermediate_size
-        self.layer_flops_per_token = 2.0 * config.num_layers * layer_params
-        self.lm_head_flops_per_seq = 2.0 * config.vocab_size * h
-        self.weight_bytes = (config.num_layers * layer_params + config.vocab_size * h) * weight_bytes_per_param
-        self.attn_flops_per_pair = 4.0 * config.num_layers * q_dim
-        self.kv_bytes_per_token = 2.0 * config.num_layers * kv_dim * kv_bytes_per_element
+        self.layer_flops_per_token = 2.0 * config.num_layers * layer_params / tp
+        self.lm_head_flops_per_seq = 2.0 * config.vocab_size * h / tp
+        self.weight_bytes = (config.num_layers * layer_params + config.vocab_size * h) * weight_bytes_per_param / tp
+        self.attn_flops_per_pair = 4.0 * config.num_layers * q_dim / tp
+        self.kv_bytes_per_token = 2.0 * config.num_layers * kv_dim * kv_bytes_per_element / config.kv_shards(tp)
+        # per step token: two ring all-reduces per layer of its hidden state (2-byte activations)
+        self.allreduce_bytes_per_token = (0.0 if tp == 1 else
+                                          2 * config.num_layers * 2 * (tp - 1) / tp * h * 2.0)
+        self.allreduces_per_step = 0 if tp == 1 else 2 * config.num_layers
 
     def step_cost(self, seqs: Iterable[tuple[int, int]]) -> StepCost:
         """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
@@ -79,7 +100,7 @@ class CostModel:
             work = self._exact_work(seqs)
         dense_flops, attn_flops, attn_bytes = self._amounts(*work, kv_written=sum(n for n, _ in seqs))
         return StepCost(dense_flops, self.weight_bytes, attn_flops, attn_bytes, len(seqs),
-                        self._seconds(dense_flops, attn_flops, attn_bytes, len(seqs)))
+                        self._seconds(dense_flops, attn_flops, attn_bytes, len(seqs), work[0]))
 
     def decode_step_time(self, num_seqs: int, total_context: int, max_context: int) -> float:
         """`step_time` of `num_seqs` one-token decodes over contexts summing to `total_context`.
@@ -91,7 +112,7 @@ class CostModel:
             work = self._padded_work(num_seqs, [], cdiv(max_context + 1, self.block_size))
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
-        return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs)
+        return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs, work[0])
 
     def _amounts(self, tokens: int, rows: int, pairs: int, kv_read: int, *,
                  kv_written: int) -> tuple[float, float, float]:
@@ -99,14 +120,23 @@ class CostModel:
         return (self.layer_flops_per_token * tokens + self.lm_head_flops_per_seq * rows,
                 self.attn_flops_per_pair * pairs, self.kv_bytes_per_token * (kv_read + kv_written))
 
-    def _seconds(self, dense_flops: float, attn_flops: float, attn_bytes: float, num_seqs: int) -> float:
+    def _seconds(self, dense_flops: float, attn_flops: float, attn_bytes: float, num_seqs: int,
+                 num_tokens: int) -> float:
         p = self.profile
         if p.phase_overlap:
             phases = (max(dense_flops / p.peak_flops, self.weight_bytes / p.memory_bandwidth)
                       + max(attn_flops / p.attn_flops_rate, attn_bytes / p.memory_bandwidth))
         else:  # weights: a constant, inside step_overhead_s
             phases = dense_flops / p.peak_flops + attn_flops / p.attn_flops_rate + attn_bytes / p.memory_bandwidth
-        return p.step_overhead_s + p.per_seq_overhead_s * num_seqs + phases
+        return p.step_overhead_s + p.per_seq_overhead_s * num_seqs + phases + self.allreduce_time(num_tokens)
+
+    def allreduce_time(self, num_tokens: int) -> float:
+        """Seconds of one step's tensor-parallel all-reduces over `num_tokens` token rows (0 on one device)."""
+        if self.allreduces_per_step == 0:
+            return 0.0
+        p = self.profile
+        return (self.allreduce_bytes_per_token * num_tokens / p.interconnect_bandwidth
+                + self.allreduces_per_step * p.interconnect_latency_s)
 
     def step_time(self, seqs: Iterable[tuple[int, int]]) -> float:
         """Predicted seconds for one step (see `step_cost`)."""

@@ -40,6 +40,10 @@ class DeviceProfile:
     per_seq_overhead_s: float = 0.0  # host work per scheduled sequence (input layout)
     attention_flops: float | None = None  # effective FLOP/s of attention if unlike the GEMMs' (CPU)
     phase_overlap: bool = True
+    # tensor parallelism: bytes/s one device sends (and receives) to its peers, one direction, and the
+    # fixed cost of one all-reduce (launch and synchronisation); None: no interconnect to model
+    interconnect_bandwidth: float | None = None
+    interconnect_latency_s: float = 0.0
 
     @property
     def attn_flops_rate(self) -> float:
@@ -59,13 +63,19 @@ GIB = 1 << 30
 
 # Datasheet peaks (dense, no sparsity). Step overhead: a typical CUDA-graph decode step's launch and
 # host round trip, a few tens of microseconds; an assumption, not a measurement.
+# Interconnect: NVLink per GPU, one direction (NVLink 3 on A100: 600 GB/s both ways; NVLink 4 on
+# H100/H200: 900 GB/s both ways), all GPUs of a node on one NVSwitch. All-reduce latency: ~10 us for
+# the small messages of a decode step (NCCL's typical small-message figure); an assumption.
 GPU_PROFILES = {
     "a100-80gb": DeviceProfile("a100-80gb", peak_flops=312e12, memory_bandwidth=2.039e12,
-                               step_overhead_s=50e-6, memory_bytes=80 * GIB),
+                               step_overhead_s=50e-6, memory_bytes=80 * GIB,
+                               interconnect_bandwidth=300e9, interconnect_latency_s=10e-6),
     "h100-80gb": DeviceProfile("h100-80gb", peak_flops=989e12, memory_bandwidth=3.35e12,
-                               step_overhead_s=50e-6, memory_bytes=80 * GIB),
+                               step_overhead_s=50e-6, memory_bytes=80 * GIB,
+                               interconnect_bandwidth=450e9, interconnect_latency_s=10e-6),
     "h200-141gb": DeviceProfile("h200-141gb", peak_flops=989e12, memory_bandwidth=4.8e12,
-                                step_overhead_s=50e-6, memory_bytes=141 * GB),
+                                step_overhead_s=50e-6, memory_bytes=141 * GB,
+                                interconnect_bandwidth=450e9, interconnect_latency_s=10e-6),
 }
 
 

@@ -23,7 +23,12 @@ from jaxpaged.workloads import WorkloadRequest, assign_arrivals
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """How one model is served on one device (all that a simulated run depends on besides the workload)."""
+    """How one model is served (all that a simulated run depends on besides the workload).
+
+    With `tensor_parallel_size` N the model is split over N devices of the profile:
+    each holds 1/N of the weights and its KV heads' share of every block, and
+    `kv_cache_bytes` / `memory_utilization` are per device.
+    """
 
     model: str = "llama3-70b"
     profile: str = "a100-80gb"
@@ -36,6 +41,7 @@ class Deployment:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     hash_algo: str = "xxh3_128"
+    tensor_parallel_size: int = 1
 
     @property
     def model_config(self) -> ModelConfig:
@@ -49,26 +55,39 @@ class Deployment:
         """Bytes of every parameter at the deployment's weight precision."""
         return self.model_config.num_params() * self.weight_bytes_per_param
 
+    def weight_bytes_per_device(self) -> float:
+        """One device's share of the weights (all of them on one device)."""
+        return self.weight_bytes() / self.tensor_parallel_size
+
     def block_bytes(self) -> float:
         """Bytes of one KV block (all layers, K and V)."""
         c = self.model_config
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes_per_element * self.block_size
 
+    def block_bytes_per_device(self) -> float:
+        """One device's share of a block: its KV heads' slice (1/min(N, KV heads))."""
+        return self.block_bytes() / self.model_config.kv_shards(self.tensor_parallel_size)
+
     def num_blocks(self) -> int:
         """KV blocks that fit the cache budget; raises if the weights leave no room."""
+        self.model_config.check_tensor_parallel(self.tensor_parallel_size)
         budget = self.kv_cache_bytes
         if budget is None:
-            budget = self.memory_utilization * self.device.memory_bytes - self.weight_bytes()
-        blocks = int(budget // self.block_bytes())
+            budget = self.memory_utilization * self.device.memory_bytes - self.weight_bytes_per_device()
+        blocks = int(budget // self.block_bytes_per_device())
         if blocks <= 0:
-            raise ValueError(f"{self.model} weights ({self.weight_bytes() / 1e9:.1f} GB) leave no room for a KV "
-                             f"cache on {self.profile}; quantize the weights or set kv_cache_bytes")
+            where = (self.profile if self.tensor_parallel_size == 1
+                     else f"{self.tensor_parallel_size} x {self.profile}")
+            raise ValueError(f"{self.model} weights ({self.weight_bytes_per_device() / 1e9:.1f} GB per device) "
+                             f"leave no room for a KV cache on {where}; quantize the weights, split them over "
+                             f"more devices (tensor_parallel_size) or set kv_cache_bytes")
         return blocks
 
     def cost_model(self) -> CostModel:
         """The roofline cost model for this model, precision and device."""
         return CostModel(self.model_config, self.device, weight_bytes_per_param=self.weight_bytes_per_param,
-                         kv_bytes_per_element=self.kv_bytes_per_element, block_size=self.block_size)
+                         kv_bytes_per_element=self.kv_bytes_per_element, block_size=self.block_size,
+                         tensor_parallel_size=self.tensor_parallel_size)
 
     def engine_config(self) -> EngineConfig:
         """The engine settings the simulated engine runs with."""

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
-from jaxpaged.snapshot.identity import check_identity, engine_identity, params_fingerprint
+from jaxpaged.snapshot.identity import (adopt_snapshot_kv_scales, check_identity, engine_identity,
+                                        identity_digest, params_fingerprint)
 from jaxpaged.snapshot.restore import RestoreStats, restore_into
-from jaxpaged.snapshot.store import BlockRecord, is_snapshot_dir, read_kv, read_meta, write_snapshot
+from jaxpaged.snapshot.store import BlockRecord, block_digest, is_snapshot_dir, read_kv, read_meta, write_snapshot
 
-__all__ = ["RestoreStats", "is_snapshot_dir", "load_prefix_cache", "params_fingerprint",
+__all__ = ["RestoreStats", "engine_identity", "identity_digest", "is_snapshot_dir", "load_prefix_cache",
+           "params_fingerprint",
            "save_prefix_cache"]
 
 
@@ -29,53 +31,65 @@ def save_prefix_cache(engine, path: str | Path) -> int:
 
     Device-pool blocks come first (tier "device", with the tokens that rebuild
     their chains), then the host tier's blocks if the engine has one (tier
-    "host": hash and K/V only, since that tier is keyed by hash alone).
+    "host": hash and K/V only, since that tier is keyed by hash alone). Every
+    record carries the digest of its block's K/V bytes.
     An earlier snapshot at `path` is replaced; any other existing path is refused
     (ValueError), as is an engine without prefix caching.
     """
     _require_prefix_caching(engine, "save")
     blocks = engine.kv.cached_blocks()
-    records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device")
-               for b in blocks]
-    kv = blocks_to_layers(engine.runner.read_blocks([b.block_id for b in blocks])) if blocks else None
+    data = engine.runner.read_blocks([b.block_id for b in blocks]) if blocks else []
+    records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device",
+                           digest=block_digest(d)) for b, d in zip(blocks, data)]
+    kv = blocks_to_layers(data) if blocks else None
     host = host_tier_blocks(engine)
-    records += [BlockRecord(block_hash, None, (), tier="host") for block_hash, _ in host]
+    records += [BlockRecord(block_hash, None, (), tier="host", digest=block_digest(d)) for block_hash, d in host]
     if host:
-        kv = append_host_blocks(kv, [data for _, data in host])
+        kv = append_host_blocks(kv, [d for _, d in host])
     write_snapshot(path, engine_identity(engine), records, kv)
     return len(records)
 
 
-def load_prefix_cache(engine, path: str | Path) -> RestoreStats:
+def load_prefix_cache(engine, path: str | Path, *, adopt_kv_scales: bool = False) -> RestoreStats:
     """Restore the snapshot at `path` into `engine`'s prefix cache and KV pool.
 
     Blocks go only into free, uncached pool blocks (hottest chains first when
-    they do not all fit); nothing the engine holds is evicted.
+    they do not all fit); nothing the engine holds is evicted. A block whose
+    K/V row is missing or whose bytes do not match its digest is skipped, with
+    every block that descends from it. `adopt_kv_scales` (an fp8 engine whose
+    scales are not calibrated yet) takes the snapshot's scales first.
 
     Raises:
-      ValueError: `path` is not a snapshot, prefix caching is off, or the
-        snapshot was made for a different model, weights, block size, KV dtype
-        or hash function (the message names the field and both values).
+      ValueError: `path` is not a snapshot or its files are corrupt (the
+        message names the file), prefix caching is off, or the snapshot was
+        made for a different model, weights, block size, KV dtype or hash
+        function (the message names the field and both values).
     """
     _require_prefix_caching(engine, "restore")
-    identity, records = read_meta(path)
+    identity, num_rows, records = read_meta(path)
+    if adopt_kv_scales:
+        adopt_snapshot_kv_scales(engine.runner, identity, str(path))
     check_identity(identity, engine_identity(engine), str(path))
     if not records:
         return RestoreStats(0, 0, 0)
-    kv = read_kv(path, len(records), engine.runner.kv_block_shape, engine.runner.kv_dtype)  # before the manager
-    device = [r for r in records if r.tier == "device"]  # saved first: rows line up with `kv`
-    writes, stats = restore_into(engine.kv, device)
+    runner = engine.runner
+    kv, rows = read_kv(path, num_rows, len(records[0].block_hash), runner.kv_block_shape, runner.kv_dtype)
+    intact = [(r, rows[r.block_hash]) for r in records
+              if r.block_hash in rows and block_digest(layers_to_block(kv, rows[r.block_hash])) == r.digest]
+    num_corrupt = len(records) - len(intact)
+    device = [(r, row) for r, row in intact if r.tier == "device"]
+    writes, stats = restore_into(engine.kv, [r for r, _ in device])
     if writes:
-        block_ids, rows = zip(*writes)
-        engine.runner.write_blocks(list(block_ids), [layers_to_block(kv, row) for row in rows])
-    host_rows = list(range(len(device), len(records)))
-    if not host_rows:
+        block_ids, indices = zip(*writes)
+        runner.write_blocks(list(block_ids), [layers_to_block(kv, device[i][1]) for i in indices])
+    stats = RestoreStats(stats.num_restored, stats.num_skipped + num_corrupt, stats.num_dropped)
+    host = [(r, row) for r, row in intact if r.tier == "host"]
+    if not host:
         return stats
     if engine.tiers is None:  # no host tier here: its blocks cannot be used
-        return RestoreStats(stats.num_restored, stats.num_skipped + len(host_rows), stats.num_dropped)
-    kept = restore_host_blocks(engine, [records[i].block_hash for i in host_rows], kv, host_rows)
-    return RestoreStats(stats.num_restored + kept, stats.num_skipped,
-                        stats.num_dropped + len(host_rows) - kept)
+        return RestoreStats(stats.num_restored, stats.num_skipped + len(host), stats.num_dropped)
+    kept = restore_host_blocks(engine, [r.block_hash for r, _ in host], kv, [row for _, row in host])
+    return RestoreStats(stats.num_restored + kept, stats.num_skipped, stats.num_dropped + len(host) - kept)
 
 
 def _require_prefix_caching(engine, action: str) -> None:

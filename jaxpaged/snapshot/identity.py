@@ -10,11 +10,12 @@ into an engine where any differs is refused with a ValueError naming the field.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import jax
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-block digests, K/V rows keyed by block hash
 _SAMPLE_ELEMENTS = 1 << 16
 
 
@@ -69,3 +70,22 @@ def _require_equal(field: str, saved, current, where: str) -> None:
     if saved != current:
         raise ValueError(f"prefix-cache snapshot {where} was made for a different engine: "
                          f"{field} differs (snapshot: {saved!r}, this engine: {current!r})")
+
+
+def identity_digest(identity: dict) -> bytes:
+    """32-byte digest of an identity record (the disk tier's format tag commits to it)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
+
+
+def adopt_snapshot_kv_scales(runner, saved: dict, where: str) -> None:
+    """Give an uncalibrated fp8 runner the snapshot's scales, so its blocks can be restored and reused.
+
+    ValueError naming the file if the snapshot's scales do not fit this model.
+    """
+    from jaxpaged.kv.fp8 import validate_kv_scales
+    try:
+        k_scale, v_scale = validate_kv_scales(runner.config, tuple(np.asarray(s, np.float32)
+                                                                   for s in saved["kv_scales"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"prefix-cache snapshot {where} has unusable kv_scales: {err}") from None
+    runner.set_kv_scales(k_scale, v_scale)

@@ -2,11 +2,18 @@
 
 A snapshot is a directory::
 
-    prefix_cache.json   identity (see identity.py) + one record per block, coldest first:
-                        hash, parent hash (hex), token ids, extra keys, tier
-    kv/                 Orbax StandardCheckpointer output: {"k": [layer...], "v": [layer...]},
-                        each [num_kv_heads, num_snapshot_blocks, block_size, head_dim],
-                        block i of the arrays is record i (absent when there are no blocks)
+    prefix_cache.json   identity (see identity.py), the number of K/V rows, and one record per
+                        block, coldest first: hash, parent hash (hex), token ids, extra keys, tier,
+                        and the SHA-256 of the block's K/V bytes
+    kv/                 Orbax StandardCheckpointer output: {"k": [layer...], "v": [layer...], "hashes"},
+                        each layer [num_kv_heads, num_rows, block_size, head_dim]; "hashes" [num_rows,
+                        hash_len] uint8 names the block in each row (absent when there are no blocks)
+
+A record finds its K/V row by its block hash, never by position, and a row
+whose bytes do not match the record's digest is not used: a reordered, deleted
+or edited record or a flipped byte in the K/V data is a skipped block, never a
+wrong one. A snapshot whose files cannot be read or parsed is a ValueError
+naming the file.
 
 It is written to a sibling temporary directory and renamed into place, so a
 crash mid-save leaves the previous snapshot intact.
@@ -15,8 +22,11 @@ crash mid-save leaves the previous snapshot intact.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import shutil
+import uuid
 from pathlib import Path
 
 import jax
@@ -36,17 +46,26 @@ class BlockRecord:
     token_ids: tuple[int, ...]
     extra_keys: tuple = ()
     tier: str = "device"
+    digest: bytes = b""  # SHA-256 of the block's K/V bytes ([2, L, Hkv, B, D], C order)
 
     def to_json(self) -> dict:
         return {"hash": self.block_hash.hex(),
                 "parent": None if self.parent_hash is None else self.parent_hash.hex(),
                 "tokens": list(self.token_ids), "extra_keys": _encode_keys(self.extra_keys),
-                "tier": self.tier}
+                "tier": self.tier, "digest": self.digest.hex()}
 
     @classmethod
     def from_json(cls, d: dict) -> "BlockRecord":
+        if d["tier"] not in ("device", "host"):
+            raise ValueError(f"unknown tier {d['tier']!r}")
         return cls(bytes.fromhex(d["hash"]), None if d["parent"] is None else bytes.fromhex(d["parent"]),
-                   tuple(int(t) for t in d["tokens"]), _decode_keys(d["extra_keys"]), d.get("tier", "device"))
+                   tuple(int(t) for t in d["tokens"]), _decode_keys(d["extra_keys"]), d["tier"],
+                   bytes.fromhex(d["digest"]))
+
+
+def block_digest(block: np.ndarray) -> bytes:
+    """SHA-256 of one block's K/V bytes (the runner's `[2, L, Hkv, B, D]` layout)."""
+    return hashlib.sha256(np.ascontiguousarray(block).tobytes()).digest()
 
 
 def _encode_keys(keys: tuple) -> list:
@@ -76,40 +95,66 @@ def is_snapshot_dir(path: str | Path) -> bool:
 
 def write_snapshot(path: str | Path, identity: dict, records: list[BlockRecord],
                    kv: dict[str, list[np.ndarray]] | None) -> None:
-    """Write a snapshot directory at `path`, replacing an earlier snapshot there (never other data)."""
+    """Write a snapshot directory at `path`, replacing an earlier snapshot there (never other data).
+
+    Row i of `kv` holds record i's block; the rows are stored under their hashes.
+    """
     path = Path(path).absolute()  # Orbax requires absolute paths
     if path.exists() and not is_snapshot_dir(path):
         raise ValueError(f"{path} exists and is not a prefix-cache snapshot; refusing to overwrite it")
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     if records:
+        hashes = np.frombuffer(b"".join(r.block_hash for r in records), np.uint8).reshape(len(records), -1)
         with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / KV_DIR, kv)
+            checkpointer.save(tmp / KV_DIR, {**kv, "hashes": hashes})
             checkpointer.wait_until_finished()
-    meta = {"identity": identity, "blocks": [r.to_json() for r in records]}
+    meta = {"identity": identity, "num_rows": len(records), "blocks": [r.to_json() for r in records]}
     (tmp / META_FILE).write_text(json.dumps(meta))
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)
 
 
-def read_meta(path: str | Path) -> tuple[dict, list[BlockRecord]]:
-    """The identity and block records of the snapshot at `path` (K/V not read)."""
+def read_meta(path: str | Path) -> tuple[dict, int, list[BlockRecord]]:
+    """The identity, K/V row count and block records of the snapshot at `path` (K/V not read).
+
+    ValueError naming the file if it is missing, unreadable or malformed.
+    """
     if not is_snapshot_dir(path):
         raise ValueError(f"{path} is not a prefix-cache snapshot (no {META_FILE})")
-    meta = json.loads((Path(path) / META_FILE).read_text())
-    return meta["identity"], [BlockRecord.from_json(d) for d in meta["blocks"]]
+    file = Path(path) / META_FILE
+    try:
+        meta = json.loads(file.read_text())
+        identity, num_rows = meta["identity"], int(meta["num_rows"])
+        records = [BlockRecord.from_json(d) for d in meta["blocks"]]
+        if not isinstance(identity, dict) or num_rows < 0:
+            raise ValueError("identity must be an object and num_rows non-negative")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError,
+            AttributeError) as err:
+        raise ValueError(f"prefix-cache snapshot file {file} is corrupt or unreadable: "
+                         f"{type(err).__name__}: {err}") from None
+    return identity, num_rows, records
 
 
-def read_kv(path: str | Path, num_blocks: int, block_shape: tuple[int, ...],
-            dtype) -> dict[str, list[np.ndarray]]:
-    """The snapshot's K/V arrays: per layer `[num_kv_heads, num_blocks, block_size, head_dim]` of `dtype`.
+def read_kv(path: str | Path, num_rows: int, hash_len: int, block_shape: tuple[int, ...],
+            dtype) -> tuple[dict[str, list[np.ndarray]], dict[bytes, int]]:
+    """The snapshot's K/V arrays and the row of each block hash.
 
-    `block_shape` is one block's `(2, num_layers, num_kv_heads, block_size, head_dim)`.
+    Arrays are per layer `[num_kv_heads, num_rows, block_size, head_dim]` of
+    `dtype`; `block_shape` is one block's `(2, num_layers, num_kv_heads,
+    block_size, head_dim)`. ValueError naming the directory if it cannot be read.
     """
     _, num_layers, heads, block_size, head_dim = block_shape
-    layer = jax.ShapeDtypeStruct((heads, num_blocks, block_size, head_dim), dtype)
-    target = {"k": [layer] * num_layers, "v": [layer] * num_layers}
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(Path(path).absolute() / KV_DIR, target)
+    layer = jax.ShapeDtypeStruct((heads, num_rows, block_size, head_dim), dtype)
+    target = {"k": [layer] * num_layers, "v": [layer] * num_layers,
+              "hashes": jax.ShapeDtypeStruct((num_rows, hash_len), np.uint8)}
+    where = Path(path).absolute() / KV_DIR
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            kv = checkpointer.restore(where, target)
+    except Exception as err:  # Orbax/TensorStore raise many types for missing or damaged files
+        raise ValueError(f"prefix-cache snapshot K/V data {where} is corrupt or unreadable: "
+                         f"{type(err).__name__}: {str(err)[:300]}") from None
+    rows = {np.asarray(h).tobytes(): i for i, h in enumerate(np.asarray(kv.pop("hashes")))}
+    return kv, rows

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
-TINY = ["--config=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
+TINY = ["--model=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
         "--output_len=3", "--kv_budget_tokens=256", "--max_model_len=64", f"--compile_cache_dir={CACHE}"]
 
 
@@ -61,7 +61,7 @@ def test_profile(tmp_path):
 
 @pytest.mark.parametrize("dtype, per_token", [("float16", 327_680), ("fp8", 163_840)])
 def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
-    out = run_script("kv_capacity.py", "--config=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
+    out = run_script("kv_capacity.py", "--model=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
                      f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["bytes_per_token"] == per_token
@@ -86,3 +86,24 @@ def test_bench_host_overhead(tmp_path):
         (8, False), (8, True), (16, False), (16, True)]
     assert all(0 < r["device_busy"] <= 1 and r["sleep"] for r in result["busy"])
     assert "| seqs | outputs |" in out and (tmp_path / "h.md").read_text().count("\n|") >= 10
+
+
+def test_bench_tensor_parallel(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tensor_parallel.py"), "--model=tiny",
+                           "--sizes=1,2", "--rounds=1", "--decode_batch=2", "--decode_context=8",
+                           "--prefill_len=8", "--block_size=4", f"--json_out={tmp_path}/tp.json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = json.loads((tmp_path / "tp.json").read_text())["results"]
+    assert two["pool_bytes_per_device"] * 2 == one["pool_bytes_per_device"]  # tiny's 2 KV heads: one each
+    assert one["weight_bytes_per_device"] / 2 < two["weight_bytes_per_device"] < one["weight_bytes_per_device"] * 0.6
+    assert "| TP | decode step (ms)" in proc.stdout
+
+
+def test_kv_capacity_tensor_parallel(tmp_path):
+    run_script("kv_capacity.py", "--model=llama3-70b", "--kv_dtype=bfloat16", "--budget_gb=40",
+               "--tensor_parallel_size=4", f"--json_out={tmp_path}/c.json")
+    cap = json.loads((tmp_path / "c.json").read_text())
+    assert cap["kv_shards"] == 4 and cap["num_blocks"] == 40 * 10**9 // (327_680 * 16 // 4)

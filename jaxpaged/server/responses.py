@@ -1,0 +1,71 @@
+"""OpenAI response bodies built from the engine's `RequestOutput`s."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from jaxpaged.outputs import CompletionOutput, RequestOutput
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """The `usage` object, with vLLM's `prompt_tokens_details.cached_tokens`."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def finish_reason(c: CompletionOutput) -> str | None:
+    """OpenAI's finish reasons: stop, length; an aborted sequence reports "abort" as vLLM does."""
+    return c.finish_reason
+
+
+def completion_logprobs(c: CompletionOutput, tokenizer, text_offset: int) -> dict | None:
+    """The legacy completions `logprobs` object for this output's tokens."""
+    if c.logprobs is None:
+        return None
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = text_offset
+    for token, entry in zip(c.token_ids, c.logprobs):
+        piece = tokenizer.decode([token])
+        tokens.append(piece)
+        token_logprobs.append(_finite(entry[token]))
+        top.append({tokenizer.decode([t]): _finite(lp) for t, lp in entry.items()})
+        offsets.append(offset)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def chat_logprobs(c: CompletionOutput, tokenizer, top_k: int) -> dict | None:
+    """The chat `logprobs` object: `content` with each token, its logprob and its top alternatives."""
+    if c.logprobs is None:
+        return None
+    content = []
+    for token, entry in zip(c.token_ids, c.logprobs):
+        top = sorted(entry.items(), key=lambda kv: -kv[1])[:top_k]
+        content.append({**_token_logprob(tokenizer, token, entry[token]),
+                        "top_logprobs": [_token_logprob(tokenizer, t, lp) for t, lp in top]})
+    return {"content": content}
+
+
+def _token_logprob(tokenizer, token: int, logprob: float) -> dict:
+    piece = tokenizer.decode([token])
+    return {"token": piece, "logprob": _finite(logprob), "bytes": list(piece.encode())}
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0  # JSON has no -inf; OpenAI clients expect a number
+
+
+def sse(payload: dict | str) -> str:
+    """One server-sent event line: `data: {json}` (or `data: [DONE]`)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def totals(outputs: list[RequestOutput]) -> tuple[int, int, int]:
+    """(prompt tokens, completion tokens, cached prompt tokens) over final outputs."""
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return prompt, completion, cached

@@ -1,0 +1,90 @@
+"""OpenAI-compatible HTTP server (FastAPI + uvicorn) over one jaxpaged engine.
+
+    python scripts/serve.py --model=tiny --host=127.0.0.1 --port=8000
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 16}'
+
+Endpoints: /v1/completions, /v1/chat/completions (both with `"stream": true`
+as server-sent events), /v1/models, /health, /metrics (Prometheus),
+/tokenize, /detokenize, /reset_prefix_cache. SIGTERM drains in-flight
+requests (then aborts what is left) and saves the prefix-cache snapshot when
+--save_prefix_cache_on_shutdown. See docs/SERVING.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+from absl import app, flags
+
+from jaxpaged import distributed
+from jaxpaged.bench import flag_checks
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.metrics import attach_metrics
+from jaxpaged.server.api import build_app
+from jaxpaged.server.async_engine import AsyncEngine
+from jaxpaged.server.chat import ChatTemplate
+
+MODEL = flags.DEFINE_string("model", "tiny", "a shipped model config name, a config JSON or a checkpoint directory")
+SERVED_NAME = flags.DEFINE_string("served_model_name", None, "the model name clients use (default: --model)")
+HOST = flags.DEFINE_string("host", "127.0.0.1", "address to listen on")
+PORT = flags.DEFINE_integer("port", 8000, "port to listen on")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
+KV_BUDGET = flags.DEFINE_integer("kv_budget_tokens", None, "KV pool size in tokens (default: --kv_cache_bytes)")
+KV_BYTES = flags.DEFINE_integer("kv_cache_bytes", None, "KV pool size in bytes (default 256 MiB)")
+PREFIX_CACHING = flags.DEFINE_boolean("enable_prefix_caching", True, "reuse cached blocks of shared prefixes")
+MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "most sequences running at once")
+MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 512, "token budget of one step")
+MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None, "longest prompt + output (default: the model's)")
+HOST_CACHE = flags.DEFINE_integer("host_cache_bytes", None, "host RAM tier for evicted cached blocks (bytes)")
+DISK_DIR = flags.DEFINE_string("disk_cache_dir", None, "disk tier directory behind the host tier")
+SNAPSHOT = flags.DEFINE_string("prefix_cache_snapshot", None, "prefix-cache snapshot directory, restored at start")
+SAVE_SNAPSHOT = flags.DEFINE_boolean("save_prefix_cache_on_shutdown", False, "write the snapshot at shutdown")
+KV_DTYPE = flags.DEFINE_enum("kv_cache_dtype", "auto", ["auto", "float32", "bfloat16", "fp8_e4m3"], "KV dtype")
+TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over")
+ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "pallas"], "attention backend")
+SEED = flags.DEFINE_integer("seed", 0, "weights seed for shipped configs, and unseeded sampling")
+MAX_WAITING = flags.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
+DRAIN = flags.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
+DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False, "expose /debug/crash_engine_loop (tests only)")
+
+flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
+                     "max_waiting_requests")
+flag_checks.non_negative("seed", "drain_timeout_s")
+flag_checks.model_name()
+
+
+def engine_config() -> EngineConfig:
+    """The EngineConfig the flags describe."""
+    num_blocks = None
+    if KV_BUDGET.value is not None:
+        num_blocks = -(-KV_BUDGET.value // BLOCK_SIZE.value)
+    return EngineConfig(
+        model=MODEL.value, block_size=BLOCK_SIZE.value, num_blocks=num_blocks, kv_cache_bytes=KV_BYTES.value,
+        enable_prefix_caching=PREFIX_CACHING.value, max_num_seqs=MAX_NUM_SEQS.value,
+        max_num_batched_tokens=MAX_BATCHED.value, max_model_len=MAX_MODEL_LEN.value,
+        host_cache_bytes=HOST_CACHE.value, disk_cache_dir=DISK_DIR.value, prefix_cache_snapshot=SNAPSHOT.value,
+        save_prefix_cache_on_shutdown=SAVE_SNAPSHOT.value, kv_cache_dtype=KV_DTYPE.value,
+        tensor_parallel_size=TP.value, attention_backend=ATTENTION.value, seed=SEED.value)
+
+
+def main(argv):
+    """Build the engine, then serve it until SIGTERM / Ctrl-C."""
+    del argv
+    logging.basicConfig(level=logging.INFO)
+    if distributed.initialize_from_flags():
+        raise app.UsageError("the HTTP server runs as one process; multi-host serving (--num_processes > 1) "
+                             "is not wired into it yet")
+    engine = Engine(engine_config())
+    metrics = attach_metrics(engine)
+    async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value)
+    api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
+                    chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
+                    enable_debug_endpoints=DEBUG.value)
+    uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

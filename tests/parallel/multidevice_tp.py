@@ -1,0 +1,189 @@
+"""Tensor-parallel checks on 8 forced host devices; run by `test_tensor_parallel.py` in one subprocess.
+
+Not collected on its own (no `test_` prefix): the rest of the suite runs on
+one CPU device, and XLA's device count is fixed when JAX starts.
+
+Every check compares N devices with N = 1: logits within float tolerance,
+greedy and seeded tokens equal through prefix hits, preemption and n > 1;
+each device holds 1/N of the pool (1/kv_heads when KV heads are replicated);
+compiles stay as many as on one device; the pool is still donated and keeps
+its split; host block copies and fp8 scales stay in logical KV heads; the
+Pallas kernel works on local heads; checkpoints load straight into shards.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpaged.config import load_config
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.model import init_model
+from jaxpaged.runner import ModelRunner
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.step_input import ScheduledSeq, build_step_input
+
+BS = 4
+SHARED = list(range(40, 61))  # 5 full blocks shared by half the prompts
+TINY = load_config("tiny")  # 4 query heads, 2 KV heads: N = 4 replicates each KV head twice
+TINY8 = TINY.replace(name="tiny8", num_heads=8, num_kv_heads=2, head_dim=8)  # N = 8: four copies
+CASES = [(TINY, 2), (TINY, 4), (TINY8, 8)]
+
+
+def test_eight_host_devices():
+    assert len(jax.devices()) == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {TINY.name: init_model(TINY, seed=0), TINY8.name: init_model(TINY8, seed=3)}
+
+
+def _workload(vocab):
+    """Greedy and seeded requests, n = 3 forks, a shared prefix; enough of them to preempt in 40 blocks."""
+    rng = np.random.default_rng(11)
+    requests = []
+    for i in range(10):
+        tail = rng.integers(0, vocab - 20, int(rng.integers(2, 15))).tolist()
+        prompt = SHARED + tail if i % 2 == 0 else tail
+        if i % 4 == 3:
+            params = SamplingParams(n=3, temperature=0.9, seed=100 + i, max_tokens=10, ignore_eos=True)
+        elif i % 3 == 1:
+            params = SamplingParams(temperature=1.0, top_k=20, seed=i, max_tokens=14, ignore_eos=True)
+        else:
+            params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        requests.append((f"r{i}", prompt, params))
+    return requests
+
+
+def _run(model, n, num_blocks=40):
+    engine = Engine(EngineConfig(model="tiny", block_size=BS, num_blocks=num_blocks, max_num_seqs=16,
+                                 pool_fill_value=float("nan"), tensor_parallel_size=n), model=model)
+    for rid, prompt, params in _workload(model.config.vocab_size):
+        engine.add_request(rid, prompt, params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = [c.token_ids for c in out.outputs]
+    assert engine.kv.stats.num_free_blocks == engine.num_blocks  # nothing leaks
+    return engine, finals
+
+
+@pytest.fixture(scope="module")
+def single_device(models):
+    return {name: _run(model, 1) for name, model in models.items()}
+
+
+@pytest.mark.parametrize("config,n", CASES, ids=lambda c: getattr(c, "name", c))
+def test_engine_tokens_equal_single_device(models, single_device, config, n):
+    ref_engine, ref_tokens = single_device[config.name]
+    assert ref_engine.scheduler.num_preemptions > 0 and ref_engine.kv.stats.prefix_hits_tokens > 0
+    engine, tokens = _run(models[config.name], n)
+    assert tokens == ref_tokens
+    assert engine.scheduler.num_preemptions == ref_engine.scheduler.num_preemptions
+    assert engine.runner.num_compiles == ref_engine.runner.num_compiles  # same buckets, same compiles
+    pages = engine.runner.pool.k[0]
+    total = ref_engine.runner.pool.k[0].nbytes  # the whole logical pool of one layer
+    share = total // min(n, config.num_kv_heads)  # 1/N, or one KV head's worth when heads are replicated
+    assert engine.stats.num_steps and engine.kv.stats.num_cow_copies > 0  # forks copied blocks on write
+    assert all(a.sharding == engine.runner.tp.pool_pages for a in engine.runner.pool.k + engine.runner.pool.v)
+    shards = pages.addressable_shards
+    assert len({s.device for s in shards}) == n
+    assert all(s.data.nbytes == share for s in shards)
+
+
+def _steps():
+    first = [ScheduledSeq(list(range(1, 12)), 0, [3, 7, 1]), ScheduledSeq(list(range(30, 37)), 0, [5, 2])]
+    second = [ScheduledSeq([12], 11, [3, 7, 1]), ScheduledSeq([37, 38, 39], 7, [5, 2, 9])]
+    return [build_step_input(first, BS), build_step_input(second, BS)]
+
+
+@pytest.mark.parametrize("config,n", CASES, ids=lambda c: getattr(c, "name", c))
+def test_logits_and_blocks_match_single_device(models, config, n):
+    runners = [ModelRunner(models[config.name], 16, BS, tensor_parallel_size=k) for k in (1, n)]
+    for step in _steps():
+        ref, got = (r.execute(step, return_logits=True) for r in runners)
+        np.testing.assert_allclose(got.logits, ref.logits, atol=2e-5, rtol=1e-5)
+        np.testing.assert_array_equal(got.token_ids, ref.token_ids)
+    # host block copies speak logical KV heads at any N (tiers, snapshots)
+    ref_blocks, blocks = (r.read_blocks([3, 7, 9]) for r in runners)
+    assert blocks[0].shape == (2, config.num_layers, config.num_kv_heads, BS, config.head_dim)
+    np.testing.assert_allclose(np.stack(blocks), np.stack(ref_blocks), atol=2e-5)
+    runners[1].write_blocks([0], [ref_blocks[0] + 1.0])
+    np.testing.assert_allclose(runners[1].read_blocks([0])[0], ref_blocks[0] + 1.0, atol=2e-5)
+    assert all(a.sharding == runners[1].tp.pool_pages for a in runners[1].pool.k)  # the scatter kept the split
+
+
+def test_pool_donated_and_not_copied(models):
+    runner = ModelRunner(models[TINY.name], 64, BS, tensor_parallel_size=4)
+    before = runner.pool
+    step = build_step_input([ScheduledSeq([7], 5, [2, 3])], BS)
+    runner.execute(step)
+    assert all(a.is_deleted() for a in before.k + before.v)
+    hlo = runner.lower(step).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    local_pages = f"[1,64,{BS},{TINY.head_dim}]"  # one KV head per device
+    assert local_pages in entry
+    assert [line for line in entry.splitlines() if " copy(" in line and local_pages in line.split("=")[1][:40]] == []
+    assert "all-reduce" in hlo  # row-split projections are summed across devices
+    assert not [line for line in hlo.splitlines() if "all-gather" in line and local_pages in line]
+
+
+def test_sharded_random_weights_equal_unsharded():
+    """`LLM(model=name, tensor_parallel_size=N)` draws each shard on its device: the same weights."""
+    from jaxpaged.checkpoint import load_model
+    from jaxpaged.checkpoint.skeleton import model_params
+    sharded = model_params(load_model("tiny", seed=0, tensor_parallel_size=4))
+    plain = model_params(init_model(TINY, seed=0))
+    for path, value in plain.items():
+        np.testing.assert_array_equal(np.asarray(sharded[path]), np.asarray(value), err_msg=str(path))
+    assert sharded[("layers", 0, "mlp", "up_proj", "kernel")].addressable_shards[0].data.shape == (64, 32)
+
+
+def test_pallas_kernel_sees_local_heads(models):
+    """The Pallas kernel (interpreted on CPU) under shard_map at N = 2 matches the one-device reference."""
+    from jaxpaged.attention import resolve_backend
+    step = _steps()[0]
+    ref = ModelRunner(models[TINY.name], 16, BS).execute(step, return_logits=True)
+    pallas = resolve_backend("pallas", interpret=True)
+    got = ModelRunner(models[TINY.name], 16, BS, backend=pallas, tensor_parallel_size=2).execute(
+        step, return_logits=True)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=2e-5, rtol=1e-5)
+
+
+def test_fp8_pool_with_replicated_heads(models):
+    """fp8 at N = 4 (KV heads replicated): calibrated scales and tokens as on one device."""
+    runs = {}
+    for n in (1, 4):
+        engine = Engine(EngineConfig(model="tiny", block_size=BS, num_blocks=32, kv_cache_dtype="fp8_e4m3",
+                                     tensor_parallel_size=n), model=models[TINY.name])
+        engine.add_request("a", list(range(1, 30)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        engine.add_request("b", list(range(50, 61)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        tokens = {}
+        while engine.has_unfinished_requests():
+            tokens.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        runs[n] = (engine.runner.kv_scales(), tokens)
+    (ref_scales, ref_tokens), (scales, tokens) = runs[1], runs[4]
+    assert scales[0].shape == (TINY.num_layers, TINY.num_kv_heads)
+    for a, b in zip(scales, ref_scales):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert tokens == ref_tokens
+
+
+@pytest.mark.parametrize("fmt,n", [("hf", 4), ("orbax", 2)])
+def test_checkpoints_load_into_shards(models, tmp_path, fmt, n):
+    """A checkpoint loaded at N devices: each weight arrives as its slices, and the model computes the same."""
+    from jaxpaged.checkpoint import load_model, save_hf_checkpoint, save_params
+    from jaxpaged.checkpoint.skeleton import model_params
+    model = models[TINY.name]
+    (save_hf_checkpoint if fmt == "hf" else save_params)(model, tmp_path / fmt)
+    loaded = model_params(load_model(tmp_path / fmt, tensor_parallel_size=n))
+    for path, value in model_params(model).items():
+        np.testing.assert_array_equal(np.asarray(loaded[path]), np.asarray(value), err_msg=str(path))
+    up = loaded[("layers", 0, "mlp", "up_proj", "kernel")]
+    assert {s.data.shape for s in up.addressable_shards} == {(TINY.hidden_size, TINY.intermediate_size // n)}
+    step = _steps()[0]
+    ref = ModelRunner(model, 16, BS).execute(step, return_logits=True)
+    got = ModelRunner(load_model(tmp_path / fmt, tensor_parallel_size=n), 16, BS,
+                      tensor_parallel_size=n).execute(step, return_logits=True)
+    np.testing.assert_allclose(got.logits, ref.logits, atol=2e-5, rtol=1e-5)

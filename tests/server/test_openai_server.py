@@ -1,0 +1,244 @@
+"""The OpenAI-compatible server, live in a subprocess, driven with the official `openai` client.
+
+One server for the whole module (tiny model); the last test kills its engine loop.
+Outputs are compared with `LLM.generate`-equivalent runs of an in-process engine
+on the same weights (greedy and seeded outputs do not depend on batching).
+"""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.chat import ChatTemplate
+
+ROOT = Path(__file__).resolve().parents[2]
+KV_TOKENS = 4096
+WAIT_S = 180  # bounds on waiting for the server to start / a condition to hold (not a speed check)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", "--host=127.0.0.1", f"--port={port}",
+         f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("server did not start:\n" + proc.stdout.read())
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    """Runs prompts to completion in an in-process engine on the same weights (what LLM.generate does)."""
+    engine = Engine(EngineConfig(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512), model=tiny_model)
+
+    def run(prompts, params):
+        for i, p in enumerate(prompts):
+            engine.add_request(f"ref-{i}", p, params.__class__(**{**params.__dict__,
+                                                                    "output_kind": RequestOutputKind.FINAL_ONLY}))
+        outs = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                outs[o.request_id] = o
+        return [outs[f"ref-{i}"] for i in range(len(prompts))]
+    return run
+
+
+def _metrics(base: str) -> dict[str, float]:
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics").text):
+        for s in family.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    return values
+
+
+@pytest.mark.parametrize("seed,temperature", [(None, 0.0), (7, 0.9)])
+def test_streamed_equals_non_streamed_equals_engine(client, reference, seed, temperature):
+    prompt = "Hello paged world"
+    kwargs = dict(model="tiny", prompt=prompt, max_tokens=12, temperature=temperature, seed=seed,
+                  extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 12
+    assert streamed == full.choices[0].text
+    ref = reference([prompt], SamplingParams(max_tokens=12, temperature=temperature, seed=seed, ignore_eos=True))[0]
+    assert full.choices[0].text == ref.outputs[0].text
+    assert full.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert full.choices[0].finish_reason == "length"
+
+
+def test_chat_uses_the_template_and_matches_the_engine(client, reference):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    prompt = ChatTemplate().render(messages)
+    ref = reference([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+    assert reply.choices[0].message.content == ref.outputs[0].text
+    assert reply.usage.prompt_tokens == len(ref.prompt_token_ids)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.outputs[0].text
+
+
+def test_stop_strings_never_reach_the_client(client):
+    kwargs = dict(model="tiny", prompt=[5, 6, 7, 8, 9], max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(**kwargs).choices[0].text
+    start = next(i for i in range(6, len(text) - 2) if "\ufffd" not in text[i:i + 2])
+    stop = text[start:start + 2]
+    expected = text[:text.index(stop)]
+    cut = client.completions.create(stop=[stop], **kwargs).choices[0]
+    assert cut.text == expected and cut.finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stop=[stop], stream=True, **kwargs))
+    assert streamed == expected
+
+
+def test_many_concurrent_streaming_clients(server, reference):
+    prompts = [[(i * 7 + j) % 250 + 1 for j in range(5 + i % 11)] for i in range(64)]
+    aclient = openai.AsyncOpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+
+    async def one(prompt):
+        stream = await aclient.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    texts = asyncio.run(all_of_them())
+    refs = reference(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    assert texts == [r.outputs[0].text for r in refs]
+
+
+def test_cached_tokens_reported_per_tenant(client):
+    prompt = list(range(1, 65))  # four full blocks
+
+    def cached(salt):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt})
+        return out.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") == 48  # the last block holds the token that must be recomputed
+    assert cached("tenant-b") == 0
+
+
+def test_disconnect_mid_stream_frees_the_blocks(server):
+    baseline = _metrics(server)
+    body = {"model": "tiny", "prompt": list(range(1, 200)), "max_tokens": 300, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=WAIT_S) as response:
+        lines = response.iter_lines()
+        got = [line for line, _ in zip((ln for ln in lines if ln.startswith("data:")), range(3))]
+    assert len(got) == 3  # it was streaming when the client went away
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        now = _metrics(server)
+        if now["jaxpaged:num_requests_running"] == 0 and now["jaxpaged:kv_cache_usage_perc"] == 0:
+            break
+        assert time.monotonic() < deadline, f"blocks still held after the disconnect: {now}"
+        time.sleep(0.2)
+    generated = now["jaxpaged:generation_tokens_total"] - baseline["jaxpaged:generation_tokens_total"]
+    assert generated < 300  # aborted, not run to the end
+
+
+def test_metrics_parse_and_count_http_requests(server):
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server + "/metrics").text)}
+    assert "jaxpaged:kv_cache_usage_perc" in families
+    samples = families["jaxpaged:http_requests"].samples
+    ok = [s for s in samples if s.labels.get("path") == "/v1/completions" and s.labels["status"] == "200"]
+    assert ok and ok[0].value >= 1
+
+
+BAD = [
+    ({"model": "nope", "prompt": "x"}, 404, "model"),
+    ({"model": "tiny", "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_p": 5}, 400, "top_p"),
+    ({"model": "tiny", "prompt": "x", "n": 2.5}, 400, "n"),
+    ({"model": "tiny", "prompt": "x", "seed": True}, 400, "seed"),
+    ({"model": "tiny", "prompt": "x", "cache_salt": 1.5}, 400, "cache_salt"),
+    ({"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_k": 2**40}, 400, "top_k"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 100000}, 400, None),
+    ({"model": "tiny", "prompt": ""}, 400, "prompt"),
+    ({"model": "tiny", "prompt": []}, 400, "prompt"),
+    ({"model": "tiny", "prompt": [1, 99999]}, 400, "prompt"),
+    ({"model": "tiny"}, 400, "prompt"),
+    ({"model": "tiny", "prompt": "x", "stop": [""]}, 400, "stop"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 99}, 400, "logprobs"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD)
+def test_bad_requests_are_4xx_and_the_next_is_served(server, body, status, param):
+    response = httpx.post(server + "/v1/completions", json=body, timeout=WAIT_S)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param or param in error["message"], error
+    ok = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "ok", "max_tokens": 2},
+                    timeout=WAIT_S)
+    assert ok.status_code == 200
+
+
+def test_malformed_json_and_empty_messages(server):
+    response = httpx.post(server + "/v1/completions", content=b"{bad", headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+    response = httpx.post(server + "/v1/chat/completions", json={"model": "tiny", "messages": []})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+
+
+def test_tokenize_detokenize_and_models(server, client):
+    tokens = httpx.post(server + "/tokenize", json={"prompt": "abc"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) == 3
+    assert httpx.post(server + "/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "abc"
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.post(server + "/reset_prefix_cache").status_code == 200
+
+
+def test_health_turns_503_when_the_engine_loop_dies(server):  # last: it kills the module's server
+    assert httpx.get(server + "/health").status_code == 200
+    httpx.post(server + "/debug/crash_engine_loop")
+    deadline = time.monotonic() + WAIT_S
+    while httpx.get(server + "/health").status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    response = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "x"})
+    assert response.status_code == 503
