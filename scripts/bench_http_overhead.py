@@ -1,6 +1,6 @@
 """What the HTTP layer costs: one request set offline (engine in-process) and over HTTP, side by side.
 
-    python scripts/bench_http_overhead.py --config=tiny --dataset_name=random --num_prompts=16 \
+    python scripts/bench_http_overhead.py --model=tiny --dataset_name=random --num_prompts=16 \
         --random_input_len=64 --random_output_len=32 --request_rate=4 --repeats=3 \
         --json_out=out/http_overhead.json --md_out=out/http_overhead.md
 
@@ -21,6 +21,7 @@ import logging
 import httpx
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench import online
 from jaxpaged.bench.offline_online import compare_offline_http, comparison_table, offline_results
@@ -41,6 +42,8 @@ START_SERVER = flags.DEFINE_boolean("start_server", True,
                                     "start serve.py with the offline engine's settings; false: use the server at "
                                     "--base_url, which must run with the settings this script prints")
 SERVE_ARGS = flags.DEFINE_multi_string("serve_arg", [], "extra scripts/serve.py flag, e.g. --serve_arg=--foo=1")
+flag_checks.positive("block_size", "repeats")
+flag_checks.non_negative("warmup_runs")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
 
@@ -53,8 +56,8 @@ def main(argv):
     if online.MAX_CONCURRENCY.value is not None:
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
     bench_flags.enable_compile_cache()
-    config = bench_flags.CONFIG.value
-    requests = online.requests_from_flags(WORKLOAD.value, config)
+    model_name = bench_flags.MODEL.value
+    requests = online.requests_from_flags(WORKLOAD.value)
     offsets = online.offsets_from_flags(len(requests))
     block = BLOCK_SIZE.value
     longest = max(r.prompt_len + r.output_len for r in requests)
@@ -62,8 +65,8 @@ def main(argv):
                          max_model_len=bench_flags.MAX_MODEL_LEN.value or cdiv(longest, block) * block,
                          max_num_seqs=bench_flags.MAX_NUM_SEQS.value,
                          max_num_batched_tokens=bench_flags.MAX_BATCHED.value)
-    engine = Engine(engine_config(setup, "prefix_on", config), load_model(config))
-    serve_args = [f"--model={config}", f"--block_size={block}", f"--kv_budget_tokens={setup.num_blocks * block}",
+    engine = Engine(engine_config(setup, "prefix_on", model_name), load_model(model_name))
+    serve_args = [f"--model={model_name}", f"--block_size={block}", f"--kv_budget_tokens={setup.num_blocks * block}",
                   f"--max_model_len={setup.max_model_len}", f"--max_num_seqs={setup.max_num_seqs}",
                   f"--max_num_batched_tokens={setup.max_num_batched_tokens}", *SERVE_ARGS.value]
     env = {}
@@ -93,7 +96,7 @@ def main(argv):
                                       warmup_runs=WARMUP.value)
     table = comparison_table(result["median"]["offline"], result["median"]["http"])
     print(table)
-    meta = {"config": config, "dataset_name": online.DATASET.value, "num_requests": len(requests),
+    meta = {"model": model_name, "dataset_name": online.DATASET.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": online.BURSTINESS.value,
             "repeats": REPEATS.value, "warmup_runs": WARMUP.value, "setup": setup.__dict__,
             "serve_args": serve_args, "offline_compiles_per_run": offline_compiles}

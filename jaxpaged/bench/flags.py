@@ -13,7 +13,7 @@ from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, mak
 
 MODEL = flags.DEFINE_string("model", "small", "a shipped model config name, a config JSON or a checkpoint directory")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 16, "requests per workload")
-REQUEST_RATE = flags.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 = all at once")
+REQUEST_RATE = flags.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 or inf = all at once")
 SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
 KV_BUDGET = flags.DEFINE_integer("kv_budget_tokens", 8192, "KV pool size in tokens, the same for every mode")
 MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None,
@@ -37,7 +37,9 @@ _SCALES = {
 flag_checks.model_name("model")
 flag_checks.positive("num_requests", "kv_budget_tokens", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                      *_SCALES)
-flag_checks.non_negative("request_rate", "seed")
+flag_checks.non_negative("seed")
+flags.register_validator("request_rate", lambda v: v >= 0,  # inf (all at once, as vllm bench serve) is allowed
+                         message="--request_rate must be >= 0 (0 or inf = all at once)")
 
 _ACCEPTS = {
     "chatbot": {"system_len", "user_len", "output_len"},

@@ -18,6 +18,7 @@ from pathlib import Path
 from absl import flags
 from tqdm.auto import tqdm
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.arrivals import arrival_offsets
 from jaxpaged.bench.datasets import (PROMPT_FORMATS, BenchRequest, from_workload, load_bench_tokenizer,
@@ -30,10 +31,11 @@ from jaxpaged.bench.online_report import online_markdown_table
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 
 BASE_URL = flags.DEFINE_string("base_url", "http://127.0.0.1:8000", "server to drive (--backend=http)")
-MODEL = flags.DEFINE_string("model", None, "model name sent in requests (default: the first of GET /v1/models)")
+SERVED_MODEL = flags.DEFINE_string("served_model_name", None,
+                                   "model name sent in requests (default: the first of GET /v1/models)")
 TOKENIZER = flags.DEFINE_string("tokenizer", None,
                                 "config name or checkpoint directory whose tokenizer measures text prompts "
-                                "(default: --model, else --config)")
+                                "(default: --model)")
 DATASET = flags.DEFINE_enum("dataset_name", "workload", DATASETS,
                             "request set: a jaxpaged --workload, random, prefix_repetition or sharegpt")
 DATASET_PATH = flags.DEFINE_string("dataset_path", None, "ShareGPT-format JSON file (--dataset_name=sharegpt)")
@@ -54,18 +56,25 @@ GOODPUT = flags.DEFINE_multi_string("goodput", [], "SLOs in ms, e.g. --goodput=t
 IGNORE_EOS = flags.DEFINE_boolean("ignore_eos", True, "generate exactly the requested output length")
 TIMEOUT = flags.DEFINE_float("request_timeout_s", 600.0, "give up on a request after this long")
 flags.DEFINE_alias("num_prompts", "num_requests")
+flag_checks.positive("random_input_len", "random_output_len", "prefix_repetition_prefix_len",
+                     "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
+                     "sharegpt_output_len", "max_concurrency")
+flags.register_validator("random_range_ratio", lambda v: 0 <= v < 1, message="--random_range_ratio must be in [0, 1)")
+flags.register_validator("burstiness", lambda v: 0 < v < float("inf"),
+                         message="--burstiness must be a positive finite number")
+flags.register_validator("request_timeout_s", lambda v: v > 0, message="--request_timeout_s must be positive")
 
 
-def requests_from_flags(workload: str, tokenizer_source: str | None) -> list[BenchRequest]:
+def requests_from_flags(workload: str) -> list[BenchRequest]:
     """The request set the flags describe (``workload`` names the jaxpaged workload for ``--dataset_name=workload``).
 
-    ``tokenizer_source`` (a config name or checkpoint directory) is loaded only
-    when text has to be measured or converted.
+    The tokenizer (``--tokenizer``, else ``--model``) is loaded only when text
+    has to be measured or converted.
     """
     name, num, seed = DATASET.value, bench_flags.NUM_REQUESTS.value, bench_flags.SEED.value
     tokenizer = None
     if name == "sharegpt" or PROMPT_FORMAT.value is not None:
-        tokenizer = load_bench_tokenizer(TOKENIZER.value or tokenizer_source or bench_flags.CONFIG.value)
+        tokenizer = load_bench_tokenizer(TOKENIZER.value or bench_flags.MODEL.value)
     if name == "workload":
         requests = from_workload(bench_flags.workload_from_flags(workload))
     elif name == "random":
@@ -113,8 +122,8 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
     """Run the HTTP benchmark the flags describe against ``--base_url``; print, write and return the result."""
     slos = goodput_from_flags(extra_args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
-    model = MODEL.value or fetch_model_name(BASE_URL.value)
-    requests = requests_from_flags(workload, model)
+    model = SERVED_MODEL.value or fetch_model_name(BASE_URL.value)
+    requests = requests_from_flags(workload)
     offsets = offsets_from_flags(len(requests))
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     results, duration = run_requests(BASE_URL.value, model, requests, offsets,
