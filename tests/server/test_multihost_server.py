@@ -3,12 +3,7 @@
 Its outputs equal a one-process engine's; SIGTERM to process 0 stops both.
 """
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,41 +11,26 @@ import pytest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
-from tests.server.test_openai_server import WAIT_S, _free_port
+from tests.server.live_server import ROOT, WAIT_S, free_port, start_server, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".pytest_cache" / "jax-compile"
+CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
 
 
-def _start(process_id: int, coordinator: str, port: int) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT),
-               XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
-               JAX_COMPILATION_CACHE_DIR=str(CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", f"--port={port}",
-         "--kv_budget_tokens=1024", "--tensor_parallel_size=4", f"--coordinator_address={coordinator}",
-         "--num_processes=2", f"--process_id={process_id}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(process_id: int, coordinator: str, port: int):
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+           "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    return start_server(f"--port={port}", "--kv_budget_tokens=1024", "--tensor_parallel_size=4",
+                        f"--coordinator_address={coordinator}", "--num_processes=2", f"--process_id={process_id}",
+                        env=env)
 
 
 @pytest.fixture(scope="module")
 def group():
-    port, coordinator = _free_port(), f"localhost:{_free_port()}"
+    port, coordinator = free_port(), f"localhost:{free_port()}"
     procs = [_start(0, coordinator, port), _start(1, coordinator, port)]
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
-            raise RuntimeError("group did not start:\n" + "\n---\n".join(p.stdout.read()[-3000:] for p in procs))
-        time.sleep(0.5)
+    wait_healthy(base, procs)
     yield base, procs
     for p in procs:
         p.kill()

@@ -6,12 +6,7 @@ on the same weights (greedy and seeded outputs do not depend on batching).
 """
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -22,38 +17,18 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
+from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]
 KV_TOKENS = 4096
-WAIT_S = 180  # bounds on waiting for the server to start / a condition to hold (not a speed check)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", "--host=127.0.0.1", f"--port={port}",
-         f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port = free_port()
+    proc = start_server("--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
+                        "--max_model_len=512", "--enable_debug_endpoints")
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not start:\n" + proc.stdout.read())
-        time.sleep(0.5)
+    wait_healthy(base, [proc])
     yield base
     proc.terminate()
     proc.wait(timeout=60)

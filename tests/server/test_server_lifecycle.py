@@ -1,11 +1,7 @@
 """Server lifecycle: the waiting-queue bound (503 + Retry-After), and SIGTERM saving the prefix-cache snapshot."""
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,10 +12,7 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.api import build_app
 from jaxpaged.server.async_engine import AsyncEngine, QueueFullError
-from tests.server.test_openai_server import WAIT_S, _free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
 
 @pytest.fixture(scope="module")
 def busy_engine(tiny_model):
@@ -58,26 +51,15 @@ def test_queue_full_is_a_503_with_retry_after(busy_engine):
         assert "waiting queue is full" in response.json()["error"]["message"]
 
 
-def _start_server(port: int, snapshot: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", f"--port={port}",
-         "--kv_budget_tokens=2048", f"--prefix_cache_snapshot={snapshot}", "--save_prefix_cache_on_shutdown"],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not start:\n" + proc.stdout.read())
-        time.sleep(0.5)
+def _start_server(port: int, snapshot: Path):
+    proc = start_server(f"--port={port}", "--kv_budget_tokens=2048", f"--prefix_cache_snapshot={snapshot}",
+                        "--save_prefix_cache_on_shutdown")
+    wait_healthy(f"http://127.0.0.1:{port}", [proc])
+    return proc
 
 
 def test_sigterm_saves_the_snapshot_and_a_restart_serves_hits(tmp_path):
-    snapshot, port = tmp_path / "snapshot", _free_port()
+    snapshot, port = tmp_path / "snapshot", free_port()
     body = {"model": "tiny", "prompt": list(range(1, 65)), "max_tokens": 2}
     proc = _start_server(port, snapshot)
     try:
