@@ -1,8 +1,7 @@
 """The OpenAI-compatible server, live in a subprocess, driven with the official `openai` client.
 
 One server for the whole module (tiny model); the last test kills its engine loop.
-Outputs are compared with `LLM.generate`-equivalent runs of an in-process engine
-on the same weights (greedy and seeded outputs do not depend on batching).
+Outputs are compared with `LLM.generate` in this process on the same weights.
 """
 
 import asyncio
@@ -13,8 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
 from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
@@ -40,20 +38,10 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model):
-    """Runs prompts to completion in an in-process engine on the same weights (what LLM.generate does)."""
-    engine = Engine(EngineConfig(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512), model=tiny_model)
-
-    def run(prompts, params):
-        for i, p in enumerate(prompts):
-            engine.add_request(f"ref-{i}", p, params.__class__(**{**params.__dict__,
-                                                                    "output_kind": RequestOutputKind.FINAL_ONLY}))
-        outs = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                outs[o.request_id] = o
-        return [outs[f"ref-{i}"] for i in range(len(prompts))]
-    return run
+def reference():
+    """`LLM.generate` on the same weights (greedy and seeded outputs do not depend on batching)."""
+    llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512)
+    return lambda prompts, params: llm.generate(prompts, params, use_tqdm=False)
 
 
 def _metrics(base: str) -> dict[str, float]:
