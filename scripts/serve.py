@@ -8,7 +8,12 @@ Endpoints: /v1/completions, /v1/chat/completions (both with `"stream": true`
 as server-sent events), /v1/models, /health, /metrics (Prometheus),
 /tokenize, /detokenize, /reset_prefix_cache. SIGTERM drains in-flight
 requests (then aborts what is left) and saves the prefix-cache snapshot when
---save_prefix_cache_on_shutdown. See docs/SERVING.md.
+--save_prefix_cache_on_shutdown.
+
+Multi-host: start one process per host with the same flags plus
+--coordinator_address, --num_processes and --process_id; process 0 serves
+HTTP and broadcasts every engine command to the others, which step in
+lockstep (docs/ARCHITECTURE.md, "The HTTP server").
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from jaxpaged.bench import flag_checks
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.server.api import build_app
-from jaxpaged.server.async_engine import AsyncEngine
+from jaxpaged.server.async_engine import AsyncEngine, run_follower
 from jaxpaged.server.chat import ChatTemplate
 
 MODEL = flags.DEFINE_string("model", "tiny", "a shipped model config name, a config JSON or a checkpoint directory")
@@ -74,12 +79,14 @@ def main(argv):
     """Build the engine, then serve it until SIGTERM / Ctrl-C."""
     del argv
     logging.basicConfig(level=logging.INFO)
-    if distributed.initialize_from_flags():
-        raise app.UsageError("the HTTP server runs as one process; multi-host serving (--num_processes > 1) "
-                             "is not wired into it yet")
+    multi_process = distributed.initialize_from_flags()
     engine = Engine(engine_config())
+    if multi_process and not distributed.is_leader():
+        run_follower(engine, max_waiting_requests=MAX_WAITING.value)  # until process 0 stops
+        return
     metrics = attach_metrics(engine)
-    async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value)
+    async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value,
+                               multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
                     chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value)

@@ -1,59 +1,32 @@
 """The OpenAI-compatible server, live in a subprocess, driven with the official `openai` client.
 
 One server for the whole module (tiny model); the last test kills its engine loop.
-Outputs are compared with `LLM.generate`-equivalent runs of an in-process engine
-on the same weights (greedy and seeded outputs do not depend on batching).
+Outputs are compared with `LLM.generate` in this process on the same weights.
 """
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
+from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]
 KV_TOKENS = 4096
-WAIT_S = 180  # bounds on waiting for the server to start / a condition to hold (not a speed check)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", "--host=127.0.0.1", f"--port={port}",
-         f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port = free_port()
+    proc = start_server("--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
+                        "--max_model_len=512", "--enable_debug_endpoints")
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not start:\n" + proc.stdout.read())
-        time.sleep(0.5)
+    wait_healthy(base, [proc])
     yield base
     proc.terminate()
     proc.wait(timeout=60)
@@ -65,20 +38,10 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model):
-    """Runs prompts to completion in an in-process engine on the same weights (what LLM.generate does)."""
-    engine = Engine(EngineConfig(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512), model=tiny_model)
-
-    def run(prompts, params):
-        for i, p in enumerate(prompts):
-            engine.add_request(f"ref-{i}", p, params.__class__(**{**params.__dict__,
-                                                                    "output_kind": RequestOutputKind.FINAL_ONLY}))
-        outs = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                outs[o.request_id] = o
-        return [outs[f"ref-{i}"] for i in range(len(prompts))]
-    return run
+def reference():
+    """`LLM.generate` on the same weights (greedy and seeded outputs do not depend on batching)."""
+    llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512)
+    return lambda prompts, params: llm.generate(prompts, params, use_tqdm=False)
 
 
 def _metrics(base: str) -> dict[str, float]:

@@ -1,0 +1,44 @@
+"""Starting `scripts/serve.py` as a subprocess on 127.0.0.1 for the server tests."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (not a speed check)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
+    """Run serve.py with `flags` (one of them `--port=`); output collected on stdout."""
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", *flags],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:
+    """Wait until `base/health` answers 200; if a process exits first, kill them all and raise with its log."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            logs = "\n---\n".join(p.stdout.read()[-3000:] for p in procs)
+            raise RuntimeError(f"server did not start:\n{logs}")
+        time.sleep(0.5)
