@@ -1,7 +1,11 @@
-"""Starting `scripts/serve.py` as a subprocess on 127.0.0.1 for the server tests."""
+"""Starting `scripts/serve.py` as subprocesses on 127.0.0.1 for the server tests.
+
+Unlike `jaxpaged.bench.server_process.ServerProcess` (one server, log to a file),
+these keep the output on a pipe the tests read, and wait on a group of
+processes (multi-host).
+"""
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -9,15 +13,10 @@ from pathlib import Path
 
 import httpx
 
+from jaxpaged.bench.server_process import free_port  # noqa: F401 - the tests import it from here
+
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (not a speed check)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
