@@ -28,19 +28,33 @@ class RouteRequest:
     matched_tokens: Mapping[Hashable, int]  # replicas holding none are absent
 
 
-def _least_loaded(loads: Mapping[Hashable, ReplicaLoad]) -> Hashable:
-    """Fewest requests, then lowest KV usage, then first in order."""
-    return min(loads, key=lambda r: (loads[r].num_requests, loads[r].kv_usage))
+class _TieBreaker:
+    """Picks the least-loaded replica; equally loaded ones take turns (idle replicas all get requests)."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def least_loaded(self, loads: Mapping[Hashable, ReplicaLoad]) -> Hashable:
+        """Fewest requests, then lowest KV usage; among equals, the next one after the last tie's pick."""
+        replicas = list(loads)
+        start = self._turn % len(replicas)
+        rotated = replicas[start:] + replicas[:start]
+        self._turn += 1
+        return min(rotated, key=lambda r: (loads[r].num_requests, loads[r].kv_usage))
 
 
 class LeastLoadedPolicy:
-    """The replica holding the fewest requests (then the lowest KV usage)."""
+    """The replica holding the fewest requests (then the lowest KV usage; equals take turns)."""
 
     name = "least_loaded"
 
+    def __init__(self) -> None:
+        """No state but the tie-break turn."""
+        self._ties = _TieBreaker()
+
     def choose(self, request: RouteRequest, loads: Mapping[Hashable, ReplicaLoad]) -> Hashable:
         """The least-loaded replica of ``loads``."""
-        return _least_loaded(loads)
+        return self._ties.least_loaded(loads)
 
 
 class RoundRobinPolicy:
@@ -83,15 +97,16 @@ class PrefixAwarePolicy:
         self.waiting_penalty = waiting_penalty
         self.kv_usage_penalty = kv_usage_penalty
         self.imbalance_threshold = imbalance_threshold
+        self._ties = _TieBreaker()
 
     def choose(self, request: RouteRequest, loads: Mapping[Hashable, ReplicaLoad]) -> Hashable:
         """See the class docstring."""
         counts = [load.num_requests for load in loads.values()]
         if max(counts) - min(counts) > self.imbalance_threshold:
-            return _least_loaded(loads)
+            return self._ties.least_loaded(loads)
         matched = {r: n for r, n in request.matched_tokens.items() if r in loads and n > 0}
         if not matched:
-            return _least_loaded(loads)
+            return self._ties.least_loaded(loads)
 
         def score(replica: Hashable) -> tuple[float, int, float]:
             load = loads[replica]
