@@ -10,11 +10,18 @@ from jaxpaged.cache.hashing import (
     hash_block_tokens,
     hash_request_blocks,
 )
+from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventLog, replay
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.cache.protocol import KVManager
 from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, CacheStats, PrefixMatch
 
 __all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "KVEvent",
+    "KVEventLog",
+    "replay",
     "HASH_ALGOS",
     "NO_CHANGE",
     "BlockPool",

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+from jaxpaged.cache.events import AllBlocksCleared, KVEventLog
+
 EvictCallback = Callable[[int, bytes, tuple[int, ...]], None]
 
 
@@ -140,7 +142,44 @@ class BlockPool:
         # Bumped whenever a hash entry disappears, so a PrefixMatch taken earlier
         # can tell in O(1) that none of its blocks can have been reassigned.
         self.cache_epoch = 0
-        self.on_evict: EvictCallback | None = None
+        self._on_evict: EvictCallback | None = None
+        self._events: KVEventLog | None = None
+        # on_evict and the event log's hook, joined, so an eviction checks one attribute
+        self._evict_hook: EvictCallback | None = None
+
+    @property
+    def on_evict(self) -> EvictCallback | None:
+        """Called as ``on_evict(block_id, block_hash, token_ids)`` when a cached block is reused."""
+        return self._on_evict
+
+    @on_evict.setter
+    def on_evict(self, callback: EvictCallback | None) -> None:
+        self._on_evict = callback
+        self._join_evict_hooks()
+
+    @property
+    def events(self) -> KVEventLog | None:
+        """The log that records prefix-cache events, or None (no event work at all)."""
+        return self._events
+
+    @events.setter
+    def events(self, log: KVEventLog | None) -> None:
+        self._events = log
+        self._join_evict_hooks()
+
+    def _join_evict_hooks(self) -> None:
+        removed = self._events.removed if self._events is not None else None
+        hooks = [hook for hook in (removed, self._on_evict) if hook is not None]
+        if len(hooks) < 2:
+            self._evict_hook = hooks[0] if hooks else None
+            return
+        first, second = hooks
+
+        def both(block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
+            first(block_id, block_hash, token_ids)
+            second(block_id, block_hash, token_ids)
+
+        self._evict_hook = both
 
     @property
     def num_free(self) -> int:
@@ -166,8 +205,8 @@ class BlockPool:
         block.clear_hash()
         self.num_evictions += 1
         self.cache_epoch += 1
-        if self.on_evict is not None:
-            self.on_evict(block.block_id, block_hash, token_ids)
+        if self._evict_hook is not None:
+            self._evict_hook(block.block_id, block_hash, token_ids)
 
     def take(self, blocks: Sequence[KVBlock]) -> None:
         """Adds one reference to each block; a free one leaves the free queue (a "touch")."""
@@ -230,4 +269,6 @@ class BlockPool:
             block.clear_hash()
         self.cached.clear()
         self.cache_epoch += 1
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.events import BlockStored, KVEvent, KVEventLog
 from jaxpaged.cache.hashing import (
     chain_block_hashes,
     digest_fn,
@@ -398,16 +399,46 @@ class KVCacheManager:
                 parent, token_ids[start * bs : num_full * bs], bs, first_keys, self.hash_algo
             )
         blocks, table, cache_block = self._pool.blocks, seq.table, self._pool.cache_block
-        for index in range(seq.num_hashed_blocks, num_full):
-            cache_block(
-                blocks[table[index]],
-                hashes[index],
-                hashes[index - 1] if index else None,
-                tuple(token_ids[index * bs : (index + 1) * bs]),
-                seq.request_keys if index == 0 else (),
-            )
+        if self._pool.events is not None:
+            self._publish_with_events(seq, token_ids, num_full)
+        else:
+            for index in range(seq.num_hashed_blocks, num_full):
+                cache_block(
+                    blocks[table[index]],
+                    hashes[index],
+                    hashes[index - 1] if index else None,
+                    tuple(token_ids[index * bs : (index + 1) * bs]),
+                    seq.request_keys if index == 0 else (),
+                )
         seq.num_hashed_blocks = num_full
         self._sync_in_flight(seq)
+
+    def _publish_with_events(self, seq: SequenceState, token_ids: Sequence[int], num_full: int) -> None:
+        """``_publish_full_blocks``' caching loop, recording one ``BlockStored`` per run of stored blocks.
+
+        A block whose hash was cached already stays private and breaks the run.
+        """
+        bs, hashes, log = self.block_size, seq.block_hashes, self._pool.events
+        blocks, table, cache_block = self._pool.blocks, seq.table, self._pool.cache_block
+        run: list[int] = []
+
+        def flush() -> None:
+            if run:
+                first, last = run[0], run[-1] + 1
+                tokens = tuple(token_ids[first * bs : last * bs]) if log.include_token_ids else None
+                log.append(BlockStored(tuple(hashes[first:last]), hashes[first - 1] if first else None,
+                                       tokens, bs))
+                run.clear()
+
+        for index in range(seq.num_hashed_blocks, num_full):
+            block_tokens = tuple(token_ids[index * bs : (index + 1) * bs])
+            stored = cache_block(blocks[table[index]], hashes[index], hashes[index - 1] if index else None,
+                                 block_tokens, seq.request_keys if index == 0 else ())
+            if stored:
+                run.append(index)
+            else:
+                flush()
+        flush()
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Starts ``child_id`` sharing every parent block that holds computed tokens.
@@ -453,6 +484,27 @@ class KVCacheManager:
         self._set_in_flight(seq, (seq.pending[1], seq.pending[1]))
         blocks = self._pool.blocks
         self._pool.release([blocks[i] for i in reversed(seq.table)])
+
+    # ------------------------------------------------------------------- events
+
+    def enable_events(self, *, include_token_ids: bool = False) -> KVEventLog:
+        """Starts recording prefix-cache events (``jaxpaged.cache.events``); returns the log.
+
+        Events describe changes from now on: to mirror the cache from scratch,
+        enable them before the first request. Calling it again replaces the log.
+        """
+        log = KVEventLog(include_token_ids=include_token_ids)
+        self._pool.events = log
+        return log
+
+    def disable_events(self) -> None:
+        """Stops recording events and drops the log (the manager does no event work after)."""
+        self._pool.events = None
+
+    def take_events(self) -> list[KVEvent]:
+        """Events recorded since the last call, oldest first ([] when events are off)."""
+        log = self._pool.events
+        return log.take() if log is not None else []
 
     def reset_prefix_cache(self) -> bool:
         """Drops every prefix-cache entry. Refused (False) while any block is in use."""

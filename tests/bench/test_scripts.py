@@ -107,3 +107,20 @@ def test_kv_capacity_tensor_parallel(tmp_path):
                "--tensor_parallel_size=4", f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["kv_shards"] == 4 and cap["num_blocks"] == 40 * 10**9 // (327_680 * 16 // 4)
+
+
+def test_simulate_routing(tmp_path):
+    out = run_script("simulate_routing.py", "--model=tiny", "--kv_cache_gb=0.0002", "--block_size=4",
+                     "--max_num_seqs=8", "--max_num_batched_tokens=64", "--workloads=multiturn",
+                     "--scales=user_len=16,output_len=8", "--replicas=1,3", "--requests_per_replica=8",
+                     "--rate_per_replica=50", f"--json_out={tmp_path}/r.json", f"--md_out={tmp_path}/r.md")
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [(r["num_replicas"], r["policy"]) for r in results] == [
+        (n, p) for n in (1, 3) for p in ("prefix_aware", "round_robin", "least_loaded")]
+    for r in results:
+        assert r["requests"] == 8 * r["num_replicas"] and 0 <= r["goodput_rps"] <= r["throughput_rps"]
+    # one replica: every policy sends everything to it, so the runs are identical
+    single = [{k: v for k, v in r.items() if k not in ("policy", "wall_s")} for r in results if r["num_replicas"] == 1]
+    assert single[0] == single[1] == single[2]
+    assert (tmp_path / "r.md").read_text().startswith("| workload | replicas | policy |")
+    assert "| multiturn | 3 | prefix_aware |" in out

@@ -1,0 +1,127 @@
+"""KV cache events: replaying them mirrors the manager's prefix cache exactly."""
+
+import random
+
+import pytest
+
+from jaxpaged.cache import KVCacheManager, chain_block_hashes
+from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, replay
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sim.driver import make_sim_engine
+from jaxpaged.sim.scenario import Deployment
+
+from cache_test_helpers import prefill
+
+BS = 4
+
+
+def _cached(mgr) -> set[bytes]:
+    return {info.block_hash for info in mgr.cached_blocks()}
+
+
+def _check_stored_events(events) -> None:
+    """Every BlockStored's hashes follow from its parent and tokens (a first block's salt is not in the event)."""
+    for event in events:
+        if isinstance(event, BlockStored) and event.parent_block_hash is not None:
+            assert chain_block_hashes(event.parent_block_hash, event.token_ids, BS) == list(event.block_hashes)
+
+
+def test_no_subscriber_no_event_work():
+    mgr = KVCacheManager(8, BS)
+    assert mgr._pool.events is None and mgr._pool._evict_hook is None
+    prefill(mgr, "a", list(range(12)))
+    assert mgr.take_events() == []
+    evicted = []
+    mgr.on_evict = lambda *args: evicted.append(args)
+    assert mgr._pool._evict_hook is mgr.on_evict  # only the offload hook: called directly
+
+
+def test_events_and_on_evict_both_see_evictions():
+    mgr = KVCacheManager(4, BS)
+    log = mgr.enable_events()
+    evicted = []
+    mgr.on_evict = lambda block_id, block_hash, tokens: evicted.append(block_hash)
+    prefill(mgr, "a", list(range(16)))
+    mgr.free("a")
+    prefill(mgr, "b", list(range(100, 116)))  # reuses all four cached blocks
+    events = log.take()
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert removed == evicted and len(removed) == 4
+    assert replay(events) == _cached(mgr)
+
+
+def test_random_workload_replay_equals_cache():
+    """Eviction, prefix hits (salted too), decode commits, forks, refused duplicates and resets."""
+    rng = random.Random(0)
+    mgr = KVCacheManager(24, BS)
+    mgr.enable_events(include_token_ids=True)
+    mirror: set[bytes] = set()
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 14))] for _ in range(4)]
+    live: dict[str, list[int]] = {}
+    counts = {"hits": 0, "evictions": 0, "resets": 0}
+    for step in range(400):
+        op = rng.random()
+        if op < 0.35 and len(live) < 5:
+            sid = f"s{step}"
+            tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
+            salt = rng.choice([None, None, "tenant-a"])
+            match = mgr.match_prefix(tokens, cache_salt=salt)
+            if mgr.allocate_new(sid, tokens, len(tokens) - match.num_cached_tokens, match, cache_salt=salt):
+                counts["hits"] += match.num_cached_tokens > 0
+                mgr.commit(sid, tokens, len(tokens))
+                live[sid] = tokens
+        elif op < 0.65 and live:
+            sid = rng.choice(sorted(live))
+            if mgr.allocate_slots(sid, 1) is not None:
+                live[sid].append(rng.randrange(3))  # few distinct tokens: forks often publish duplicates
+                mgr.commit(sid, live[sid], len(live[sid]))
+        elif op < 0.75 and live and len(live) < 5:
+            parent = rng.choice(sorted(live))
+            if mgr.num_scheduled_tokens(parent) == mgr.num_computed_tokens(parent):
+                mgr.fork(parent, f"f{step}")
+                live[f"f{step}"] = list(live[parent])
+        elif op < 0.97 and live:
+            sid = rng.choice(sorted(live))
+            mgr.free(sid)
+            del live[sid]
+        elif not live:
+            counts["resets"] += mgr.reset_prefix_cache()
+        events = mgr.take_events()
+        _check_stored_events(events)
+        counts["evictions"] += sum(len(e.block_hashes) for e in events if isinstance(e, BlockRemoved))
+        replay(events, mirror)
+        assert mirror == _cached(mgr), f"step {step}"
+    assert counts["hits"] and counts["evictions"] and counts["resets"], counts
+
+
+def test_sim_engine_replay_equals_cache_through_preemption_and_reset():
+    """A real engine (simulated runner) with a small pool: prefix hits, evictions, preemption, reset."""
+    deployment = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=40 * BS * 256, block_size=BS,
+                            max_num_seqs=6, max_num_batched_tokens=48)
+    engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
+    engine.kv.enable_events()
+    rng = random.Random(1)
+    shared = [rng.randrange(200) for _ in range(20)]
+    mirror: set[bytes] = set()
+
+    def run_batch(tag: str, count: int) -> None:
+        for i in range(count):
+            prompt = shared + [rng.randrange(200) for _ in range(rng.randrange(2, 30))]
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt, "cache_salt": rng.choice([None, "t1"])},
+                               SamplingParams(temperature=0, max_tokens=rng.randrange(8, 40), ignore_eos=True,
+                                              detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY))
+        while engine.has_unfinished_requests():
+            engine.step()
+            replay(engine.kv.take_events(), mirror)
+            assert mirror == _cached(engine.kv)
+
+    run_batch("a", 12)
+    assert engine.kv.reset_prefix_cache()
+    assert engine.kv.take_events() == [AllBlocksCleared()]
+    mirror.clear()
+    assert _cached(engine.kv) == set()
+    run_batch("b", 12)
+    stats = engine.kv.stats
+    assert engine.scheduler.num_preemptions > 0
+    assert stats.prefix_hits_tokens > 0 and stats.num_evictions > 0
