@@ -178,22 +178,15 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         head = {"id": request_id, "object": "text_completion", "created": created, "model": served_model_name}
         tokenizer = engine.tokenizer
         if body.stream:
-            async def events():
-                offsets: dict[int, int] = {}
-                async for i, out in _merge(streams):
-                    for c in out.outputs:
-                        index = i * params.n + c.index
-                        offset = offsets.get(index, 0)
-                        offsets[index] = offset + len(c.text)
-                        choice = {"index": index, "text": c.text, "logprobs": R.completion_logprobs(c, tokenizer, offset),
-                                  "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
-                        yield R.sse(head | {"choices": [choice], "usage": None})
-                    _count(out, counts)
-                if body.include_usage:
-                    yield R.sse(head | {"choices": [], "usage": R.usage(*counts.totals())})
-                yield R.sse("[DONE]")
-            counts = _Counts()
-            return StreamingResponse(events(), media_type="text/event-stream")
+            offsets: dict[int, int] = {}
+
+            def choice(i: int, c) -> dict:
+                index = i * params.n + c.index
+                offset = offsets.get(index, 0)
+                offsets[index] = offset + len(c.text)
+                return {"index": index, "text": c.text, "logprobs": R.completion_logprobs(c, tokenizer, offset),
+                        "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+            return _sse_response(streams, head, choice, include_usage=body.include_usage)
         finals = await _finals(streams)
         choices = [{"index": i * params.n + c.index, "text": c.text,
                     "logprobs": R.completion_logprobs(c, tokenizer, 0),
@@ -219,23 +212,16 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
             head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
                     "model": served_model_name}
 
-            async def events():
-                started: set[int] = set()
-                async for _, out in _merge(streams):
-                    for c in out.outputs:
-                        delta = {"content": c.text}
-                        if c.index not in started:
-                            started.add(c.index)
-                            delta = {"role": "assistant"} | delta
-                        choice = {"index": c.index, "delta": delta, "logprobs": R.chat_logprobs(c, tokenizer, top_k or 0),
-                                  "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
-                        yield R.sse(head | {"choices": [choice], "usage": None})
-                    _count(out, counts)
-                if body.include_usage:
-                    yield R.sse(head | {"choices": [], "usage": R.usage(*counts.totals())})
-                yield R.sse("[DONE]")
-            counts = _Counts()
-            return StreamingResponse(events(), media_type="text/event-stream")
+            started: set[int] = set()
+
+            def choice(i: int, c) -> dict:
+                delta = {"content": c.text}
+                if c.index not in started:
+                    started.add(c.index)
+                    delta = {"role": "assistant"} | delta
+                return {"index": c.index, "delta": delta, "logprobs": R.chat_logprobs(c, tokenizer, top_k or 0),
+                        "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+            return _sse_response(streams, head, choice, include_usage=body.include_usage)
         finals = await _finals(streams)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": R.chat_logprobs(c, tokenizer, top_k or 0),
@@ -245,6 +231,22 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
                 "choices": choices, "usage": R.usage(*R.totals(finals))}
 
     return app
+
+
+def _sse_response(streams: list[AsyncIterator[RequestOutput]], head: dict, choice, *,
+                  include_usage: bool) -> StreamingResponse:
+    """Stream every output as SSE chunks: one per completion that moved (`choice(prompt index, completion)`),
+    a usage chunk when asked, then `[DONE]`."""
+    async def events():
+        counts = _Counts()
+        async for i, out in _merge(streams):
+            for c in out.outputs:
+                yield R.sse(head | {"choices": [choice(i, c)], "usage": None})
+            _count(out, counts)
+        if include_usage:
+            yield R.sse(head | {"choices": [], "usage": R.usage(*counts.totals())})
+        yield R.sse("[DONE]")
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 class _Counts:
