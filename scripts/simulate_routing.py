@@ -60,14 +60,6 @@ _HEADER = ("| workload | replicas | policy | hit rate | goodput (req/s) | throug
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
-def _scales() -> dict:
-    out = {}
-    for item in SCALES.value:
-        key, _, value = item.partition("=")
-        out[key] = float(value) if "." in value else int(value)
-    return out
-
-
 def _row(workload: str, policy: str, s: dict) -> str:
     tpot = "-" if s["tpot_p50_s"] is None else f"{s['tpot_p50_s'] * 1e3:.1f}"
     return (f"| {workload} | {s['num_replicas']} | {policy} | {s['prefix_hit_rate']:.1%} | {s['goodput_rps']:.1f} "
@@ -88,7 +80,7 @@ def main(argv):
         for num_replicas in [int(n) for n in REPLICAS.value]:
             for policy in POLICIES_FLAG.value:
                 requests = make_workload(workload, num_requests=PER_REPLICA_REQUESTS.value * num_replicas,
-                                         seed=SEED.value, **_scales())
+                                         seed=SEED.value, **flag_checks.parse_key_values(SCALES.value))
                 assign_arrivals(requests, PER_REPLICA_RATE.value * num_replicas, SEED.value)
                 result = simulate_cluster(deployment, num_replicas, make_policy(policy), requests)
                 summary = result.summary(TTFT_SLO.value, TPOT_SLO.value)
@@ -97,7 +89,7 @@ def main(argv):
                 results.append({"workload": workload, "policy": policy, **summary})
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as f:
-            json.dump({"deployment": dataclasses.asdict(deployment), "scales": _scales(),
+            json.dump({"deployment": dataclasses.asdict(deployment), "scales": flag_checks.parse_key_values(SCALES.value),
                        "requests_per_replica": PER_REPLICA_REQUESTS.value,
                        "rate_per_replica": PER_REPLICA_RATE.value, "ttft_slo_s": TTFT_SLO.value,
                        "tpot_slo_s": TPOT_SLO.value, "seed": SEED.value, "results": results}, f, indent=1)

@@ -55,17 +55,9 @@ flag_checks.list_of("rates", number_at_least=0)
 flag_checks.key_values("scales")
 
 
-def _scales() -> dict:
-    out = {}
-    for item in SCALES.value:
-        key, _, value = item.partition("=")
-        out[key] = float(value) if "." in value else int(value)
-    return out
-
-
 def main(argv):
     del argv
-    requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **_scales())
+    requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **flag_checks.parse_key_values(SCALES.value))
     base = scenario.Deployment(
         model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
         kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
@@ -105,7 +97,7 @@ def main(argv):
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as f:
             json.dump({"deployment": dataclasses.asdict(base), "workload": WORKLOAD.value,
-                       "num_requests": NUM_REQUESTS.value, "scales": _scales(), "num_blocks": base.num_blocks(),
+                       "num_requests": NUM_REQUESTS.value, "scales": flag_checks.parse_key_values(SCALES.value), "num_blocks": base.num_blocks(),
                        "ttft_p99_bound_s": BOUND.value, "results": results}, f, indent=1)
     if PLOT.value:
         from jaxpaged.sim.plots import plot_sweep

@@ -85,6 +85,15 @@ def key_values(name: str) -> None:
         message=f"--{name} must be a comma-separated list of key=number")
 
 
+def parse_key_values(items: list[str]) -> dict[str, int | float]:
+    """`["output_len=64", "jitter=0.1"]` as `{"output_len": 64, "jitter": 0.1}` (items checked by `key_values`)."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = float(value) if "." in value else int(value)
+    return out
+
+
 def _is_int(text: str) -> bool:
     try:
         int(text)

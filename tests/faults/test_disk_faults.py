@@ -13,6 +13,7 @@ import pytest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.sampling_params import SamplingParams
+from tests.faults.fault_helpers import run_prompts
 
 SHAPE = (2, 2, 2, 4, 8)
 BLOCK_BYTES = int(np.prod(SHAPE)) * 4
@@ -35,12 +36,7 @@ def _block(seed):
 
 
 def _run(engine, prompts, prefix="r"):
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"{prefix}{i}", prompt, GREEDY)
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update((o.request_id, o) for o in engine.step())
-    return [outs[f"{prefix}{i}"].outputs[0].token_ids for i in range(len(prompts))]
+    return run_prompts(engine, prompts, GREEDY, prefix)
 
 
 @pytest.fixture(scope="module")

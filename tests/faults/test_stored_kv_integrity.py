@@ -12,6 +12,7 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.snapshot.store import KV_DIR, META_FILE
+from tests.faults.fault_helpers import run_prompts
 
 BS = 4
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -27,12 +28,7 @@ def _engine(model, **kw):
 
 
 def _run(engine, prompts, prefix="r"):
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"{prefix}{i}", prompt, GREEDY)
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update((o.request_id, o) for o in engine.step())
-    return [outs[f"{prefix}{i}"].outputs[0].token_ids for i in range(len(prompts))]
+    return run_prompts(engine, prompts, GREEDY, prefix)
 
 
 @pytest.fixture(scope="module")
