@@ -55,3 +55,28 @@ def test_greedy_and_seeds():
 def test_invalid_sampling_params(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_a_rows_token_does_not_depend_on_which_path_the_step_takes():
+    """Greedy-only, unfiltered and filtered steps run different code; a row they can all serve gets one token."""
+    rng = np.random.default_rng(0)
+    rows, vocab = 64, 300
+    logits = jnp.asarray(rng.normal(size=(rows, vocab)) * 3, jnp.float32)
+
+    def draw(temperature, top_k, top_p):
+        batch = SamplingBatch(jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32),
+                              jnp.asarray(top_p, jnp.float32), jnp.arange(rows, dtype=jnp.uint32),
+                              jnp.full(rows, 7, jnp.int32))
+        return np.asarray(_sample(logits, batch)[0])
+
+    half = np.arange(rows) < rows // 2
+    unfiltered = draw(np.ones(rows), np.full(rows, -1), np.ones(rows))  # no sort
+    mixed = draw(np.ones(rows), np.where(half, -1, 5), np.ones(rows))  # the second half filters: sort path
+    np.testing.assert_array_equal(mixed[half], unfiltered[half])
+    top5 = np.argsort(-np.asarray(logits), axis=-1)[:, :5]
+    assert all(mixed[i] in top5[i] for i in np.nonzero(~half)[0])
+    greedy_only = draw(np.zeros(rows), np.full(rows, -1), np.ones(rows))
+    mixed_greedy = draw(np.where(half, 0.0, 1.0), np.full(rows, -1), np.ones(rows))
+    np.testing.assert_array_equal(greedy_only, np.argmax(np.asarray(logits), axis=-1))
+    np.testing.assert_array_equal(mixed_greedy[half], greedy_only[half])
+    np.testing.assert_array_equal(mixed_greedy[~half], unfiltered[~half])
