@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
+from jaxpaged.bench.timing import median_step_seconds
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -30,17 +30,6 @@ flag_checks.model_name("model")
 flag_checks.positive("prefill_len", "decode_batch", "decode_context", "block_size", "repeats")
 
 
-def time_step(runner: ModelRunner, step, repeats: int) -> float:
-    """Median seconds of one step, after a compile-and-warm-up run."""
-    runner.execute(step)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        runner.execute(step)  # execute brings the sampled ids to the host: a full round trip
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def main(argv):
     del argv
     config = load_config(MODEL.value)
@@ -53,8 +42,8 @@ def main(argv):
     prefill = build_step_input([ScheduledSeq(list(rng.integers(0, 256, PREFILL.value)), 0, tables[0])], bs)
     decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], CONTEXT.value, tables[i + 1])
                                for i in range(DECODE_BATCH.value)], bs)
-    prefill_s = time_step(runner, prefill, REPEATS.value)
-    decode_s = time_step(runner, decode, REPEATS.value)
+    prefill_s = median_step_seconds(runner, prefill, REPEATS.value)
+    decode_s = median_step_seconds(runner, decode, REPEATS.value)
     result = {
         "config": config.name, "block_size": bs, "prefill_len": PREFILL.value,
         "decode_batch": DECODE_BATCH.value, "decode_context": CONTEXT.value,

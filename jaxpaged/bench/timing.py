@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 
-from jaxpaged.runner import Runner, StepHandle
+import numpy as np
+
+from jaxpaged.runner import ModelRunner, Runner, StepHandle
 from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+from jaxpaged.step_input import StepInput
 
 
 class TimedRunner:
@@ -70,3 +73,17 @@ class _TimedStep:
             timer.device_s += elapsed
         timer.num_steps += self._counts
         return result
+
+
+def median_step_seconds(runner: ModelRunner, step: StepInput, repeats: int) -> float:
+    """Median seconds of one hand-built step, after a compile-and-warm-up run.
+
+    Each run brings the sampled ids to the host: a full round trip.
+    """
+    runner.execute(step)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.execute(step)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

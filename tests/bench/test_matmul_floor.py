@@ -1,0 +1,43 @@
+"""The matmul floor (a step's weight GEMMs alone) and the CPU-efficiency script built on it."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxpaged.bench.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor
+from jaxpaged.config import load_config
+from jaxpaged.model import init_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])  # untied and tied embeddings
+def test_floor_multiplies_every_weight_matrix_once(name):
+    config = load_config(name)
+    model = init_model(config)
+    norms = config.num_layers * 2 * config.hidden_size + config.hidden_size
+    lookup_table = 0 if config.tie_embeddings else config.vocab_size * config.hidden_size  # a gather, no GEMM
+    assert matmul_flops(model, 3) == 2 * 3 * (config.num_params() - norms - lookup_table)
+    *layers, (head,) = model_weight_matrices(model)
+    assert len(layers) == config.num_layers
+    assert head.shape == (config.hidden_size, config.vocab_size)
+    if config.tie_embeddings:
+        np.testing.assert_array_equal(head, np.asarray(model.embed_tokens.embedding[...]).T)
+    assert time_matmul_floor(model, 4, repeats=2) > 0
+
+
+def test_cpu_efficiency_script_measures_on_one_runner():
+    spec = importlib.util.spec_from_file_location("bench_cpu_efficiency", ROOT / "scripts/bench_cpu_efficiency.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    result = script.measure("tiny", decode_batch=4, decode_context=40, prefill_lens=[32, 96],
+                            block_size=16, repeats=2)
+    assert result["decode_over_floor"] == pytest.approx(result["decode_step_ms"] / result["matmul_floor_ms"])
+    tps = result["prefill_tokens_per_s"]
+    assert result["long_over_short_prefill"] == pytest.approx(tps["96"] / tps["32"])
+    assert result["compiles"] == 3  # one decode shape and one per prefill length
+    assert "**decode step / matmul floor**" in script.markdown(result)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        script.measure("tiny", 4, 40, [10_000], 16, 1)
