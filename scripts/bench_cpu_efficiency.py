@@ -10,6 +10,9 @@ so absolute times drift; ratios measured side by side drift less):
     weights: jaxpaged/bench/matmul_floor.py). 1.0 would be a step that is all matmul.
   * prefill: tokens/s of a one-sequence prefill at each of `prefill_lens`; the
     ratio is the longest's tokens/s over the shortest's (1.0: context length is free).
+With `--breakdown` (default) a `jax.profiler` trace of the decode step and of the
+longest prefill is split by the code each XLA op came from (attention, MLP, LM
+head, K/V write, sampling, ...: jaxpaged/bench/step_profile.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from absl import app, flags
 
 from jaxpaged.bench import flag_checks
 from jaxpaged.bench.matmul_floor import matmul_flops, time_matmul_floor
+from jaxpaged.bench.step_profile import profile_step
 from jaxpaged.bench.timing import median_step_seconds
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
@@ -37,6 +41,7 @@ BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per KV block")
 REPEATS = flags.DEFINE_integer("repeats", 5, "timed repeats per measurement (median reported)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write results here as JSON")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
+BREAKDOWN = flags.DEFINE_boolean("breakdown", True, "trace the decode step and the longest prefill and split their time by part")
 
 flag_checks.model_name("model")
 flag_checks.positive("decode_batch", "decode_context", "block_size", "repeats")
@@ -44,8 +49,8 @@ flag_checks.list_of("prefill_lens", integer_at_least=1)
 
 
 def measure(config_name: str, decode_batch: int, decode_context: int, prefill_lens: list[int],
-            block_size: int, repeats: int) -> dict:
-    """Run both measurements on one model and runner; times in ms."""
+            block_size: int, repeats: int, breakdown: bool = False) -> dict:
+    """Run both measurements on one model and runner; times in ms (with `breakdown`, ms per part)."""
     config = load_config(config_name)
     if max(prefill_lens + [decode_context + 1]) > config.max_position_embeddings:
         raise ValueError(f"lengths must fit max_position_embeddings={config.max_position_embeddings}")
@@ -61,11 +66,15 @@ def measure(config_name: str, decode_batch: int, decode_context: int, prefill_le
                                for i in range(decode_batch)], block_size)
     decode_s = median_step_seconds(runner, decode, repeats)
     floor_s = time_matmul_floor(model, decode_batch, repeats)
-    prefill = {}
+    prefill, step = {}, None
     for length in sorted(prefill_lens):
         step = build_step_input([ScheduledSeq(list(rng.integers(0, vocab, length)), 0, tables[0])], block_size)
         prefill[length] = length / median_step_seconds(runner, step, repeats)
     shortest, longest = min(prefill), max(prefill)
+    parts = {}
+    if breakdown:
+        parts = {"decode": profile_step(runner, decode), f"prefill {longest}": profile_step(runner, step)}
+        parts = {kind: {part: s * 1e3 for part, s in times.items()} for kind, times in parts.items()}
     return {
         "model": config.name, "block_size": block_size,
         "decode_batch": decode_batch, "decode_context": decode_context,
@@ -75,6 +84,7 @@ def measure(config_name: str, decode_batch: int, decode_context: int, prefill_le
         "prefill_tokens_per_s": {str(k): v for k, v in prefill.items()},
         "long_over_short_prefill": prefill[longest] / prefill[shortest],
         "compiles": runner.num_compiles,
+        "breakdown_ms": parts,
     }
 
 
@@ -91,13 +101,30 @@ def markdown(result: dict) -> str:
     ]
     rows += [f"| prefill of {n} tokens (tokens/s) | {result['prefill_tokens_per_s'][n]:.0f} |" for n in lens]
     rows.append(f"| **prefill tokens/s, {lens[-1]} over {lens[0]}** | **{result['long_over_short_prefill']:.2f}** |")
-    return "\n".join(rows) + "\n"
+    table = "\n".join(rows) + "\n"
+    parts = result.get("breakdown_ms") or {}
+    if parts:
+        kinds = list(parts)
+        names = sorted({name for times in parts.values() for name in times},
+                       key=lambda name: -max(times.get(name, 0.0) for times in parts.values()))
+        lines = ["| part | " + " | ".join(f"{kind} (ms, share)" for kind in kinds) + " |",
+                 "|---|" + "---|" * len(kinds)]
+        for name in names:
+            cells = []
+            for kind in kinds:
+                total = sum(parts[kind].values()) or 1.0
+                ms = parts[kind].get(name, 0.0)
+                cells.append(f"{ms:.1f} ({ms / total:.0%})")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("| all ops | " + " | ".join(f"{sum(parts[kind].values()):.1f}" for kind in kinds) + " |")
+        table += "\n" + "\n".join(lines) + "\n"
+    return table
 
 
 def main(argv):
     del argv
     result = measure(MODEL.value, DECODE_BATCH.value, CONTEXT.value, [int(n) for n in PREFILL_LENS.value],
-                     BLOCK_SIZE.value, REPEATS.value)
+                     BLOCK_SIZE.value, REPEATS.value, BREAKDOWN.value)
     table = markdown(result)
     print(table)
     if JSON_OUT.value:
