@@ -27,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
-from jaxpaged.cache.events import DEVICE_TIER, BlockStored, KVEvent, KVEventLog, stored_in_chain_order
+from jaxpaged.cache.events import (
+    DEVICE_TIER,
+    BlockStored,
+    KVEvent,
+    KVEventLog,
+    stored_in_chain_order,
+)
 from jaxpaged.cache.hashing import (
     chain_block_hashes,
     digest_fn,
@@ -45,7 +51,6 @@ from jaxpaged.cache.records import (
     SequenceState,
 )
 from jaxpaged.mathutils import cdiv
-
 
 
 def _check_positive_int(name: str, value: object) -> None:

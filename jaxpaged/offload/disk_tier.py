@@ -40,7 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxpaged.cache.events import DISK_TIER, AllBlocksCleared, KVEventLog, stored_in_chain_order
+from jaxpaged.cache.events import (
+    DISK_TIER,
+    AllBlocksCleared,
+    KVEventLog,
+    stored_in_chain_order,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
+from jaxpaged.cache.events import KVEventLog
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
@@ -90,7 +91,7 @@ class KVTiers:
         host.on_evict = self._on_host_evict
         kv.add_event_source(self._attach_events)
 
-    def _attach_events(self, log) -> None:
+    def _attach_events(self, log: KVEventLog | None) -> None:
         """The manager enabled (a ``KVEventLog``) or disabled (None) events: pass it to each tier."""
         self.host.attach_events(log, self.block_size)
         if self.disk is not None:

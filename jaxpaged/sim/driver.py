@@ -27,7 +27,6 @@ from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 
-
 # A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
 # back); after one, take this many ordinary steps before trying again. A refusal (not every running
 # sequence is a plain decode) costs only that check, so the driver tries again after the next step.

@@ -3,15 +3,20 @@
 import random
 
 import pytest
+from cache_test_helpers import prefill
 
 from jaxpaged.cache import KVCacheManager, chain_block_hashes
-from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, replay, stored_in_chain_order
+from jaxpaged.cache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    replay,
+    stored_in_chain_order,
+)
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.driver import make_sim_engine
 from jaxpaged.sim.scenario import Deployment
-
-from cache_test_helpers import prefill
 
 BS = 4
 

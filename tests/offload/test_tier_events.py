@@ -3,7 +3,13 @@
 import numpy as np
 
 from jaxpaged.cache import chain_block_hashes
-from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventLog, replay
+from jaxpaged.cache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventLog,
+    replay,
+)
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
