@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from jaxpaged.cache.events import AllBlocksCleared, KVEventLog
 
-EvictCallback = Callable[[int, bytes, tuple[int, ...]], None]
+# on_evict(block_id, block_hash, token_ids, parent_hash): a cached block is being reused
+EvictCallback = Callable[[int, bytes, tuple[int, ...], bytes | None], None]
 
 
 class KVBlock:
@@ -149,7 +150,7 @@ class BlockPool:
 
     @property
     def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, block_hash, token_ids)`` when a cached block is reused."""
+        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
         return self._on_evict
 
     @on_evict.setter
@@ -175,9 +176,9 @@ class BlockPool:
             return
         first, second = hooks
 
-        def both(block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
-            first(block_id, block_hash, token_ids)
-            second(block_id, block_hash, token_ids)
+        def both(block_id: int, block_hash: bytes, token_ids: tuple[int, ...], parent_hash: bytes | None) -> None:
+            first(block_id, block_hash, token_ids, parent_hash)
+            second(block_id, block_hash, token_ids, parent_hash)
 
         self._evict_hook = both
 
@@ -200,13 +201,13 @@ class BlockPool:
         return taken
 
     def _evict(self, block: KVBlock) -> None:
-        block_hash, token_ids = block.block_hash, block.token_ids
+        block_hash, token_ids, parent_hash = block.block_hash, block.token_ids, block.parent_hash
         del self.cached[block_hash]
         block.clear_hash()
         self.num_evictions += 1
         self.cache_epoch += 1
         if self._evict_hook is not None:
-            self._evict_hook(block.block_id, block_hash, token_ids)
+            self._evict_hook(block.block_id, block_hash, token_ids, parent_hash)
 
     def take(self, blocks: Sequence[KVBlock]) -> None:
         """Adds one reference to each block; a free one leaves the free queue (a "touch")."""

@@ -1,24 +1,40 @@
-"""KV cache events: what entered and left a manager's prefix cache, for a router to mirror.
+"""KV cache events: what entered and left each KV tier's prefix cache, for a router to mirror.
 
 As vLLM's KV events: ``BlockStored`` (a run of consecutive blocks of one
 sequence just published under their chained hashes), ``BlockRemoved`` (cached
-blocks whose hashes were dropped because the block was reused) and
-``AllBlocksCleared`` (``reset_prefix_cache``). Replaying them in order gives the
-set of hashes the manager has cached (:func:`replay`). The hashes are the
+blocks whose hashes were dropped) and ``AllBlocksCleared`` (``reset_prefix_cache``,
+or a disk tier disabled by a failed write). Every event names its ``tier``, as
+vLLM's name a medium: ``"device"`` (the KV cache manager's pool), ``"host"``
+and ``"disk"`` (``jaxpaged.offload``). Replaying one tier's events in order
+gives the set of hashes that tier holds (:func:`replay`). The hashes are the
 manager's own (``jaxpaged.cache.hashing``), so a request's cache salt is in
 them: a router hashing a prompt the same way finds only its tenant's blocks.
 
+Tiers are inclusive, and each reports only its own contents: a device block
+evicted to the host is a device ``BlockRemoved`` then a host ``BlockStored``;
+a host (or disk) block promoted back into the pool is a device ``BlockStored``
+(the pool gains it; the host keeps its copy, so no host event); a block the
+host pushes out to disk is a host ``BlockRemoved`` and, once written, a disk
+``BlockStored``. Swapped-out sequences' blocks are private (not keyed by hash)
+and make no event.
+
 The manager records events only while a :class:`KVEventLog` is attached
-(``KVCacheManager.enable_events``); without one it does no per-block work for
-events. The owner drains the log (``take``) once per step, like vLLM's
-``take_events``, and ships the batch wherever it goes.
+(``KVCacheManager.enable_events``); without one neither it nor the lower tiers
+do any per-block work for events. Enabling starts the log with a
+``BlockStored`` for every block each tier already holds (a snapshot restored
+before, a router attaching late), parents before children
+(:func:`stored_in_chain_order`). The owner drains the log (``take``) once per
+step, like vLLM's ``take_events``, and ships the batch wherever it goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEVICE_TIER = "device"
+HOST_TIER = "host"
+DISK_TIER = "disk"
 
 
 @dataclass(frozen=True)
@@ -28,7 +44,10 @@ class BlockStored:
     ``parent_block_hash`` is the hash of the block before ``block_hashes[0]``
     (None for a sequence's first block); each later hash's parent is the one
     before it. ``token_ids`` are the blocks' tokens back to back, when the log
-    was asked for them (else None).
+    was asked for them (else None). A lower tier knows less about a block it got
+    without its tokens (a disk file left by an earlier process, a host block
+    restored from a snapshot): there ``parent_block_hash`` and ``token_ids`` may
+    be None even for a later block of a sequence.
     """
 
     block_hashes: tuple[bytes, ...]
@@ -40,7 +59,7 @@ class BlockStored:
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    """Cached blocks whose hashes left the prefix cache (their blocks were reused)."""
+    """Cached blocks whose hashes left the tier (their blocks were reused, evicted or found corrupt)."""
 
     block_hashes: tuple[bytes, ...]
     tier: str = DEVICE_TIER
@@ -48,7 +67,7 @@ class BlockRemoved:
 
 @dataclass(frozen=True)
 class AllBlocksCleared:
-    """Every hash of the tier left the prefix cache (``reset_prefix_cache``)."""
+    """Every hash of the tier left it (``reset_prefix_cache``, or the disk tier disabled)."""
 
     tier: str = DEVICE_TIER
 
@@ -63,20 +82,35 @@ class KVEventLog:
         """``include_token_ids``: put the blocks' tokens in ``BlockStored`` events (bigger events)."""
         self.include_token_ids = include_token_ids
         self._events: list[KVEvent] = []
-        self._removed: list[bytes] = []  # consecutive removals, merged into one BlockRemoved
+        self._removed: list[bytes] = []  # consecutive removals from one tier, merged into one BlockRemoved
+        self._removed_tier = DEVICE_TIER
 
     def append(self, event: KVEvent) -> None:
         """Records one event."""
         self._flush_removed()
         self._events.append(event)
 
-    def removed(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
-        """Eviction hook (the block pool's ``on_evict`` signature): records one removed hash."""
+    def removed(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
+                parent_hash: bytes | None) -> None:
+        """Device eviction hook (the block pool's ``on_evict`` signature): records one removed hash."""
+        self.remove(block_hash, DEVICE_TIER)
+
+    def remove(self, block_hash: bytes, tier: str) -> None:
+        """Records that ``tier`` dropped ``block_hash`` (merged with the removals from the same tier just before)."""
+        if tier != self._removed_tier:
+            self._flush_removed()
+            self._removed_tier = tier
         self._removed.append(block_hash)
+
+    def store(self, block_hash: bytes, parent_hash: bytes | None, token_ids: tuple[int, ...] | None,
+              block_size: int, tier: str) -> None:
+        """Records that ``tier`` stored one block (tokens kept only if the log was asked for them)."""
+        self.append(BlockStored((block_hash,), parent_hash, token_ids if self.include_token_ids else None,
+                                block_size, tier))
 
     def _flush_removed(self) -> None:
         if self._removed:
-            self._events.append(BlockRemoved(tuple(self._removed)))
+            self._events.append(BlockRemoved(tuple(self._removed), self._removed_tier))
             self._removed = []
 
     def take(self) -> list[KVEvent]:
@@ -90,16 +124,61 @@ class KVEventLog:
         return len(self._events) + bool(self._removed)
 
 
-def replay(events: list[KVEvent], cached: set[bytes] | None = None) -> set[bytes]:
-    """Applies ``events`` in order to a set of cached hashes (a new one when None) and returns it."""
+CachedEntry = tuple[bytes, bytes | None, tuple[int, ...] | None]  # (hash, parent hash, tokens)
+
+
+def stored_in_chain_order(entries: Iterable[CachedEntry], block_size: int, tier: str, *,
+                          include_token_ids: bool) -> list[BlockStored]:
+    """``BlockStored`` events announcing ``entries`` (a tier's cached blocks), each parent before its children.
+
+    A block whose parent is not among ``entries`` (a root, or a parent evicted
+    while the child stayed) starts a chain; each chain is walked depth first
+    and its straight runs (each block the parent of the next) become one event.
+    Blocks with unknown tokens (None) never share a run with blocks with known
+    ones, so a run's ``token_ids`` are all its blocks' tokens or None.
+    """
+    entries = list(entries)
+    present = {block_hash for block_hash, _, _ in entries}
+    children: dict[bytes, list[CachedEntry]] = {}
+    roots: list[CachedEntry] = []
+    for entry in entries:
+        parent = entry[1]
+        if parent is not None and parent in present and parent != entry[0]:
+            children.setdefault(parent, []).append(entry)
+        else:
+            roots.append(entry)
+    events = []
+    stack = roots[::-1]
+    while stack:
+        run = [stack.pop()]
+        while kids := children.get(run[-1][0]):
+            stack.extend(kids[:0:-1])  # siblings after this chain, in their order
+            if include_token_ids and (kids[0][2] is None) != (run[-1][2] is None):
+                stack.append(kids[0])
+                break
+            run.append(kids[0])
+        tokens = None
+        if include_token_ids and run[0][2] is not None:
+            tokens = tuple(t for _, _, block_tokens in run for t in block_tokens)
+        events.append(BlockStored(tuple(h for h, _, _ in run), run[0][1], tokens, block_size, tier))
+    return events
+
+
+def replay(events: list[KVEvent], cached: set[bytes] | None = None, *, tier: str = DEVICE_TIER) -> set[bytes]:
+    """Applies ``tier``'s events, in order, to a set of its cached hashes (a new one when None) and returns it.
+
+    Other tiers' events are skipped.
+    """
     cached = set() if cached is None else cached
     for event in events:
+        if not isinstance(event, (BlockStored, BlockRemoved, AllBlocksCleared)):
+            raise ValueError(f"not a KV event: {event!r}")
+        if event.tier != tier:
+            continue
         if isinstance(event, BlockStored):
             cached.update(event.block_hashes)
         elif isinstance(event, BlockRemoved):
             cached.difference_update(event.block_hashes)
-        elif isinstance(event, AllBlocksCleared):
-            cached.clear()
         else:
-            raise ValueError(f"not a KV event: {event!r}")
+            cached.clear()
     return cached

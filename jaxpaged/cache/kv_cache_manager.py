@@ -24,10 +24,16 @@ where copy-on-write happens.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
-from jaxpaged.cache.events import BlockStored, KVEvent, KVEventLog
+from jaxpaged.cache.events import (
+    DEVICE_TIER,
+    BlockStored,
+    KVEvent,
+    KVEventLog,
+    stored_in_chain_order,
+)
 from jaxpaged.cache.hashing import (
     chain_block_hashes,
     digest_fn,
@@ -45,7 +51,6 @@ from jaxpaged.cache.records import (
     SequenceState,
 )
 from jaxpaged.mathutils import cdiv
-
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -82,6 +87,7 @@ class KVCacheManager:
         self._queries_tokens = 0
         self._hits_tokens = 0
         self._cow_copies = 0
+        self._event_sources: list[Callable[[KVEventLog | None], None]] = []
 
     # ----------------------------------------------------------------- queries
 
@@ -92,7 +98,7 @@ class KVCacheManager:
 
     @property
     def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, block_hash, token_ids)`` when a cached block is reused."""
+        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
         return self._pool.on_evict
 
     @on_evict.setter
@@ -488,18 +494,47 @@ class KVCacheManager:
     # ------------------------------------------------------------------- events
 
     def enable_events(self, *, include_token_ids: bool = False) -> KVEventLog:
-        """Starts recording prefix-cache events (``jaxpaged.cache.events``); returns the log.
+        """Starts recording prefix-cache events (``jaxpaged.cache.events``) of every tier; returns the log.
 
-        Events describe changes from now on: to mirror the cache from scratch,
-        enable them before the first request. Calling it again replaces the log.
+        The log starts with a ``BlockStored`` for every block already cached
+        (device first, then each lower tier added with :meth:`add_event_source`),
+        parents before children, so replaying it from here mirrors each tier
+        even when blocks were cached before (a snapshot restore, a router that
+        attaches late). Calling it again replaces the log (and announces the
+        cached blocks again).
         """
         log = KVEventLog(include_token_ids=include_token_ids)
+        entries = [(b.block_hash, b.parent_hash, b.token_ids) for b in self.cached_blocks()]
+        for event in stored_in_chain_order(entries, self.block_size, DEVICE_TIER,
+                                           include_token_ids=include_token_ids):
+            log.append(event)
         self._pool.events = log
+        for attach in self._event_sources:
+            attach(log)
         return log
 
     def disable_events(self) -> None:
-        """Stops recording events and drops the log (the manager does no event work after)."""
+        """Stops recording events and drops the log (no tier does event work after)."""
         self._pool.events = None
+        for attach in self._event_sources:
+            attach(None)
+
+    @property
+    def event_log(self) -> KVEventLog | None:
+        """The log events are recorded in, or None while events are off."""
+        return self._pool.events
+
+    def add_event_source(self, attach: Callable[[KVEventLog | None], None]) -> None:
+        """Lets a lower KV tier (``jaxpaged.offload``) publish into this manager's events.
+
+        ``attach(log)`` is called whenever events are enabled (now too, if they
+        are on): it must record a ``BlockStored`` for every block its tier holds,
+        then record its tier's changes into ``log``. ``attach(None)``, when they
+        are disabled, must stop all its event work.
+        """
+        self._event_sources.append(attach)
+        if self._pool.events is not None:
+            attach(self._pool.events)
 
     def take_events(self) -> list[KVEvent]:
         """Events recorded since the last call, oldest first ([] when events are off)."""

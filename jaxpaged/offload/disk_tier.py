@@ -18,6 +18,15 @@ later store and load is a no-op miss) so serving continues without it. Several
 engines, in several processes, may share one directory: each writes through a
 temporary file of its own (pid + random suffix) renamed atomically into place,
 and a file another engine deleted is a miss.
+
+KV events (:meth:`DiskKVCache.attach_events`): the tier holds the block files
+it indexes while it is usable (format tag set, not disabled). A file written
+is a disk ``BlockStored``; one deleted (capacity, or found vanished or corrupt
+on load) a disk ``BlockRemoved``; disabling the tier an ``AllBlocksCleared``.
+Files written or deleted by other engines sharing the directory are seen only
+when this engine next touches them. A block's parent hash is known for files
+this process wrote (files carry no parent), its tokens only in the event that
+announces the write.
 """
 
 from __future__ import annotations
@@ -30,6 +39,13 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+
+from jaxpaged.cache.events import (
+    DISK_TIER,
+    AllBlocksCleared,
+    KVEventLog,
+    stored_in_chain_order,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +78,10 @@ class DiskKVCache:
         self.capacity_bytes = capacity_bytes
         self.dtype = np.dtype(dtype)
         self.block_shape = tuple(block_shape)
-        self.tag: bytes | None = None  # unset (e.g. before fp8 calibration): every lookup misses
+        self._tag: bytes | None = None  # unset (e.g. before fp8 calibration): every lookup misses
+        self._events: KVEventLog | None = None
+        self._block_size = 0  # tokens per block, for events
+        self._parents: dict[bytes, bytes] = {}  # parent hash of indexed files this process wrote (for events)
         self.num_corrupt = 0
         self.num_vanished = 0  # indexed files gone when read (another engine evicted them)
         self.num_write_errors = 0
@@ -88,12 +107,54 @@ class DiskKVCache:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    @property
+    def tag(self) -> bytes | None:
+        """The format tag files must carry (``format_tag``); None: every lookup misses."""
+        return self._tag
+
+    @tag.setter
+    def tag(self, tag: bytes | None) -> None:
+        was_usable = self.usable
+        self._tag = tag
+        if self._events is None or was_usable == self.usable:
+            return
+        if self.usable:
+            self._announce_contents(self._events)
+        else:
+            self._events.append(AllBlocksCleared(DISK_TIER))
+
+    @property
+    def usable(self) -> bool:
+        """Whether lookups can hit: the format tag is set and no write has failed."""
+        return self._tag is not None and not self.disabled
+
+    def cached_hashes(self) -> list[bytes]:
+        """The hashes of the blocks this tier holds (its indexed files), least recently used first; none
+        while it is not :attr:`usable`."""
+        return list(self._sizes) if self.usable else []
+
+    def attach_events(self, log: KVEventLog | None, block_size: int) -> None:
+        """Record this tier's events in ``log`` from now on (None: stop), starting with every block it holds."""
+        self._events, self._block_size = log, block_size
+        if log is not None and self.usable:
+            self._announce_contents(log)
+
+    def _announce_contents(self, log: KVEventLog) -> None:
+        entries = [(h, self._parents.get(h), None) for h in self._sizes]
+        for event in stored_in_chain_order(entries, self._block_size, DISK_TIER,
+                                           include_token_ids=log.include_token_ids):
+            log.append(event)
+
     def _path(self, block_hash: bytes) -> Path:
         return self.directory / f"{block_hash.hex()}{_SUFFIX}"
 
-    def store(self, block_hash: bytes, data: np.ndarray) -> None:
-        """Write one block (atomically: temp file then rename), evicting old files beyond capacity."""
-        if self.tag is None or self.disabled or block_hash in self._sizes:
+    def store(self, block_hash: bytes, data: np.ndarray, parent_hash: bytes | None = None,
+              token_ids: tuple[int, ...] | None = None) -> None:
+        """Write one block (atomically: temp file then rename), evicting old files beyond capacity.
+
+        ``parent_hash`` and ``token_ids`` (the block's hash inputs, when known) go only into KV events.
+        """
+        if not self.usable or block_hash in self._sizes:
             return
         payload = np.ascontiguousarray(data, self.dtype).tobytes()
         blob = b"".join([_MAGIC, self.tag, bytes([len(block_hash)]), block_hash,
@@ -111,11 +172,15 @@ class DiskKVCache:
                 pass
             return
         self._add(block_hash, len(blob))
+        if parent_hash is not None:
+            self._parents[block_hash] = parent_hash
+        if self._events is not None:
+            self._events.store(block_hash, parent_hash, token_ids, self._block_size, DISK_TIER)
         self._shrink()
 
     def load(self, block_hash: bytes) -> np.ndarray | None:
         """The block's data if its file exists and checks out; otherwise None (a bad file is deleted)."""
-        if self.tag is None or self.disabled or block_hash not in self._sizes:
+        if not self.usable or block_hash not in self._sizes:
             return None
         try:
             blob = self._path(block_hash).read_bytes()
@@ -154,10 +219,15 @@ class DiskKVCache:
         if not self.disabled:
             logger.warning("disk KV tier %s disabled after a failed write (%s); serving continues without it",
                            self.directory, err)
+            if self._events is not None and self.usable:
+                self._events.append(AllBlocksCleared(DISK_TIER))
         self.disabled = True
 
     def _drop(self, block_hash: bytes) -> None:
         self.used_bytes -= self._sizes.pop(block_hash, 0)
+        self._parents.pop(block_hash, None)
+        if self._events is not None and self.usable:
+            self._events.remove(block_hash, DISK_TIER)
         try:
             self._path(block_hash).unlink(missing_ok=True)
         except OSError:

@@ -1,7 +1,9 @@
 """The host (CPU RAM) tier: an LRU cache of KV blocks keyed by block hash, bounded in bytes.
 
 Swapped-out sequences share the byte budget but are pinned (never evicted)
-until they are swapped back in or dropped.
+until they are swapped back in or dropped. While KV events are on
+(:meth:`HostKVCache.attach_events`), a new entry is a host ``BlockStored`` and
+an evicted one a host ``BlockRemoved``.
 """
 
 from __future__ import annotations
@@ -11,14 +13,23 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxpaged.cache.events import HOST_TIER, KVEventLog, stored_in_chain_order
+
 
 class HostBlock:
-    """One block's K/V in host memory. ``data`` is None until this step's gather fills it."""
+    """One block's K/V in host memory. ``data`` is None until this step's gather fills it.
 
-    __slots__ = ("data",)
+    ``parent_hash`` and ``token_ids`` are the block's hash inputs when known
+    (an offloaded device block), for the tier's KV events; None otherwise.
+    """
 
-    def __init__(self, data: np.ndarray | None = None) -> None:
+    __slots__ = ("data", "parent_hash", "token_ids")
+
+    def __init__(self, data: np.ndarray | None = None, parent_hash: bytes | None = None,
+                 token_ids: tuple[int, ...] | None = None) -> None:
         self.data = data
+        self.parent_hash = parent_hash
+        self.token_ids = token_ids
 
 
 class HostKVCache:
@@ -35,6 +46,8 @@ class HostKVCache:
         self._lru: collections.OrderedDict[bytes, HostBlock] = collections.OrderedDict()
         self.num_pinned = 0
         self.num_evictions = 0
+        self._events: KVEventLog | None = None
+        self._block_size = 0  # tokens per block, for events
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -60,9 +73,20 @@ class HostKVCache:
 
     def put(self, block_hash: bytes, block: HostBlock) -> None:
         """Insert (or refresh) an entry, evicting least recently used ones beyond capacity."""
+        if self._events is not None and block_hash not in self._lru:
+            self._events.store(block_hash, block.parent_hash, block.token_ids, self._block_size, HOST_TIER)
         self._lru[block_hash] = block
         self._lru.move_to_end(block_hash)
         self._shrink(self.capacity_blocks - self.num_pinned)
+
+    def attach_events(self, log: KVEventLog | None, block_size: int) -> None:
+        """Record this tier's events in ``log`` from now on (None: stop), starting with every entry it holds."""
+        self._events, self._block_size = log, block_size
+        if log is not None:
+            entries = [(h, b.parent_hash, b.token_ids) for h, b in self._lru.items()]
+            for event in stored_in_chain_order(entries, block_size, HOST_TIER,
+                                               include_token_ids=log.include_token_ids):
+                log.append(event)
 
     def pin(self, num_blocks: int) -> bool:
         """Reserve room for ``num_blocks`` pinned blocks, evicting cached ones; False if they can't fit."""
@@ -82,5 +106,7 @@ class HostKVCache:
         while len(self._lru) > limit:
             block_hash, block = self._lru.popitem(last=False)
             self.num_evictions += 1
+            if self._events is not None:
+                self._events.remove(block_hash, HOST_TIER)
             if self.on_evict is not None:
                 self.on_evict(block_hash, block)

@@ -17,6 +17,11 @@ block evicted and reused in the same step is read before it is overwritten;
 JAX orders the later donating ops after it.
 ``finish()`` after the step lands the gathered data (the copy overlapped the
 step) and spills host evictions to disk.
+
+KV events: the tiers publish into the manager's event log (``kv.enable_events``)
+with ``tier="host"`` / ``"disk"``; see ``jaxpaged.cache.events`` for what each
+move between tiers records. A restored block is committed into the device
+prefix cache like a computed one, so its promotion is a device ``BlockStored``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
+from jaxpaged.cache.events import KVEventLog
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
@@ -83,11 +89,19 @@ class KVTiers:
         self._gathering = None  # (host copies to fill, the runner's pending read): offload in flight
         kv.on_evict = self._on_device_evict
         host.on_evict = self._on_host_evict
+        kv.add_event_source(self._attach_events)
+
+    def _attach_events(self, log: KVEventLog | None) -> None:
+        """The manager enabled (a ``KVEventLog``) or disabled (None) events: pass it to each tier."""
+        self.host.attach_events(log, self.block_size)
+        if self.disk is not None:
+            self.disk.attach_events(log, self.block_size)
 
     # ---------------------------------------------------------------- offload
 
-    def _on_device_evict(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
-        copy = HostBlock()
+    def _on_device_evict(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
+                         parent_hash: bytes | None) -> None:
+        copy = HostBlock(None, parent_hash, token_ids)
         self._outgoing.append((block_id, copy))
         self.host.put(block_hash, copy)
         self.stats.offloaded += 1
@@ -136,21 +150,22 @@ class KVTiers:
                 return Restore(first, blocks, restored - match.num_cached_tokens, swapped=True)
         limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
         blocks = []
-        for block_hash in match.block_hashes[first:limit]:
-            block = self._lookup(block_hash)
+        hashes = match.block_hashes
+        for index in range(first, min(limit, len(hashes))):
+            block = self._lookup(hashes[index], hashes[index - 1] if index else None)
             if block is None:
                 break
             blocks.append(block)
         return Restore(first, blocks, len(blocks) * self.block_size) if blocks else None
 
-    def _lookup(self, block_hash: bytes) -> HostBlock | None:
+    def _lookup(self, block_hash: bytes, parent_hash: bytes | None) -> HostBlock | None:
         block = self.host.get(block_hash)
         if block is not None or self.disk is None:
             return block
         data = self.disk.load(block_hash)
         if data is None:
             return None
-        block = HostBlock(data)
+        block = HostBlock(data, parent_hash)
         self.host.put(block_hash, block)
         self.stats.disk_hits += 1
         return block
@@ -204,7 +219,7 @@ class KVTiers:
                 copy.data = data
         for block_hash, block in self._spilled:
             if block.data is not None:
-                self.disk.store(block_hash, block.data)
+                self.disk.store(block_hash, block.data, block.parent_hash, block.token_ids)
         self._spilled.clear()
         if self.disk is not None:
             self.stats.disk_write_errors = self.disk.num_write_errors

@@ -5,5 +5,6 @@
 - `runner`: `SimulatedRunner` (the engine's device backend) and `SimClock`.
 - `driver`: serve a workload in simulated time; `scenario`: build a simulated
   deployment and sweep request rates for the sustainable one.
+- `gc_tuning`: `collect_cycles_rarely`, the cycle-collector setting long simulations run under.
 - `calibrate`, `validate`: fit the "cpu" profile and check it against measured steps.
 """

@@ -26,7 +26,8 @@ import numpy as np
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.router import ReplicaLoad, RequestHasher, Router
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.sim.driver import RequestRecord, _collect_cycles_rarely, make_sim_engine
+from jaxpaged.sim.driver import RequestRecord, make_sim_engine
+from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 
@@ -87,7 +88,7 @@ def _load(engine) -> ReplicaLoad:
     return ReplicaLoad(len(scheduler.waiting), len(scheduler.running), engine.kv.stats.usage)
 
 
-@_collect_cycles_rarely()
+@collect_cycles_rarely()
 def simulate_cluster(deployment: Deployment, num_replicas: int, policy,
                      requests: list[WorkloadRequest]) -> ClusterResult:
     """Serve `requests` (arrival times set, fixed output lengths) on `num_replicas` simulated replicas.

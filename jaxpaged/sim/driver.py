@@ -12,9 +12,7 @@ stepping through them.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import gc
 import heapq
 import math
 import time
@@ -25,9 +23,9 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.fast_forward import fast_forward
+from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
-
 
 # A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
 # back); after one, take this many ordinary steps before trying again. A refusal (not every running
@@ -35,21 +33,6 @@ from jaxpaged.workloads import ConversationHistory, WorkloadRequest
 # Either way the result is the same.
 _FAST_FORWARD_MIN_STEPS = 4
 _FAST_FORWARD_BACKOFF_STEPS = 16
-
-# Live requests hold token lists of ~1,000 ints that every young collection re-traverses: at the default
-# threshold (700) the cyclic GC took ~2.4 s of a 20,000-request run (~12%), 0.02 s at this one.
-_SIM_GC_THRESHOLD = 100_000
-
-
-@contextlib.contextmanager
-def _collect_cycles_rarely():
-    """Run the young-generation cycle collector every `_SIM_GC_THRESHOLD` allocations, not 700."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], _SIM_GC_THRESHOLD), *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +83,7 @@ def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
     return Engine(engine_config, runner=runner, clock=clock), clock
 
 
-@_collect_cycles_rarely()
+@collect_cycles_rarely()
 def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *,
              decode_fast_forward: bool = True) -> SimResult:
     """Serve `requests` (fixed output lengths, ignore_eos) until all finish; see the module docstring.

@@ -69,17 +69,19 @@ def test_uncached_blocks_are_reused_before_cached_ones_are_evicted():
 def test_eviction_is_lru_then_deepest_first_and_reports_each_block():
     pool = BlockPool(4)
     evicted = []
-    pool.on_evict = lambda block_id, block_hash, tokens: evicted.append((block_id, block_hash, tokens))
+    pool.on_evict = lambda block_id, block_hash, tokens, parent: evicted.append((block_id, block_hash, tokens, parent))
     old = pool.allocate(2)
     new = pool.allocate(2)
     for seq, tag in ((old, b"o"), (new, b"n")):
         for depth, block in enumerate(seq):
-            pool.cache_block(block, tag * 31 + bytes([depth]), None, (depth,), ())
+            parent = tag * 31 + bytes([depth - 1]) if depth else None
+            pool.cache_block(block, tag * 31 + bytes([depth]), parent, (depth,), ())
     pool.release(old[::-1])  # freed first: least recently used
     pool.release(new[::-1])
     order = [block.block_id for block in pool.allocate(4)]
     assert order == [old[1].block_id, old[0].block_id, new[1].block_id, new[0].block_id]
     assert [e[0] for e in evicted] == order and evicted[0][1] == b"o" * 31 + b"\x01" and evicted[0][2] == (1,)
+    assert evicted[0][3] == b"o" * 31 + b"\x00" and evicted[1][3] is None  # the parent hash, None for a root
     assert pool.cached == {} and pool.num_evictions == 4
 
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 from cache_test_helpers import prefill, snapshot
 
-from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVCacheManager
+from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVCacheManager, chain_block_hashes
 
 BS = 4
 
@@ -175,7 +175,7 @@ def test_revived_cached_blocks_count_against_free_space():
 def test_eviction_is_lru_deepest_first_and_drops_hash_entries():
     mgr = KVCacheManager(6, BS)
     evicted = []
-    mgr.on_evict = lambda block_id, block_hash, tokens: evicted.append((block_id, tokens))
+    mgr.on_evict = lambda block_id, block_hash, tokens, parent: evicted.append((block_id, tokens, block_hash, parent))
     prefill(mgr, "old", toks(12))  # 3 blocks
     prefill(mgr, "new", toks(8, start=100))  # 2 blocks
     old_table, new_table = mgr.block_table("old"), mgr.block_table("new")
@@ -185,6 +185,8 @@ def test_eviction_is_lru_deepest_first_and_drops_hash_entries():
     assert mgr.allocate_new("x", toks(12, start=500), 12, None)  # 3 blocks: 1 truly free + 2 evicted
     expected = [old_table[2], old_table[1]]
     assert [e[0] for e in evicted] == expected and evicted[0][1] == (8, 9, 10, 11)
+    old_hashes = chain_block_hashes(None, toks(12), BS)
+    assert [(e[2], e[3]) for e in evicted] == [(old_hashes[2], old_hashes[1]), (old_hashes[1], old_hashes[0])]
     assert not set(new_table) & {e[0] for e in evicted}  # freed later, so more recently used
     assert mgr.stats.num_evictions == 2
     assert mgr.match_prefix(toks(13)).num_cached_tokens == 4  # only old block 0 is left

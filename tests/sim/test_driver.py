@@ -117,15 +117,15 @@ def test_weights_that_do_not_fit_are_reported():
 def test_simulation_collects_cycles_rarely_and_restores_the_gc_threshold():
     import gc
 
-    from jaxpaged.sim import driver
+    from jaxpaged.sim.gc_tuning import SIM_GC_THRESHOLD, collect_cycles_rarely
 
     before = gc.get_threshold()
     seen = []
-    with driver._collect_cycles_rarely():
+    with collect_cycles_rarely():
         seen.append(gc.get_threshold())
-    assert seen[0][0] == max(before[0], driver._SIM_GC_THRESHOLD) and seen[0][1:] == before[1:]
+    assert seen[0][0] == max(before[0], SIM_GC_THRESHOLD) and seen[0][1:] == before[1:]
     assert gc.get_threshold() == before
-    with pytest.raises(RuntimeError), driver._collect_cycles_rarely():
+    with pytest.raises(RuntimeError), collect_cycles_rarely():
         raise RuntimeError("a failed simulation still restores the threshold")
     assert gc.get_threshold() == before
 
