@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 
-from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from jaxpaged.cache.events import DEVICE_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class PrefixIndex:
     """Block hash -> the replicas that hold it, and each replica's hashes (to drop a replica at once).
 
-    Mirrors each replica's device prefix cache exactly when every event batch a
-    replica published since it started is applied in order.
+    Mirrors one tier of each replica's prefix cache (the device tier unless told
+    otherwise) exactly when every event batch a replica published since it
+    started is applied in order; other tiers' events are skipped.
     """
 
-    def __init__(self) -> None:
-        """An index with no replica."""
+    def __init__(self, tier: str = DEVICE_TIER) -> None:
+        """An index with no replica, mirroring the replicas' ``tier`` (``"device"``, ``"host"``, ``"disk"``)."""
+        self.tier = tier
         self._holders: dict[bytes, set[Hashable]] = {}
         self._blocks: dict[Hashable, set[bytes]] = {}
 
@@ -48,6 +50,8 @@ class PrefixIndex:
         blocks = self._replica_blocks(replica)
         holders = self._holders
         for event in events:
+            if getattr(event, "tier", self.tier) != self.tier:
+                continue
             if isinstance(event, BlockStored):
                 for block_hash in event.block_hashes:
                     if block_hash not in blocks:

@@ -149,3 +149,18 @@ def test_index_match_counts_leading_blocks_only():
     assert index.match([b"2"]) == {"a": 1} and index.match([]) == {}
     with pytest.raises(ValueError, match="already"):
         index.add_replica("a")
+
+
+def test_index_mirrors_one_tier_and_skips_the_others():
+    from jaxpaged.cache.events import AllBlocksCleared, BlockRemoved
+
+    device, host = PrefixIndex(), PrefixIndex(tier="host")
+    events = [BlockStored((b"1", b"2"), None, None, BS),
+              BlockStored((b"1", b"9"), None, None, BS, "host"),
+              BlockRemoved((b"2",), "host"),  # the host never held 2: the device copy stays
+              AllBlocksCleared("disk")]
+    for index in (device, host):
+        index.add_replica("a")
+        index.apply("a", events)
+    assert device.blocks_of("a") == {b"1", b"2"}
+    assert host.blocks_of("a") == {b"1", b"9"}
