@@ -25,7 +25,7 @@ from pathlib import Path
 # library's `profile` module that torch imports (through cProfile); the hf backend needs the real one.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from jaxpaged.bench import flag_checks  # noqa: E402
 from jaxpaged.bench.throughput import (EngineLimits, HFBackend, JaxpagedBackend, PromptSpec, hf_checkpoint,
@@ -85,6 +85,8 @@ def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
                               max_num_batched_tokens=MAX_BATCHED.value, num_blocks=NUM_BLOCKS.value,
                               enable_prefix_caching=PREFIX_CACHING.value)
         backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=limits, **common))
+    for backend in backends:
+        logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
     return backends
 
 
@@ -100,9 +102,11 @@ def main(argv):
     prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
     backends = _backends(checkpoint, prompts)
     runs = {b.name: [] for b in backends}
-    for _ in range(REPEATS.value):
+    for repeat in range(REPEATS.value):
         for backend in backends:
             runs[backend.name].append(backend.measure())
+            logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, REPEATS.value,
+                         runs[backend.name][-1].elapsed_s)
     result = throughput_result(runs, prompts)
     table = throughput_table(result)
     print(table)
