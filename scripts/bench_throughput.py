@@ -18,20 +18,28 @@ it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 # Python puts this script's folder first on sys.path, where scripts/profile.py would shadow the standard
 # library's `profile` module that torch imports (through cProfile); the hf backend needs the real one.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags, logging
 
-from jaxpaged.bench import flag_checks  # noqa: E402
-from jaxpaged.bench.throughput import (EngineLimits, HFBackend, JaxpagedBackend, PromptSpec, hf_checkpoint,
-                                       make_prompts)  # noqa: E402
-from jaxpaged.bench.throughput_report import throughput_table, throughput_result  # noqa: E402
-from jaxpaged.checkpoint import read_hf_config  # noqa: E402
+from jaxpaged.bench import flag_checks
+from jaxpaged.bench.throughput import (
+    EngineLimits,
+    HFBackend,
+    JaxpagedBackend,
+    PromptSpec,
+    hf_checkpoint,
+    make_prompts,
+)
+from jaxpaged.bench.throughput_report import throughput_result, throughput_table
+from jaxpaged.checkpoint import read_hf_config
 
 BACKEND = flags.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
                             "jaxpaged, hf (transformers on torch CPU), or both side by side")
@@ -90,6 +98,17 @@ def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
     return backends
 
 
+def _settings(spec: PromptSpec) -> dict:
+    """The flags that shape the run, for the JSON."""
+    return {"model": MODEL.value, "backend": BACKEND.value, "num_prompts": spec.num_prompts,
+            "input_len": spec.input_len, "prefix_len": spec.prefix_len, "output_len": spec.output_len,
+            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value,
+            "hf_threads": HF_THREADS.value, "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
+            "jaxpaged": {"block_size": BLOCK_SIZE.value, "max_num_seqs": MAX_NUM_SEQS.value,
+                         "max_num_batched_tokens": MAX_BATCHED.value, "num_blocks": NUM_BLOCKS.value,
+                         "enable_prefix_caching": PREFIX_CACHING.value}}
+
+
 def main(argv):
     """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
     del argv
@@ -97,6 +116,8 @@ def main(argv):
         import jax
         jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "load_average_start": os.getloadavg()}  # the machine is shared: how busy it was
     spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
     checkpoint = hf_checkpoint(MODEL.value, CHECKPOINT_DIR.value, seed=SEED.value)
     prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
@@ -110,14 +131,7 @@ def main(argv):
     result = throughput_result(runs, prompts)
     table = throughput_table(result)
     print(table)
-    meta = {"model": MODEL.value, "checkpoint": str(checkpoint), "backend": BACKEND.value,
-            "num_prompts": spec.num_prompts, "input_len": spec.input_len, "prefix_len": spec.prefix_len,
-            "output_len": spec.output_len, "temperature": TEMPERATURE.value, "seed": SEED.value,
-            "repeats": REPEATS.value, "hf_threads": HF_THREADS.value,
-            "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
-            "jaxpaged": {"block_size": BLOCK_SIZE.value, "max_num_seqs": MAX_NUM_SEQS.value,
-                         "max_num_batched_tokens": MAX_BATCHED.value, "num_blocks": NUM_BLOCKS.value,
-                         "enable_prefix_caching": PREFIX_CACHING.value}}
+    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)
     for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
