@@ -1,0 +1,142 @@
+"""Offline throughput of jaxpaged and Hugging Face transformers on the same weights and prompts.
+
+    python scripts/bench_throughput.py --backend=both --model=llama-100m --num_prompts=64 \
+        --input_len=256 --prefix_len=64 --output_len=64 --repeats=3 \
+        --json_out=out/bench_throughput.json --md_out=out/bench_throughput.md
+
+The jaxpaged/hf counterpart of vLLM's `benchmark_throughput --backend=vllm|hf`:
+every prompt is sent at once and generates exactly `--output_len` tokens (EOS
+ignored); requests/s, output tokens/s and total tokens/s are of the measured
+pass alone (compile and warm-up are reported apart). `--backend=both` runs the
+two in one process, interleaved over `--repeats`, and reports medians and the
+jaxpaged/hf ratios. `--model` is a Hugging Face checkpoint directory, or a
+shipped config saved once as one under `--checkpoint_dir` (random weights from
+`--seed`). The hf backend needs the `hf` extra (torch + transformers); without
+it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# Python puts this script's folder first on sys.path, where scripts/profile.py would shadow the standard
+# library's `profile` module that torch imports (through cProfile); the hf backend needs the real one.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from absl import app, flags, logging
+
+from jaxpaged.bench import flag_checks
+from jaxpaged.bench.throughput import (
+    EngineLimits,
+    HFBackend,
+    JaxpagedBackend,
+    PromptSpec,
+    hf_checkpoint,
+    make_prompts,
+)
+from jaxpaged.bench.throughput_report import throughput_result, throughput_table
+from jaxpaged.checkpoint import read_hf_config
+
+BACKEND = flags.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
+                            "jaxpaged, hf (transformers on torch CPU), or both side by side")
+MODEL = flags.DEFINE_string("model", "tiny", "a Hugging Face checkpoint directory, a jaxpaged checkpoint "
+                                            "directory, a config JSON or a shipped config name")
+CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", "out/hf-checkpoints",
+                                     "where a config's random weights are saved as a Hugging Face checkpoint")
+NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 64, "prompts, all sent at once")
+INPUT_LEN = flags.DEFINE_integer("input_len", 256, "tokens per prompt")
+PREFIX_LEN = flags.DEFINE_integer("prefix_len", 64, "leading tokens every prompt shares (0 = all random)")
+OUTPUT_LEN = flags.DEFINE_integer("output_len", 64, "tokens generated per prompt (EOS ignored)")
+TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 = greedy; otherwise plain sampling at this temperature")
+SEED = flags.DEFINE_integer("seed", 0, "prompt, weight and sampling seed")
+REPEATS = flags.DEFINE_integer("repeats", 1, "measured passes per backend, interleaved; medians reported")
+BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "jaxpaged: tokens per KV block")
+MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "jaxpaged: most sequences running at once")
+MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 2048, "jaxpaged: token budget of one step")
+NUM_BLOCKS = flags.DEFINE_integer("num_blocks", None, "jaxpaged: KV pool blocks (default: room for every prompt)")
+PREFIX_CACHING = flags.DEFINE_boolean("enable_prefix_caching", True, "jaxpaged: automatic prefix caching")
+HF_BATCH_SIZE = flags.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
+HF_THREADS = flags.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
+COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
+                                    "persistent XLA compile cache ('' = off); compile time is reported apart")
+JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
+MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
+
+flag_checks.model_name("model")
+flag_checks.positive("num_prompts", "input_len", "output_len", "repeats", "block_size", "max_num_seqs",
+                     "max_num_batched_tokens", "num_blocks", "hf_batch_size", "hf_threads")
+flag_checks.non_negative("prefix_len", "temperature", "seed")
+flags.register_multi_flags_validator(
+    ["prefix_len", "input_len"], lambda f: f["prefix_len"] < f["input_len"],
+    message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
+
+
+def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
+    """The backends to measure, each built and warmed up; hf left out (with one line) when its extra is missing."""
+    from jaxpaged.bench.hf_backend import HFBackendMissing
+    common = {"output_len": OUTPUT_LEN.value, "temperature": TEMPERATURE.value, "seed": SEED.value}
+    backends = []
+    if BACKEND.value in ("hf", "both"):
+        try:
+            backends.append(HFBackend(checkpoint, prompts, batch_size=HF_BATCH_SIZE.value,
+                                      num_threads=HF_THREADS.value, **common))
+        except HFBackendMissing as err:
+            print(f"{'skipping' if BACKEND.value == 'both' else 'cannot run'} --backend=hf: {err}", file=sys.stderr)
+            if BACKEND.value == "hf":
+                sys.exit(2)
+    if BACKEND.value in ("jaxpaged", "both"):
+        limits = EngineLimits(block_size=BLOCK_SIZE.value, max_num_seqs=MAX_NUM_SEQS.value,
+                              max_num_batched_tokens=MAX_BATCHED.value, num_blocks=NUM_BLOCKS.value,
+                              enable_prefix_caching=PREFIX_CACHING.value)
+        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=limits, **common))
+    for backend in backends:
+        logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
+    return backends
+
+
+def _settings(spec: PromptSpec) -> dict:
+    """The flags that shape the run, for the JSON."""
+    return {"model": MODEL.value, "backend": BACKEND.value, "num_prompts": spec.num_prompts,
+            "input_len": spec.input_len, "prefix_len": spec.prefix_len, "output_len": spec.output_len,
+            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value,
+            "hf_threads": HF_THREADS.value, "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
+            "jaxpaged": {"block_size": BLOCK_SIZE.value, "max_num_seqs": MAX_NUM_SEQS.value,
+                         "max_num_batched_tokens": MAX_BATCHED.value, "num_blocks": NUM_BLOCKS.value,
+                         "enable_prefix_caching": PREFIX_CACHING.value}}
+
+
+def main(argv):
+    """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
+    del argv
+    if COMPILE_CACHE.value:
+        import jax
+        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "load_average_start": os.getloadavg()}  # the machine is shared: how busy it was
+    spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
+    checkpoint = hf_checkpoint(MODEL.value, CHECKPOINT_DIR.value, seed=SEED.value)
+    prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
+    backends = _backends(checkpoint, prompts)
+    runs = {b.name: [] for b in backends}
+    for repeat in range(REPEATS.value):
+        for backend in backends:
+            runs[backend.name].append(backend.measure())
+            logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, REPEATS.value,
+                         runs[backend.name][-1].elapsed_s)
+    result = throughput_result(runs, prompts)
+    table = throughput_table(result)
+    print(table)
+    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)
+    for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+
+
+if __name__ == "__main__":
+    app.run(main)
