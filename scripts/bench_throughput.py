@@ -23,10 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-# Python puts this script's folder first on sys.path, where scripts/profile.py would shadow the standard
-# library's `profile` module that torch imports (through cProfile); the hf backend needs the real one.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 from absl import app, flags, logging
 
 from jaxpaged.bench import flag_checks

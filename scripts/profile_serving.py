@@ -1,6 +1,6 @@
 """Profile a short serving workload: a TensorBoard / XProf / Perfetto trace and the host share.
 
-    python scripts/profile.py --model=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
+    python scripts/profile_serving.py --model=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
 
 Open the trace with `tensorboard --logdir traces/` (profile plugin) or load the
 `.trace.json.gz` under `plugins/profile/*/` into https://ui.perfetto.dev. The
