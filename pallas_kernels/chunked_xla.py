@@ -174,5 +174,8 @@ def _online_softmax(
         jnp.zeros((num_kv_heads, num_seqs, num_rows), jnp.float32),
         jnp.zeros((num_kv_heads, num_seqs, num_rows, head_dim), jnp.float32),
     )
-    _, denom, acc = jax.lax.fori_loop(0, trip, body, init)
+    if tables.shape[1] == 1:  # the whole table is one chunk: no loop (a query-less tile just masks it all)
+        _, denom, acc = body(0, init)
+    else:
+        _, denom, acc = jax.lax.fori_loop(0, trip, body, init)
     return acc / jnp.where(denom > 0, denom, 1.0)[..., None]

@@ -362,21 +362,20 @@ def cpu_sweep() -> list[dict]:
         f"{batch} x {context} ctx, {FLAGS.num_q_heads}/{FLAGS.num_kv_heads} heads x {FLAGS.head_dim}")
 
     rng = np.random.default_rng(0)
-    need = max(cdiv(max(lens), bs), cdiv(context + 1, bs))
-    num_blocks = need * (batch + 1)
-    perm = rng.permutation(num_blocks).reshape(-1, need)
-    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[0])], bs) for n in lens}
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, perm[i + 1])
+    prefill_blocks, decode_blocks = cdiv(max(lens), bs), cdiv(context + 1, bs)
+    num_blocks = prefill_blocks + batch * decode_blocks
+    perm = rng.permutation(num_blocks)
+    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[:prefill_blocks])], bs)
+                for n in lens}
+    decode_tables = perm[prefill_blocks:].reshape(batch, decode_blocks)
+    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, decode_tables[i])
                                for i in range(batch)], bs)
     model = init_model(config)
-    model_rows = {n: {} for n in lens}
-    decode_row = {}
-    for backend in CPU_BACKENDS:
-        runner = ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(backend))
-        for n in lens:
-            model_rows[n][backend] = time_model_step(runner, prefills[n], repeats)
-            print(f"model prefill {n} {backend}: {model_rows[n][backend]:.1f} ms", flush=True)
-        decode_row[backend] = time_model_step(runner, decode, repeats)
+    runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
+               for b in CPU_BACKENDS}
+    # The backends alternate per workload, so a change in the machine's load hits both alike.
+    model_rows = {n: {b: time_model_step(runners[b], prefills[n], repeats) for b in CPU_BACKENDS} for n in lens}
+    decode_row = {b: time_model_step(runners[b], decode, repeats) for b in CPU_BACKENDS}
     for n in lens:
         add("model prefill", n, model_rows[n], config.name)
     add("model decode", batch, decode_row, f"{config.name}, {batch} x {context} ctx")
