@@ -10,8 +10,19 @@ against the device's peak HBM bandwidth (n/a off H100/H200).
 Implementations, measured in one run:
   pallas       pallas_kernels.ragged_paged_attention (on CPU only with --backend_interpret)
   xla_gather   pallas_kernels.reference (gathers the block table's pages, then einsum)
+  xla_chunked  pallas_kernels.chunked_xla (online softmax over key chunks; the CPU backend)
   dense        attention over a contiguous `[batch, kv_heads, context, head_dim]` cache
   jax_bundled  jax.experimental.pallas.ops.gpu.paged_attention, decode on GPU only
+
+`--cpu_sweep` measures the CPU backends instead (the gather reference, the
+backend `xla_reference`, beside the chunked one, `xla`): attention alone for a
+one-sequence prefill of each `--sweep_prefill_lens` (the `--sweep_model`'s heads)
+and a `--sweep_decode_batch` x `--sweep_decode_context` decode (the heads from
+--num_q_heads etc.), then the whole model's prefill step at the same lengths and
+its decode step, through `ModelRunner` with each backend:
+
+  python scripts/bench_attention.py --cpu_sweep --num_q_heads=12 --num_kv_heads=4 \
+      --head_dim=64 --dtype=float32 --md_out=/tmp/sweep.md
 
 CPU smoke test:
   python scripts/bench_attention.py --batch=2 --context_len=256 --num_q_heads=4 \
@@ -30,10 +41,17 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
 from jaxpaged.mathutils import cdiv
+from jaxpaged.attention import AttentionBackend
+from jaxpaged.config import load_config
+from jaxpaged.model import init_model
+from jaxpaged.runner import ModelRunner
+from jaxpaged.step_input import ScheduledSeq, build_step_input
+from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
@@ -50,6 +68,12 @@ flags.DEFINE_integer("prefill_chunk", 512, "Queries per prefill chunk.")
 flags.DEFINE_integer("repeats", 20, "Timed calls per implementation.")
 flags.DEFINE_integer("warmup", 2, "Untimed calls before timing (the first compiles).")
 flags.DEFINE_bool("backend_interpret", False, "Run the Pallas kernel in interpret mode (CPU smoke test).")
+flags.DEFINE_bool("cpu_sweep", False, "Measure xla_reference vs the chunked xla backend instead (see above).")
+flags.DEFINE_list("sweep_prefill_lens", ["512", "1024", "2048", "4096"], "Prefill lengths of --cpu_sweep.")
+flags.DEFINE_string("sweep_model", "small", "Model whose heads and whole step --cpu_sweep times.")
+flags.DEFINE_integer("sweep_decode_batch", 64, "Decode sequences of --cpu_sweep.")
+flags.DEFINE_integer("sweep_decode_context", 320, "Context tokens of each --cpu_sweep decode.")
+flags.DEFINE_integer("sweep_repeats", 3, "Timed calls per --cpu_sweep measurement (median).")
 flags.DEFINE_string("json_out", None, "Write results as JSON here.")
 flags.DEFINE_string("md_out", None, "Write a Markdown table here.")
 
@@ -60,6 +84,10 @@ TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_de
 flag_checks.positive("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
                      "prefill_chunk", "repeats")
 flag_checks.non_negative("prefill_batch", "warmup")
+flag_checks.positive("sweep_decode_batch", "sweep_decode_context", "sweep_repeats")
+flag_checks.list_of("sweep_prefill_lens", integer_at_least=1)
+flag_checks.model_name("sweep_model")
+CPU_BACKENDS = ("xla_reference", "xla")
 
 
 def peak_bandwidth(device) -> float | None:
@@ -83,10 +111,16 @@ def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
     return {"median_s": statistics.median(times), "first_call_s": first_call_s}
 
 
-def make_paged_inputs(num_seqs: int, context_len: int, query_len: int, key: jax.Array) -> dict:
-    """A pool holding `num_seqs` contexts in shuffled blocks, queries at each context's end."""
-    block_size, heads, kv_heads, dim = FLAGS.block_size, FLAGS.num_q_heads, FLAGS.num_kv_heads, FLAGS.head_dim
-    blocks_per_seq = cdiv(context_len, block_size)
+def make_paged_inputs(num_seqs: int, context_len: int, query_len: int, key: jax.Array,
+                      heads: tuple[int, int, int] | None = None, table_blocks: int | None = None) -> dict:
+    """A pool holding `num_seqs` contexts in shuffled blocks, queries at each context's end.
+
+    `heads` is (query heads, KV heads, head dim), the flags' by default; `table_blocks`
+    pads each block table to that width (a bucketed step's padding), default none.
+    """
+    block_size = FLAGS.block_size
+    heads, kv_heads, dim = heads or (FLAGS.num_q_heads, FLAGS.num_kv_heads, FLAGS.head_dim)
+    blocks_per_seq = max(cdiv(context_len, block_size), table_blocks or 0)
     num_blocks = num_seqs * blocks_per_seq
     kq, kk, kv, kp = jax.random.split(key, 4)
     pool_dtype = jnp.dtype(FLAGS.dtype)
@@ -175,6 +209,8 @@ def benchmark_phase(phase: str, num_seqs: int, query_len: int, key: jax.Array) -
         candidates["pallas"] = (pallas, paged_args, "interpret mode" if FLAGS.backend_interpret else "")
     reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static, **scales))
     candidates["xla_gather"] = (reference, paged_args, "")
+    chunked = jax.jit(functools.partial(chunked_paged_attention, **static, **scales))
+    candidates["xla_chunked"] = (chunked, paged_args, "")
     k_dense = to_contiguous(inputs["k_pages"], inputs["block_tables"])
     v_dense = to_contiguous(inputs["v_pages"], inputs["block_tables"])
     dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, **scales)
@@ -276,8 +312,115 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def time_attention(inputs: dict, query_len: int, repeats: int) -> dict[str, float]:
+    """Median ms of each CPU backend's attention on one workload, and its max error vs the reference."""
+    args = tuple(inputs[name] for name in (
+        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
+    static = {"max_query_len": query_len, "sm_scale": args[0].shape[-1] ** -0.5,
+              "k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
+    fns = {"xla_reference": ragged_paged_attention_reference, "xla": chunked_paged_attention}
+    times, outs = {}, {}
+    for name, fn in fns.items():
+        jitted = jax.jit(functools.partial(fn, **static))
+        times[name] = time_call(jitted, args, repeats, warmup=1)["median_s"] * 1e3
+        outs[name] = jitted(*args).astype(jnp.float32)
+    times["max_abs_err"] = float(jnp.max(jnp.abs(outs["xla"] - outs["xla_reference"])))
+    return times
+
+
+def time_model_step(runner: ModelRunner, step, repeats: int) -> float:
+    """Median ms of one whole-model step (compiled and warmed up first), ids back on the host."""
+    runner.execute(step)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.execute(step)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def cpu_sweep() -> list[dict]:
+    """xla_reference vs xla: attention alone and the whole model, prefill lengths and one decode batch."""
+    config = load_config(FLAGS.sweep_model)
+    model_heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    lens = [int(n) for n in FLAGS.sweep_prefill_lens]
+    batch, context, repeats, bs = (FLAGS.sweep_decode_batch, FLAGS.sweep_decode_context, FLAGS.sweep_repeats,
+                                   FLAGS.block_size)
+    key = jax.random.key(0)
+    rows = []
+
+    def add(section, tokens, times, extra=""):
+        rows.append({"section": section, "tokens": tokens, "shape": extra, **times})
+        print(rows[-1], flush=True)
+
+    for n in lens:
+        add("attention prefill", n, time_attention(make_paged_inputs(1, n, n, key, model_heads), n, repeats),
+            f"1 seq, {model_heads[0]}/{model_heads[1]} heads x {model_heads[2]}")
+    table = 1 << (cdiv(context, bs) - 1).bit_length()  # the step's power-of-two table bucket
+    add("attention decode", batch, time_attention(make_paged_inputs(batch, context, 1, key, table_blocks=table),
+                                                  1, repeats),
+        f"{batch} x {context} ctx, {FLAGS.num_q_heads}/{FLAGS.num_kv_heads} heads x {FLAGS.head_dim}")
+
+    rng = np.random.default_rng(0)
+    prefill_blocks, decode_blocks = cdiv(max(lens), bs), cdiv(context + 1, bs)
+    num_blocks = prefill_blocks + batch * decode_blocks
+    perm = rng.permutation(num_blocks)
+    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[:prefill_blocks])], bs)
+                for n in lens}
+    decode_tables = perm[prefill_blocks:].reshape(batch, decode_blocks)
+    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, decode_tables[i])
+                               for i in range(batch)], bs)
+    model = init_model(config)
+    runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
+               for b in CPU_BACKENDS}
+    # The backends alternate per workload, so a change in the machine's load hits both alike.
+    model_rows = {n: {b: time_model_step(runners[b], prefills[n], repeats) for b in CPU_BACKENDS} for n in lens}
+    decode_row = {b: time_model_step(runners[b], decode, repeats) for b in CPU_BACKENDS}
+    for n in lens:
+        add("model prefill", n, model_rows[n], config.name)
+    add("model decode", batch, decode_row, f"{config.name}, {batch} x {context} ctx")
+    for row in rows:
+        row["speedup"] = row["xla_reference"] / row["xla"]
+        for backend in CPU_BACKENDS:
+            row[f"{backend}_tokens_per_s"] = row["tokens"] / row[backend] * 1e3
+    return rows
+
+
+def sweep_markdown(report: dict) -> str:
+    """The sweep as a Markdown table, plus each backend's long-over-short prefill throughput."""
+    lines = [
+        f"# CPU attention backends — {report['machine']['device']} (JAX {report['machine']['jax']})", "",
+        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), "",
+        "| section | tokens | shape | xla_reference ms | xla ms | speedup | xla_reference tok/s | xla tok/s |"
+        " max abs err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        err = format(r["max_abs_err"], ".1e") if "max_abs_err" in r else ""
+        lines.append(f"| {r['section']} | {r['tokens']} | {r['shape']} | {r['xla_reference']:.1f} | {r['xla']:.1f} "
+                     f"| {r['speedup']:.1f}x | {r['xla_reference_tokens_per_s']:.0f} | {r['xla_tokens_per_s']:.0f} "
+                     f"| {err} |")
+    lines += ["", "Whole-model prefill tokens/s, longest over shortest length: "
+              + ", ".join(f"{k}: {v:.2f}" for k, v in report["long_over_short_prefill"].items()), ""]
+    return "\n".join(lines)
+
+
+def long_over_short(rows: list[dict]) -> dict[str, float]:
+    """Per backend: whole-model prefill tokens/s at the longest length over that at the shortest."""
+    prefill = sorted((r for r in rows if r["section"] == "model prefill"), key=lambda r: r["tokens"])
+    return {b: prefill[-1][f"{b}_tokens_per_s"] / prefill[0][f"{b}_tokens_per_s"] for b in CPU_BACKENDS}
+
+
 def main(argv):
     del argv
+    if FLAGS.cpu_sweep:
+        results = cpu_sweep()
+        names = ("sweep_model", "sweep_prefill_lens", "sweep_decode_batch", "sweep_decode_context", "num_q_heads",
+                 "num_kv_heads", "head_dim", "block_size", "dtype", "sweep_repeats")
+        report = {"machine": machine(), "config": {n: FLAGS[n].value for n in names}, "results": results,
+                  "long_over_short_prefill": long_over_short(results)}
+        write_report(report, sweep_markdown(report))
+        return
     key = jax.random.key(0)
     results = benchmark_phase("decode", FLAGS.batch, 1, key)
     if FLAGS.prefill_batch > 0:
@@ -290,7 +433,11 @@ def main(argv):
         "results": results,
         "decode_targets": decode_targets(results),
     }
-    table = markdown(report)
+    write_report(report, markdown(report))
+
+
+def write_report(report: dict, table: str) -> None:
+    """Print the Markdown table; write it and the JSON where the flags say."""
     print(table)
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:

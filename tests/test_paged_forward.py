@@ -62,6 +62,21 @@ def test_nan_pool_outside_owned_slots_gives_identical_results(tiny_model, tiny_c
     dense_check(tiny_model, poisoned)
 
 
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_chunked_xla_attention_over_chunk_edges_equals_dense(tiny_model, tiny_config, block_size):
+    """The CPU attention with chunks of two blocks and 4-row query tiles, over a NaN-poisoned pool.
+
+    Prompts of 16/17/33/40 tokens put context lengths on, under and over chunk
+    edges; prefill chunks of 7 start mid-block; staggered joins mix decodes in.
+    """
+    rng = np.random.default_rng(20 + block_size)
+    backend = AttentionBackend("xla", kv_chunk=2 * block_size, query_tile=4)
+    runner = ModelRunner(tiny_model, num_blocks=256 // block_size, block_size=block_size, backend=backend,
+                         pool_fill_value=float("nan"))
+    seqs = drive(runner, _prompts(rng, [16, 17, 33, 40], tiny_config.vocab_size), max_new=5, chunk=7, rng=rng)
+    dense_check(tiny_model, seqs)
+
+
 @pytest.mark.parametrize("num_kv_heads", [8, 4, 2, 1])
 def test_gqa_ratios(tiny_config, num_kv_heads):
     config = tiny_config.replace(num_heads=8, num_kv_heads=num_kv_heads, head_dim=8)

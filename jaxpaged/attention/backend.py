@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,25 +14,33 @@ from jaxtyping import Array, Float
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
 from jaxpaged.kv.pool import write_layer_kv
 from jaxpaged.parallel.tensor_parallel import TP_AXIS
+from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
-BACKENDS = ("auto", "xla", "pallas")
+BACKENDS = ("auto", "xla", "xla_reference", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBackend:
     """Which attention implementation a step uses (hashable: it is a static jit argument).
 
-    `xla` is the pure-JAX reference; `pallas` is the GPU kernel, which
-    `interpret=True` runs through the Pallas interpreter on any device (slow; tests).
+    `xla` is the chunked online-softmax attention in plain XLA (the CPU path);
+    `xla_reference` is the pure-JAX reference it is tested against (it gathers
+    every sequence's whole context: slow on long contexts, kept for comparisons);
+    `pallas` is the GPU kernel, which `interpret=True` runs through the Pallas
+    interpreter on any device (slow; tests).
     With a `mesh` (tensor parallelism), each layer's K/V write and attention run
     under `shard_map` over its `tp` axis: every device writes and attends over its
     own KV heads and their query heads, so the kernel sees local heads only.
+    `kv_chunk` / `query_tile` override the `xla` path's chunking (None: chosen per
+    step shape by `choose_chunking`; tests set small ones to cross chunk edges).
     """
 
     name: str = "xla"
     interpret: bool = False
     mesh: Mesh | None = None
+    kv_chunk: int | None = None
+    query_tile: int | None = None
 
 
 def resolve_backend(name: str = "auto", *, interpret: bool = False) -> AttentionBackend:
@@ -108,6 +117,8 @@ def write_and_attend(
 
 def _kernel(backend: AttentionBackend):
     if backend.name == "xla":
+        return functools.partial(chunked_paged_attention, kv_chunk=backend.kv_chunk, query_tile=backend.query_tile)
+    if backend.name == "xla_reference":
         return ragged_paged_attention_reference
     if backend.name == "pallas":
         from pallas_kernels.ragged_paged_attention import ragged_paged_attention
