@@ -69,6 +69,11 @@ flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
                      "max_waiting_requests", "data_parallel_size")
 flag_checks.non_negative("seed", "drain_timeout_s")
+flags.register_multi_flags_validator(
+    ["data_parallel_size", "tensor_parallel_size", "num_processes"],
+    lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
+    message="--data_parallel_size > 1 runs single-device, single-process replicas: drop --tensor_parallel_size "
+            "and --num_processes")
 flag_checks.model_name()
 
 
@@ -109,9 +114,6 @@ def main(argv):
 
 def serve_data_parallel() -> None:
     """--data_parallel_size replicas on a local Ray Serve cluster, until SIGTERM / Ctrl-C."""
-    if TP.value > 1 or distributed.initialize_from_flags():
-        raise ValueError("--data_parallel_size > 1 runs single-process, single-device replicas: "
-                         "drop --tensor_parallel_size and the multi-host flags")
     from jaxpaged.server.replicas.app import build_replica_app, serve_replicas_forever
     replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
     api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
