@@ -1,7 +1,7 @@
 """Prefix-aware vs round-robin vs least-loaded routing over engine replicas on Ray Serve.
 
     python scripts/bench_replicas.py --model=tiny --replicas=2,4 --num_prefixes=8 --prefix_len=512 \
-        --suffix_len=128 --output_len=16 --num_requests=64 --request_rate=8 \
+        --suffix_len=128 --output_len=16 --num_requests=64 --request_rate=2 \
         --json_out=out/bench_replicas.json --md_out=out/bench_replicas.md
 
 A prefix-repetition workload (``--num_prefixes`` shared prefixes of
@@ -35,8 +35,9 @@ PREFIX_LEN = flags.DEFINE_integer("prefix_len", 512, "tokens per shared prefix")
 SUFFIX_LEN = flags.DEFINE_integer("suffix_len", 128, "tokens of each request's own suffix")
 OUTPUT_LEN = flags.DEFINE_integer("output_len", 16, "tokens generated per request (ignore_eos)")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 64, "requests per policy run")
-WARMUP_REQUESTS = flags.DEFINE_integer("warmup_requests", 16, "untimed requests first on each cluster (compiles)")
-RATE = flags.DEFINE_float("request_rate", 8.0, "Poisson arrival rate (requests/s)")
+WARMUP_REQUESTS = flags.DEFINE_integer("warmup_requests", 16,
+                                       "untimed requests per policy first on each cluster (compiles)")
+RATE = flags.DEFINE_float("request_rate", 2.0, "Poisson arrival rate (requests/s)")
 MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "cap on requests in flight (default: none)")
 KV_TOKENS = flags.DEFINE_integer("kv_budget_tokens", 3072, "KV pool of each replica, in tokens")
 MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 1024, "token budget of one step")

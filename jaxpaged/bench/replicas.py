@@ -3,8 +3,9 @@
 For each replica count, `scripts/serve.py --data_parallel_size=N` is started
 once (with its debug endpoints); then for each policy in turn the ingress is
 switched to it (``POST /debug/routing_policy``), every replica's prefix cache is
-reset, and the same request set is sent at the same arrivals. One untimed
-warm-up run first compiles the step shapes. Per run: prefix hit rate (the
+reset, and the same request set is sent at the same arrivals. Untimed
+warm-up runs first, one per policy (a policy's cache hits give its own
+prefill shapes), compile the step shapes. Per run: prefix hit rate (the
 share of prompt tokens served from a replica's prefix cache, from each
 response's ``usage.prompt_tokens_details.cached_tokens``), TTFT and
 throughput (``jaxpaged.bench.online_metrics``), and how the requests spread
@@ -54,8 +55,8 @@ def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], of
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
         model = httpx.get(base + "/v1/models", timeout=60, trust_env=False).json()["data"][0]["id"]
-        if warmup:
-            prepare(base, "round_robin")
+        for policy in policies if warmup else ():  # each policy's hits make its own step shapes: compile them all
+            prepare(base, policy)
             run_requests(base, model, warmup, [0.0] * len(warmup), max_concurrency=max_concurrency)
         for policy in policies:
             prepare(base, policy)

@@ -183,3 +183,13 @@ def test_killed_replica_fails_its_requests_and_leaves_the_index(server, client, 
 def test_debug_endpoints_refuse_bad_input(server):
     assert httpx.post(server + "/debug/routing_policy", json={"policy": "random"}).status_code == 400
     assert httpx.post(server + "/debug/kill_replica", json={"replica_id": "nope"}).status_code == 400
+
+
+def test_a_bad_request_is_a_400_naming_the_field(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=MAX_MODEL_LEN + 1)
+    assert "max_model_len" in err.value.message or "max_tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=[1, 2, 999], max_tokens=2)
+    assert "vocabulary" in err.value.message
+    assert _complete(client, [1, 2, 3]).choices[0].finish_reason == "length"

@@ -119,41 +119,23 @@ class ReplicaPool:
             if isinstance(first, RemoteError):
                 raise first.exception()
             assert isinstance(first, Accepted), first
-            return self._iterate(replica, request_id, stream)
+            return _ReplicaStream(self, replica, request_id, stream)
 
     def _choose(self, token_ids: list[int], cache_salt: str | None, exclude: list[str]) -> str:
         loads = {r: self._load(r) for r in self._replicas if r not in exclude}
         if not loads:
             raise EngineDeadError("no live engine replica" + (f" (tried {exclude})" if exclude else ""))
-        request = RouteRequest(len(token_ids), self.router.matched_tokens(token_ids, cache_salt))
-        return self.router.policy.choose(request, loads)
+        try:
+            matched = self.router.matched_tokens(token_ids, cache_salt)
+        except (TypeError, ValueError, OverflowError):
+            matched = {}  # not a valid prompt: the replica refuses it with the engine's own message
+        return self.router.policy.choose(RouteRequest(len(token_ids), matched), loads)
 
     def _load(self, replica: str) -> ReplicaLoad:
         state = self._replicas[replica]
         waiting = min(state.reported.num_waiting, state.in_flight)
         return ReplicaLoad(num_waiting=waiting, num_running=state.in_flight - waiting,
                            kv_usage=state.reported.kv_usage)
-
-    async def _iterate(self, replica: str, request_id: str, stream) -> AsyncIterator[RequestOutput]:
-        state = self._replicas.get(replica)
-        if state is not None:
-            state.in_flight += 1
-            state.routed += 1
-        finished = False
-        try:
-            async for output in stream:
-                finished = output.finished
-                yield output
-        except ray.exceptions.RayError as err:
-            if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
-                self._drop(replica, f"call failed: {type(err).__name__}")
-            raise EngineDeadError(f"engine replica {replica} failed while serving {request_id}: "
-                                  f"{type(err).__name__}") from err
-        finally:
-            if state is not None:
-                state.in_flight -= 1
-            if not finished:
-                stream.cancel()  # the client went away: the replica aborts the request
 
     async def reset_prefix_cache(self) -> bool:
         """Resets every live replica's prefix cache; False if any refused (blocks in use)."""
@@ -246,6 +228,54 @@ class ReplicaPool:
                         else f"answered by {getattr(view, 'replica_id', None)}"}
             rows.append(row)
         return rows
+
+
+class _ReplicaStream:
+    """A request's outputs from its replica; counted in the replica's load from acceptance until it ends or closes.
+
+    Closing it before the last output (the client went away) cancels the
+    replica's stream, which aborts the request there.
+    """
+
+    def __init__(self, pool: ReplicaPool, replica: str, request_id: str, stream) -> None:
+        self._pool, self._replica, self._request_id, self._stream = pool, replica, request_id, stream
+        self._state = pool._replicas.get(replica)
+        self._open = True
+        if self._state is not None:
+            self._state.in_flight += 1
+            self._state.routed += 1
+
+    def __aiter__(self) -> "_ReplicaStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._open:
+            raise StopAsyncIteration
+        try:
+            output = await self._stream.__anext__()
+        except StopAsyncIteration:
+            self._release()
+            raise
+        except ray.exceptions.RayError as err:
+            self._release()
+            if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+                self._pool._drop(self._replica, f"call failed: {type(err).__name__}")
+            raise EngineDeadError(f"engine replica {self._replica} failed while serving {self._request_id}: "
+                                  f"{type(err).__name__}") from err
+        if output.finished:
+            self._release()
+        return output
+
+    async def aclose(self) -> None:
+        """Stops the stream; an unfinished request is aborted on its replica."""
+        if self._open:
+            self._release()
+            self._stream.cancel()
+
+    def _release(self) -> None:
+        if self._open and self._state is not None:
+            self._state.in_flight -= 1
+        self._open = False
 
 
 def _device_tier(events: list[KVEvent]) -> list[KVEvent]:

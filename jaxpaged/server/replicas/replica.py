@@ -100,7 +100,7 @@ class EngineReplica:
         """Serve's health check: raises (and Serve replaces the replica) once the engine loop is gone."""
         if not self.async_engine.is_running:
             raise RuntimeError(f"replica {self.replica_id}: {self.async_engine._dead_reason()}")
-        if self._reporter.done() and self._reporter.exception() is not None:
+        if self._reporter.done() and not self._reporter.cancelled() and self._reporter.exception() is not None:
             raise RuntimeError(f"replica {self.replica_id}: event reporting failed: {self._reporter.exception()!r}")
 
     # ---- event streaming ------------------------------------------------------------------
