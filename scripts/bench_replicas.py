@@ -35,8 +35,10 @@ PREFIX_LEN = flags.DEFINE_integer("prefix_len", 512, "tokens per shared prefix")
 SUFFIX_LEN = flags.DEFINE_integer("suffix_len", 128, "tokens of each request's own suffix")
 OUTPUT_LEN = flags.DEFINE_integer("output_len", 16, "tokens generated per request (ignore_eos)")
 NUM_REQUESTS = flags.DEFINE_integer("num_requests", 64, "requests per policy run")
-WARMUP_REQUESTS = flags.DEFINE_integer("warmup_requests", 16,
-                                       "untimed requests per policy first on each cluster (compiles)")
+WARMUP_REQUESTS = flags.DEFINE_integer("warmup_requests", 32,
+                                       "untimed run per policy first on each cluster: the first N requests (compiles)")
+COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "/tmp/jaxpaged-bench-replicas-compile",
+                                    "JAX persistent compile cache shared by the replicas (empty: none)")
 RATE = flags.DEFINE_float("request_rate", 2.0, "Poisson arrival rate (requests/s)")
 MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "cap on requests in flight (default: none)")
 KV_TOKENS = flags.DEFINE_integer("kv_budget_tokens", 3072, "KV pool of each replica, in tokens")
@@ -63,20 +65,19 @@ def main(argv):
     requests = prefix_repetition_requests(NUM_REQUESTS.value, prefix_len=PREFIX_LEN.value, suffix_len=SUFFIX_LEN.value,
                                           num_prefixes=NUM_PREFIXES.value, output_len=OUTPUT_LEN.value,
                                           seed=SEED.value)
-    warmup = prefix_repetition_requests(WARMUP_REQUESTS.value, prefix_len=PREFIX_LEN.value,
-                                        suffix_len=SUFFIX_LEN.value, num_prefixes=NUM_PREFIXES.value,
-                                        output_len=OUTPUT_LEN.value, seed=SEED.value + 1) \
-        if WARMUP_REQUESTS.value else []
     offsets = arrival_offsets(len(requests), RATE.value, seed=SEED.value)
     max_len = PREFIX_LEN.value + SUFFIX_LEN.value + OUTPUT_LEN.value
     env = {**REPLICA_ENV, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), REPLICA_ENV["XLA_FLAGS"]]))}
+    if COMPILE_CACHE.value:
+        env |= {"JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE.value, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     results = {}
     for n in map(int, REPLICAS.value):
         serve_args = [f"--model={MODEL.value}", f"--data_parallel_size={n}", f"--kv_budget_tokens={KV_TOKENS.value}",
                       f"--max_model_len={max_len}", f"--max_num_batched_tokens={MAX_BATCHED.value}",
                       "--max_num_seqs=64"]
         results[n] = run_policies(serve_args, requests, offsets, policies=POLICIES.value,
-                                  max_concurrency=MAX_CONCURRENCY.value, env=env, warmup=warmup)
+                                  max_concurrency=MAX_CONCURRENCY.value, env=env,
+                                  num_warmup=min(WARMUP_REQUESTS.value, len(requests)))
     table = markdown_table(results)
     print(table)
     if JSON_OUT.value:

@@ -5,7 +5,8 @@ once (with its debug endpoints); then for each policy in turn the ingress is
 switched to it (``POST /debug/routing_policy``), every replica's prefix cache is
 reset, and the same request set is sent at the same arrivals. Untimed
 warm-up runs first, one per policy (a policy's cache hits give its own
-prefill shapes), compile the step shapes. Per run: prefix hit rate (the
+prefill shapes), compile the step shapes; a persistent compile cache shared
+by every replica and cluster saves compiling a shape twice. Per run: prefix hit rate (the
 share of prompt tokens served from a replica's prefix cache, from each
 response's ``usage.prompt_tokens_details.cached_tokens``), TTFT and
 throughput (``jaxpaged.bench.online_metrics``), and how the requests spread
@@ -49,15 +50,19 @@ def prepare(base_url: str, policy: str) -> None:
 
 def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], offsets: Sequence[float], *,
                  policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
-                 env: Mapping[str, str] | None = None, warmup: Sequence[BenchRequest] = ()) -> dict[str, dict]:
-    """Start the replicas once, then run ``requests`` under each policy; metrics per policy."""
+                 env: Mapping[str, str] | None = None, num_warmup: int = 0) -> dict[str, dict]:
+    """Start the replicas once, then run ``requests`` under each policy; metrics per policy.
+
+    First, under each policy, the first ``num_warmup`` requests at their own
+    arrivals, untimed: each policy's hits give its own step shapes to compile.
+    """
     summaries = {}
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
         model = httpx.get(base + "/v1/models", timeout=60, trust_env=False).json()["data"][0]["id"]
-        for policy in policies if warmup else ():  # each policy's hits make its own step shapes: compile them all
+        for policy in policies if num_warmup else ():
             prepare(base, policy)
-            run_requests(base, model, warmup, [0.0] * len(warmup), max_concurrency=max_concurrency)
+            run_requests(base, model, requests[:num_warmup], offsets[:num_warmup], max_concurrency=max_concurrency)
         for policy in policies:
             prepare(base, policy)
             before = routed_counts(base)
