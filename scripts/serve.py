@@ -10,6 +10,12 @@ as server-sent events), /v1/models, /health, /metrics (Prometheus),
 requests (then aborts what is left) and saves the prefix-cache snapshot when
 --save_prefix_cache_on_shutdown.
 
+Data-parallel replicas: --data_parallel_size=N (N > 1) starts a local Ray
+cluster and N engine replicas as a Ray Serve deployment behind one HTTP
+ingress with the same API, which routes each request by the replicas'
+cached prefixes (--routing_policy; docs/ARCHITECTURE.md, "Replicas on Ray
+Serve"). Needs the `serve` extra (ray[serve]).
+
 Multi-host: start one process per host with the same flags plus
 --coordinator_address, --num_processes and --process_id; process 0 serves
 HTTP and broadcasts every engine command to the others, which step in
@@ -19,6 +25,7 @@ lockstep (docs/ARCHITECTURE.md, "The HTTP server").
 from __future__ import annotations
 
 import logging
+import os
 
 import uvicorn
 from absl import app, flags
@@ -52,12 +59,21 @@ ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_
 SEED = flags.DEFINE_integer("seed", 0, "weights seed for shipped configs, and unseeded sampling")
 MAX_WAITING = flags.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
 DRAIN = flags.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
-DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False, "expose /debug/crash_engine_loop (tests only)")
+DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False,
+                             "expose /debug/* (crash the engine loop; with replicas: their caches, the policy)")
+DP = flags.DEFINE_integer("data_parallel_size", 1, "engine replicas; > 1 serves them on Ray Serve")
+POLICY = flags.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "round_robin", "least_loaded"],
+                           "how the replicas' ingress picks a replica (with --data_parallel_size > 1)")
 
 flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
-                     "max_waiting_requests")
+                     "max_waiting_requests", "data_parallel_size")
 flag_checks.non_negative("seed", "drain_timeout_s")
+flags.register_multi_flags_validator(
+    ["data_parallel_size", "tensor_parallel_size", "num_processes"],
+    lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
+    message="--data_parallel_size > 1 runs single-device, single-process replicas: drop --tensor_parallel_size "
+            "and --num_processes")
 flag_checks.model_name()
 
 
@@ -79,6 +95,9 @@ def main(argv):
     """Build the engine, then serve it until SIGTERM / Ctrl-C."""
     del argv
     logging.basicConfig(level=logging.INFO)
+    if DP.value > 1:
+        serve_data_parallel()
+        return
     multi_process = distributed.initialize_from_flags()
     engine = Engine(engine_config())
     if multi_process and not distributed.is_leader():
@@ -91,6 +110,16 @@ def main(argv):
                     chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
+
+
+def serve_data_parallel() -> None:
+    """--data_parallel_size replicas on a local Ray Serve cluster, until SIGTERM / Ctrl-C."""
+    from jaxpaged.server.replicas.app import build_replica_app, serve_replicas_forever
+    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
+    api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
+                            policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
+                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env)
+    serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
 
 if __name__ == "__main__":

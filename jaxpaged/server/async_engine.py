@@ -137,6 +137,17 @@ class AsyncEngine:
         """Drop every unreferenced cached block; False if some are still in use."""
         return await self._call({"op": "reset"})
 
+    async def call_in_loop(self, fn):
+        """Run `fn(engine)` on the loop thread between two steps and return its result.
+
+        The engine is only safe to read there (e.g. to drain its KV events or
+        list its cached blocks). Single-process only: a function cannot be
+        broadcast to the other processes.
+        """
+        if self.multi_process:
+            raise ValueError("call_in_loop is single-process only (commands are broadcast as data)")
+        return await self._call({"op": "call", "fn": fn})
+
     async def _call(self, record: dict):
         if not self.is_running:
             raise EngineDeadError(self._dead_reason())
@@ -201,7 +212,10 @@ class AsyncEngine:
         stop = False
         for record, future in records:
             try:
-                result = apply_record(self.engine, record, self.max_waiting_requests)
+                if record["op"] == "call":
+                    result = record["fn"](self.engine)
+                else:
+                    result = apply_record(self.engine, record, self.max_waiting_requests)
                 if record["op"] == "add":
                     self._streams[record["id"]] = self._streams_pending[record["id"]]
                 if future is not None:

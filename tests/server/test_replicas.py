@@ -1,0 +1,195 @@
+"""Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`serve.py --data_parallel_size=2`).
+
+One cluster for the module, started as a `scripts/serve.py` subprocess and
+driven with the official `openai` client; each replica's XLA runs
+single-threaded so two cores suffice. The ingress's debug endpoints give each
+replica's actual cached hashes beside the router's index of it, and kill a
+replica's actor. Outputs are compared with `LLM.generate` in this process on
+the same weights.
+"""
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from jaxpaged.llm import LLM
+from jaxpaged.router import RequestHasher
+from jaxpaged.sampling_params import SamplingParams
+from tests.server.live_server import ROOT, WAIT_S, free_port
+
+pytest.importorskip("ray.serve", reason="the replicas need the serve extra (ray[serve])")
+
+KV_TOKENS = 1024  # 64 blocks per replica: small enough that the eviction test evicts
+MAX_MODEL_LEN = 512
+BLOCK = 16
+ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false",
+       "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".pytest_cache" / "jax-compile"),
+       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+       "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("replicas") / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", "--data_parallel_size=2",
+             "--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
+             f"--max_model_len={MAX_MODEL_LEN}", "--max_num_batched_tokens=256", "--enable_debug_endpoints"],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **ENV), stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: proc.poll() is None and len(_live(base)) == 2, proc, log_path, "two replicas to report")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    llm = LLM(model="tiny", num_blocks=KV_TOKENS // BLOCK, max_model_len=MAX_MODEL_LEN)
+    return lambda prompts, params: llm.generate(prompts, params, use_tqdm=False)
+
+
+def _wait(condition, proc=None, log_path=None, what="the condition"):
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            if condition():
+                return
+        except httpx.HTTPError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"serve.py exited while waiting for {what}:\n{Path(log_path).read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            tail = Path(log_path).read_text()[-4000:] if log_path else ""
+            raise TimeoutError(f"timed out waiting for {what}\n{tail}")
+        time.sleep(0.2)
+
+
+def _replicas(base: str) -> list[dict]:
+    return httpx.get(base + "/debug/replicas", timeout=30).json()["replicas"]
+
+
+def _live(base: str) -> list[dict]:
+    try:
+        return [r for r in _replicas(base) if r.get("cached_hashes") is not None]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
+
+
+def _index_matches_caches(base: str) -> bool:
+    rows = _replicas(base)
+    return all(r["cached_hashes"] is not None and r["index_hashes"] == r["cached_hashes"] for r in rows)
+
+
+def _holder(base: str, hashes: list[bytes]) -> list[str]:
+    """Replicas whose actual cache holds all of ``hashes``."""
+    wanted = {h.hex() for h in hashes}
+    return [r["replica_id"] for r in _replicas(base) if wanted <= set(r["cached_hashes"] or ())]
+
+
+def _complete(client, prompt, **kwargs):
+    return client.completions.create(model="tiny", prompt=prompt, max_tokens=kwargs.pop("max_tokens", 4),
+                                     temperature=0.0, **kwargs)
+
+
+def test_outputs_equal_a_single_engine(client, reference):
+    prompts = [[(7 * i + j) % 250 + 1 for j in range(20 + 5 * i)] for i in range(4)]
+    for temperature, seed in ((0.0, None), (0.9, 7)):
+        params = SamplingParams(max_tokens=10, temperature=temperature, seed=seed, ignore_eos=True)
+        expected = [out.outputs[0].text for out in reference(prompts, params)]
+        got = [client.completions.create(model="tiny", prompt=p, max_tokens=10, temperature=temperature, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+        assert got == expected
+
+
+def test_tenants_stick_to_the_replica_that_cached_their_prefix(server, client):
+    hasher = RequestHasher(BLOCK)
+    prefix = {"a": [11 + i % 200 for i in range(64)], "b": [3 + (5 * i) % 200 for i in range(64)]}
+    salt = {"a": "tenant-a", "b": "tenant-b"}
+    owner = {}
+    for tenant in ("a", "b"):  # the first request of each tenant: nothing matches, so the least loaded
+        _complete(client, prefix[tenant] + [1, 2], extra_body={"cache_salt": salt[tenant]})
+        hashes = hasher.block_hashes(prefix[tenant], salt[tenant])
+        _wait(lambda: _holder(server, hashes) and _index_matches_caches(server), what="the prefix's events")
+        (owner[tenant],) = _holder(server, hashes)
+    assert owner["a"] != owner["b"], "idle replicas take turns for requests that match nothing"
+    for round_ in range(3):
+        for tenant in ("a", "b"):
+            out = _complete(client, prefix[tenant] + [100 + round_] * 5, extra_body={"cache_salt": salt[tenant]})
+            assert out.usage.prompt_tokens_details.cached_tokens == len(prefix[tenant])
+    for tenant, other in (("a", "b"), ("b", "a")):  # each replica caches its tenant's prefix only
+        assert _holder(server, hasher.block_hashes(prefix[tenant], salt[tenant])) == [owner[tenant]]
+        assert owner[tenant] not in _holder(server, hasher.block_hashes(prefix[other], salt[other]))
+
+
+def test_index_equals_replica_caches_after_a_run_with_evictions(server, client):
+    prompts = [[(13 * i + 3 * j) % 250 + 1 for j in range(40 + i % 7)] for i in range(40)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: _complete(client, p, max_tokens=12), prompts))
+    assert all(o.choices[0].finish_reason in ("length", "stop") for o in outs)
+    _wait(lambda: _index_matches_caches(server), what="the index to match the caches")
+    rows = _replicas(server)
+    assert all(r["cached_hashes"] for r in rows)
+    assert sum(r["num_evictions"] for r in rows) > 0, "the run should evict cached blocks (BlockRemoved events)"
+    assert {r["replica_id"] for r in rows} == {r["replica_id"] for r in _live(server)}
+
+
+def test_killed_replica_fails_its_requests_and_leaves_the_index(server, client, reference):
+    prefix = [17 + (3 * i) % 200 for i in range(48)]
+    _complete(client, prefix + [1])
+    _wait(lambda: _holder(server, RequestHasher(BLOCK).block_hashes(prefix)) and _index_matches_caches(server),
+          what="the prefix's events")
+    (victim,) = _holder(server, RequestHasher(BLOCK).block_hashes(prefix))
+    long = dict(max_tokens=MAX_MODEL_LEN - len(prefix) - 8, extra_body={"ignore_eos": True})
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(_complete, client, prefix + [2 + i] * 4, **long) for i in range(3)]
+        _wait(lambda: next(r for r in _replicas(server) if r["replica_id"] == victim)["in_flight"] == 3,
+              what="the requests to run on the victim")
+        assert httpx.post(server + "/debug/kill_replica", json={"replica_id": victim}).status_code == 200
+        for future in futures:
+            with pytest.raises(openai.APIStatusError) as err:
+                future.result()
+            assert err.value.status_code == 503
+            assert victim in err.value.message and "failed" in err.value.message
+    ids = [r["replica_id"] for r in _replicas(server)]
+    assert victim not in ids  # its blocks left the index with it
+    _wait(lambda: len(_live(server)) == 2, what="Serve to start a replacement replica")
+    assert victim not in [r["replica_id"] for r in _replicas(server)]
+    _wait(lambda: _index_matches_caches(server), what="the index to match the caches")
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    assert _complete(client, prefix + [9], max_tokens=6).choices[0].text == \
+        reference([prefix + [9]], params)[0].outputs[0].text
+
+
+def test_debug_endpoints_refuse_bad_input(server):
+    assert httpx.post(server + "/debug/routing_policy", json={"policy": "random"}).status_code == 400
+    assert httpx.post(server + "/debug/kill_replica", json={"replica_id": "nope"}).status_code == 400
+
+
+def test_a_bad_request_is_a_400_naming_the_field(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=MAX_MODEL_LEN + 1)
+    assert "max_model_len" in err.value.message or "max_tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=[1, 2, 999], max_tokens=2)
+    assert "vocabulary" in err.value.message
+    assert _complete(client, [1, 2, 3]).choices[0].finish_reason == "length"
