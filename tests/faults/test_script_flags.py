@@ -25,6 +25,7 @@ BAD = [
     ("bench_http_overhead.py", "--repeats=0", "repeats"),
     ("bench_step.py", "--repeats=0", "repeats"),
     ("bench_cpu_efficiency.py", "--prefill_lens=512,0", "prefill_lens"),
+    ("bench_throughput.py", "--num_prompts=0", "num_prompts"),
     ("calibrate_cpu_profile.py", "--num_blocks=-3", "num_blocks"),
     ("convert_checkpoint.py", "--dtype=int4", "dtype"),
     ("kv_capacity.py", "--budget_gb=nan", "budget_gb"),
