@@ -50,8 +50,8 @@ def test_ablate_block_size(tmp_path):
     assert "block_size_kv_waste.png" in pngs and len(pngs) == 6
 
 
-def test_profile(tmp_path):
-    out = run_script("profile.py", *TINY, f"--trace_dir={tmp_path}/trace", f"--json_out={tmp_path}/p.json")
+def test_profile_serving(tmp_path):
+    out = run_script("profile_serving.py", *TINY, f"--trace_dir={tmp_path}/trace", f"--json_out={tmp_path}/p.json")
     result = json.loads((tmp_path / "p.json").read_text())
     assert 0 < result["host_share"] < 1
     assert result["device_s"] > 0 and result["num_steps"] >= result["device_steps"] > 0
