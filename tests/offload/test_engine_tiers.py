@@ -5,6 +5,7 @@ import pytest
 
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams
+from tests.offload.tier_waves import waves
 
 BS = 4
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -21,20 +22,11 @@ def _run(engine, prompts, prefix="r", params=PARAMS):
     return [outs[f"{prefix}{i}"] for i in range(len(prompts))]
 
 
-def _waves(seed=0):
-    """Wave 1 fills the cache with two long prefixes; wave 2 (unrelated) evicts them; wave 3 reuses them."""
-    rng = np.random.default_rng(seed)
-    shared = [list(rng.integers(0, 250, 41)), list(rng.integers(0, 250, 30))]
-    first = [shared[0] + [1, 2], shared[1] + [3]]
-    filler = [list(rng.integers(0, 250, int(n))) for n in rng.integers(20, 40, 6)]
-    again = [s + list(rng.integers(0, 250, int(n))) for s, n in zip(shared * 2, (2, 5, 9, 1))]
-    return first, filler, again
-
 
 def _serve(model, **config):
     engine = Engine(EngineConfig(model="tiny", num_blocks=24, block_size=BS, max_num_batched_tokens=64,
                                  pool_fill_value=float("nan"), **config), model=model)
-    outs = [_run(engine, wave, prefix=f"w{i}-") for i, wave in enumerate(_waves())]
+    outs = [_run(engine, wave, prefix=f"w{i}-") for i, wave in enumerate(waves())]
     return engine, [[o.outputs[0].token_ids for o in wave] for wave in outs], outs
 
 
@@ -80,14 +72,14 @@ def test_disk_tier_behind_a_small_host_tier(tiny_model, recomputed, tmp_path):
     _assert_no_leaks(engine)
     # a fresh engine over the same directory (same weights, same format) hits the disk from the start
     fresh = Engine(EngineConfig(model="tiny", num_blocks=24, block_size=BS, **config), model=tiny_model)
-    assert [o.outputs[0].token_ids for o in _run(fresh, _waves()[2])] == recomputed[2]
+    assert [o.outputs[0].token_ids for o in _run(fresh, waves()[2])] == recomputed[2]
     assert fresh.tiers.stats.disk_hits > 0
 
 
 def test_flipped_byte_on_disk_is_recomputed_not_read(tiny_model, recomputed, tmp_path):
     config = dict(host_cache_bytes=4 * TINY_BLOCK_BYTES, disk_cache_dir=str(tmp_path))
     engine = Engine(EngineConfig(model="tiny", num_blocks=24, block_size=BS, **config), model=tiny_model)
-    first, filler, again = _waves()
+    first, filler, again = waves()
     _run(engine, first + filler)
     files = sorted(tmp_path.glob("*.kvblk"))
     assert files

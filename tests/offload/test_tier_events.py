@@ -15,6 +15,7 @@ from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.snapshot import load_prefix_cache, save_prefix_cache
+from tests.offload.tier_waves import waves
 
 BS = 4
 SHAPE = (2, 2, 2, BS, 8)
@@ -120,15 +121,6 @@ def test_disk_tier_events_follow_writes_deletions_and_disabling(tmp_path, monkey
 # ------------------------------------------------------------------ an engine with both tiers
 
 
-def _waves(seed=0):
-    """Wave 1 fills the cache with two long prefixes; wave 2 (unrelated) evicts them; wave 3 reuses them."""
-    rng = np.random.default_rng(seed)
-    shared = [list(rng.integers(0, 250, 41)), list(rng.integers(0, 250, 30))]
-    first = [shared[0] + [1, 2], shared[1] + [3]]
-    filler = [list(rng.integers(0, 250, int(n))) for n in rng.integers(20, 40, 6)]
-    again = [s + list(rng.integers(0, 250, int(n))) for s, n in zip(shared * 2, (2, 5, 9, 1))]
-    return first, filler, again
-
 
 def _contents(engine) -> dict[str, set[bytes]]:
     tiers = engine.tiers
@@ -173,7 +165,7 @@ def test_engine_tier_events_mirror_every_tier_through_offload_eviction_and_reloa
     mirrors = {tier: replay(log.take(), tier=tier) for tier in TIERS}
     counts = {"promoted": 0}
     # unrelated blocks first: the disk deletes them to make room for the later waves
-    for n, wave in enumerate([_waves(seed=1)[1], *_waves()]):
+    for n, wave in enumerate([waves(seed=1)[1], *waves()]):
         _serve_mirrored(engine, wave, mirrors, f"w{n}-", counts)
     for kind in ("BlockStored", "BlockRemoved"):
         for tier in TIERS:
@@ -194,7 +186,7 @@ def test_events_off_means_no_tier_event_work(tiny_model, tmp_path):
     engine.kv.enable_events()
     engine.kv.disable_events()
     assert engine.tiers.host._events is None and engine.tiers.disk._events is None
-    _, filler, _ = _waves()
+    _, filler, _ = waves()
     for i, prompt in enumerate(filler[:4]):
         engine.add_request(f"f{i}", prompt, PARAMS)
     while engine.has_unfinished_requests():
@@ -205,8 +197,8 @@ def test_events_off_means_no_tier_event_work(tiny_model, tmp_path):
 def test_enabling_events_after_a_snapshot_restore_announces_the_restored_blocks(tiny_model, tmp_path):
     """The snapshot restored into a new engine (device and host tiers), then events: replay equals the caches."""
     first = _engine(tiny_model, host_cache_bytes=1 << 20)
-    waves = _waves()
-    for n, wave in enumerate(waves[:2]):  # the shared prefixes end up on the host, the filler on the device
+    first_waves = waves()
+    for n, wave in enumerate(first_waves[:2]):  # the shared prefixes end up on the host, the filler on the device
         for i, prompt in enumerate(wave):
             first.add_request(f"w{n}-{i}", prompt, PARAMS)
         while first.has_unfinished_requests():
@@ -233,5 +225,5 @@ def test_enabling_events_after_a_snapshot_restore_announces_the_restored_blocks(
     assert len(device_runs) < len(contents["device"])  # chains come as runs, not block by block
     assert all(len(e.token_ids) == BS * len(e.block_hashes) for e in device_runs)
     counts = {"promoted": 0}
-    _serve_mirrored(restored, waves[2], mirrors, "again-", counts)  # and the events go on from there
+    _serve_mirrored(restored, first_waves[2], mirrors, "again-", counts)  # and the events go on from there
     assert counts["promoted"] > 0
