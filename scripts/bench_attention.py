@@ -44,10 +44,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.mathutils import cdiv
 from jaxpaged.attention import AttentionBackend
+from jaxpaged.bench import flag_checks
+from jaxpaged.bench.timing import median_step_seconds
 from jaxpaged.config import load_config
+from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, build_step_input
@@ -328,17 +329,6 @@ def time_attention(inputs: dict, query_len: int, repeats: int) -> dict[str, floa
     return times
 
 
-def time_model_step(runner: ModelRunner, step, repeats: int) -> float:
-    """Median ms of one whole-model step (compiled and warmed up first), ids back on the host."""
-    runner.execute(step)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        runner.execute(step)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def cpu_sweep() -> list[dict]:
     """xla_reference vs xla: attention alone and the whole model, prefill lengths and one decode batch."""
     config = load_config(FLAGS.sweep_model)
@@ -374,8 +364,8 @@ def cpu_sweep() -> list[dict]:
     runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
                for b in CPU_BACKENDS}
     # The backends alternate per workload, so a change in the machine's load hits both alike.
-    model_rows = {n: {b: time_model_step(runners[b], prefills[n], repeats) for b in CPU_BACKENDS} for n in lens}
-    decode_row = {b: time_model_step(runners[b], decode, repeats) for b in CPU_BACKENDS}
+    model_rows = {n: {b: median_step_seconds(runners[b], prefills[n], repeats) * 1e3 for b in CPU_BACKENDS} for n in lens}
+    decode_row = {b: median_step_seconds(runners[b], decode, repeats) * 1e3 for b in CPU_BACKENDS}
     for n in lens:
         add("model prefill", n, model_rows[n], config.name)
     add("model decode", batch, decode_row, f"{config.name}, {batch} x {context} ctx")

@@ -17,14 +17,12 @@ head, K/V write, sampling, ...: jaxpaged/bench/step_profile.py).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
 from jaxpaged.bench.matmul_floor import matmul_flops, time_matmul_floor
+from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.step_profile import profile_step
 from jaxpaged.bench.timing import median_step_seconds
 from jaxpaged.config import load_config
@@ -127,12 +125,7 @@ def main(argv):
                      BLOCK_SIZE.value, REPEATS.value, BREAKDOWN.value)
     table = markdown(result)
     print(table)
-    if JSON_OUT.value:
-        Path(JSON_OUT.value).parent.mkdir(parents=True, exist_ok=True)
-        Path(JSON_OUT.value).write_text(json.dumps(result, indent=2))
-    if MD_OUT.value:
-        Path(MD_OUT.value).parent.mkdir(parents=True, exist_ok=True)
-        Path(MD_OUT.value).write_text(table)
+    write_outputs(result, table, JSON_OUT.value, MD_OUT.value)
 
 
 if __name__ == "__main__":

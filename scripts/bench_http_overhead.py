@@ -21,14 +21,18 @@ import logging
 import httpx
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.bench import flag_checks, online
 from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench import online
-from jaxpaged.bench.offline_online import compare_offline_http, comparison_table, offline_results
+from jaxpaged.bench.offline_online import (
+    compare_offline_http,
+    comparison_table,
+    offline_results,
+)
 from jaxpaged.bench.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.serving import ServingSetup, engine_config
+from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.serving import ServingSetup, engine_config
 from jaxpaged.checkpoint import load_model
 from jaxpaged.engine import Engine
 from jaxpaged.mathutils import cdiv
@@ -101,7 +105,7 @@ def main(argv):
             "repeats": REPEATS.value, "warmup_runs": WARMUP.value, "setup": setup.__dict__,
             "serve_args": serve_args, "offline_compiles_per_run": offline_compiles}
     print("offline compiles per run (warm-up runs first):", offline_compiles)
-    online.write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
+    write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
 
 
 if __name__ == "__main__":

@@ -16,17 +16,15 @@ jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from pathlib import Path
 
 from absl import app, flags
 from tqdm.auto import tqdm
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.bench import flag_checks, online
 from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench import online
 from jaxpaged.bench.report import markdown_table
+from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics
@@ -76,10 +74,7 @@ def main(argv):
     print(table)
     meta = {"model": bench_flags.MODEL.value, "workload": WORKLOAD.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
-    for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+    write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
 
 
 if __name__ == "__main__":

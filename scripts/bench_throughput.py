@@ -17,7 +17,6 @@ it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from jaxpaged.bench import flag_checks
+from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.throughput import (
     EngineLimits,
     HFBackend,
@@ -128,10 +128,7 @@ def main(argv):
     table = throughput_table(result)
     print(table)
     meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)
-    for path, text in ((JSON_OUT.value, json.dumps(meta | result, indent=2)), (MD_OUT.value, table + "\n")):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
+    write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
 
 
 if __name__ == "__main__":

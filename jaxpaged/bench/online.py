@@ -10,10 +10,8 @@ requests (jaxpaged/bench/online_client.py), summarizes them
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 
 from absl import flags
 from tqdm.auto import tqdm
@@ -21,12 +19,20 @@ from tqdm.auto import tqdm
 from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.arrivals import arrival_offsets
-from jaxpaged.bench.datasets import (PROMPT_FORMATS, BenchRequest, from_workload, load_bench_tokenizer,
-                                     prefix_repetition_requests, random_requests, sharegpt_requests,
-                                     with_prompt_format)
+from jaxpaged.bench.datasets import (
+    PROMPT_FORMATS,
+    BenchRequest,
+    from_workload,
+    load_bench_tokenizer,
+    prefix_repetition_requests,
+    random_requests,
+    sharegpt_requests,
+    with_prompt_format,
+)
 from jaxpaged.bench.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online_metrics import compute_metrics, parse_goodput
 from jaxpaged.bench.online_report import online_markdown_table
+from jaxpaged.bench.results_io import write_outputs
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 
@@ -107,14 +113,6 @@ def goodput_from_flags(extra_args: Sequence[str] = ()) -> dict[str, float]:
     if extra_args and not GOODPUT.value:
         raise ValueError(f"unexpected arguments {list(extra_args)}")
     return parse_goodput([*GOODPUT.value, *extra_args])
-
-
-def write_outputs(result: dict, table: str, json_out: str | None, md_out: str | None) -> None:
-    """Write ``result`` as JSON and ``table`` as Markdown where paths are given."""
-    for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, table + "\n")):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
 
 
 def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: str | None = None,
