@@ -13,6 +13,12 @@ jaxpaged/hf ratios. `--model` is a Hugging Face checkpoint directory, or a
 shipped config saved once as one under `--checkpoint_dir` (random weights from
 `--seed`). The hf backend needs the `hf` extra (torch + transformers); without
 it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
+
+After the passes (`--gemm_floor`, default on) the model's weight GEMMs are timed
+at a prefill-sized and a decode-sized row count, and each pass is held to its
+weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
+(jaxpaged/bench/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
+largest jaxpaged/hf ratio this machine allows on the workload.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from jaxpaged.bench.throughput import (
     make_prompts,
 )
 from jaxpaged.bench.throughput_report import throughput_result, throughput_table
-from jaxpaged.checkpoint import read_hf_config
+from jaxpaged.bench.throughput_floor import measure_gemm_floor
+from jaxpaged.checkpoint import load_model, read_hf_config
 
 BACKEND = flags.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
                             "jaxpaged, hf (transformers on torch CPU), or both side by side")
@@ -57,6 +64,8 @@ NUM_BLOCKS = flags.DEFINE_integer("num_blocks", None, "jaxpaged: KV pool blocks 
 PREFIX_CACHING = flags.DEFINE_boolean("enable_prefix_caching", True, "jaxpaged: automatic prefix caching")
 HF_BATCH_SIZE = flags.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
 HF_THREADS = flags.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
+GEMM_FLOOR = flags.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
+                                  "report each pass's weight-GEMM floor (jaxpaged/bench/throughput_floor.py)")
 COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
                                     "persistent XLA compile cache ('' = off); compile time is reported apart")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
@@ -124,7 +133,14 @@ def main(argv):
             runs[backend.name].append(backend.measure())
             logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, REPEATS.value,
                          runs[backend.name][-1].elapsed_s)
-    result = throughput_result(runs, prompts)
+    floor = None
+    if GEMM_FLOOR.value:  # after the passes, so its timing runs cannot disturb them
+        floor = measure_gemm_floor(load_model(str(checkpoint)), prefill_rows=MAX_BATCHED.value,
+                                   decode_rows=min(MAX_NUM_SEQS.value, spec.num_prompts))
+        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows",
+                     floor.prefill_flops_per_s / 1e9, floor.prefill_rows,
+                     floor.decode_flops_per_s / 1e9, floor.decode_rows)
+    result = throughput_result(runs, prompts, floor)
     table = throughput_table(result)
     print(table)
     meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)

@@ -47,6 +47,18 @@ def matmul_flops(model: LlamaModel, rows: int) -> int:
     return 2 * rows * sum(int(np.prod(w.shape)) for layer in model_weight_matrices(model) for w in layer)
 
 
+def weight_flops_per_row(model: LlamaModel) -> tuple[int, int]:
+    """(decoder layers' weight-GEMM FLOPs, LM head FLOPs) for one row: a token through the stack, a row of logits."""
+    *layers, head = model_weight_matrices(model)
+    layer_flops = 2 * sum(int(np.prod(w.shape)) for layer in layers for w in layer)
+    return layer_flops, 2 * int(np.prod(head[0].shape))
+
+
+def gemm_flops_per_second(model: LlamaModel, rows: int, repeats: int = 5) -> float:
+    """The FLOP/s this machine reaches on the model's own weight GEMMs at `rows` rows (median of `repeats`)."""
+    return matmul_flops(model, rows) / time_matmul_floor(model, rows, repeats)
+
+
 def time_matmul_floor(model: LlamaModel, rows: int, repeats: int = 10) -> float:
     """Median seconds of the weight GEMMs of a `rows`-row step, after one compile-and-warm-up run."""
     layers = model_weight_matrices(model)

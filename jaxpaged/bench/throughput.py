@@ -93,6 +93,8 @@ class BackendRun:
         hf: the warm-up generate).
       load_s: loading the weights (and building the engine).
       num_compiles: step shapes compiled during the measured pass (jaxpaged; 0 for hf).
+      prompt_tokens_computed: prompt tokens the pass ran through the model (jaxpaged: prefix-cache
+        hits excluded); None: all of them.
     """
 
     backend: str
@@ -101,6 +103,7 @@ class BackendRun:
     warmup_s: float
     load_s: float
     num_compiles: int = 0
+    prompt_tokens_computed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +150,9 @@ class JaxpagedBackend:
         outputs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]
-        return BackendRun(self.name, token_ids, elapsed, self.warmup_s, self.load_s, runner.num_compiles - compiles)
+        computed = sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs)
+        return BackendRun(self.name, token_ids, elapsed, self.warmup_s, self.load_s, runner.num_compiles - compiles,
+                          computed)
 
 
 class HFBackend:
@@ -186,6 +191,7 @@ def summarize(run: BackendRun, prompts: Sequence[Sequence[int]]) -> dict[str, fl
     return {
         "num_requests": len(run.token_ids),
         "prompt_tokens": prompt_tokens,
+        "prompt_tokens_computed": prompt_tokens if run.prompt_tokens_computed is None else run.prompt_tokens_computed,
         "output_tokens": output_tokens,
         "total_tokens": prompt_tokens + output_tokens,
         "elapsed_s": run.elapsed_s,

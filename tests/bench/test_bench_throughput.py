@@ -60,6 +60,14 @@ def test_greedy_tokens_match_transformers(checkpoint, prompts):
     assert jp.num_compiles == 0  # the first call compiled every shape the measured one uses
 
 
+def test_jaxpaged_counts_the_prompt_tokens_it_computed(checkpoint):
+    """Prompts sharing two full blocks: the scheduler holds the rest back until the first has cached them."""
+    prefix = list(range(1, 33))
+    prompts = [prefix + [40 + i, 50 + i, 60 + i] for i in range(4)]
+    run = JaxpagedBackend(checkpoint, prompts, output_len=3).measure()
+    assert run.prompt_tokens_computed == 4 * 35 - 3 * 32
+
+
 @needs_hf
 def test_eos_does_not_stop_either_backend(checkpoint):
     """A prompt whose greedy continuation holds EOS: both backends go on past it (ignore_eos) identically."""
@@ -142,6 +150,12 @@ def test_script_runs_both_backends_side_by_side(tmp_path):
     assert (tmp_path / "ck" / "tiny-seed0" / "config.json").is_file()  # the config, saved as HF once
     assert (tmp_path / "t.md").read_text().startswith("| metric | jaxpaged | hf |")
     assert "output_token_throughput: jaxpaged/hf" in proc.stdout
+    # every pass computes the same tokens, so its floor is the same and the median ratio is the ratio of medians
+    assert jp["gemm_floor_s"] > 0
+    assert jp["elapsed_over_gemm_floor"] == pytest.approx(jp["elapsed_s"] / jp["gemm_floor_s"])
+    assert jp["prompt_tokens_computed"] <= hf["prompt_tokens_computed"] == 4 * 20
+    assert result["ratios"]["largest possible at the GEMM floor: hf elapsed / jaxpaged floor"] == pytest.approx(
+        hf["elapsed_s"] / jp["gemm_floor_s"])
 
 
 @pytest.mark.parametrize("args, message", [

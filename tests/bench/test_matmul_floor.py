@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpaged.bench.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor
+from jaxpaged.bench.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 
@@ -26,6 +26,16 @@ def test_floor_multiplies_every_weight_matrix_once(name):
     if config.tie_embeddings:
         np.testing.assert_array_equal(head, np.asarray(model.embed_tokens.embedding[...]).T)
     assert time_matmul_floor(model, 4, repeats=2) > 0
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_flops_per_row_split_the_stack_from_the_lm_head(name):
+    config = load_config(name)
+    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    per_layer = h * config.num_heads * d * 2 + h * config.num_kv_heads * d * 2 + 3 * h * i  # q, o, k, v, MLP
+    layers, head = weight_flops_per_row(init_model(config))
+    assert layers == 2 * config.num_layers * per_layer
+    assert head == 2 * h * config.vocab_size
 
 
 def test_cpu_efficiency_script_measures_on_one_runner():
