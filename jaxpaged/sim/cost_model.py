@@ -22,9 +22,11 @@ Megatron splits them) of the step's `tokens x hidden` activations (2 bytes
 each). A ring all-reduce of M bytes moves `2 (N - 1) / N * M` bytes through
 each device's link, at `profile.interconnect_bandwidth`, plus
 `interconnect_latency_s` per all-reduce; it is not overlapped with compute.
-With `profile.padded_shapes` the step is costed as jaxpaged's bucketed XLA
-reference runs it (see `jaxpaged/step_input.py`): tokens, rows and the
-block table padded to powers of two, attention over whole block tables.
+With `profile.padded_shapes` the step is costed as jaxpaged's bucketed CPU
+step runs it (`jaxpaged/step_input.py`, `pallas_kernels/chunked_xla.py`):
+tokens and rows padded to powers of two; attention walks whole blocks up to
+the longest context of its group (decode or prefill), for every row of the
+group, and a prefill's query tiles each walk only as far as their last query.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.step_input import step_buckets
+from pallas_kernels.chunked_xla import PREFILL_QUERY_TILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +96,7 @@ class CostModel:
         """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
         seqs = list(seqs)
         if self.profile.padded_shapes:
-            prefill = [n for n, _ in seqs if n > 1]
-            max_blocks = max(cdiv(n + c, self.block_size) for n, c in seqs)
-            work = self._padded_work(len(seqs) - len(prefill), prefill, max_blocks)
+            work = self._padded_work([c for n, c in seqs if n == 1], [(n, c) for n, c in seqs if n > 1])
         else:
             work = self._exact_work(seqs)
         dense_flops, attn_flops, attn_bytes = self._amounts(*work, kv_written=sum(n for n, _ in seqs))
@@ -109,7 +110,7 @@ class CostModel:
         for the simulator's decode fast-forward.
         """
         if self.profile.padded_shapes:
-            work = self._padded_work(num_seqs, [], cdiv(max_context + 1, self.block_size))
+            work = self._padded_work([max_context] * num_seqs, [])  # the group walks to its longest context
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
         return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs, work[0])
@@ -156,9 +157,26 @@ class CostModel:
             kv_read += c + n
         return tokens, len(seqs), pairs, kv_read
 
-    def _padded_work(self, num_decodes: int, prefill: list[int], max_blocks: int) -> tuple[int, int, int, int]:
-        """jaxpaged's bucketed step: decode rows [S_d, ctx], prefill rows [S_p, q_max, ctx]."""
-        b = step_buckets(num_decodes, len(prefill), sum(prefill), max(prefill, default=0), max_blocks)
-        ctx = b.blocks_per_seq * self.block_size
-        pairs = b.num_decode_rows * ctx + b.num_prefill_rows * b.max_prefill_query_len * ctx
-        return b.num_tokens, b.num_rows, pairs, b.num_rows * ctx
+    def _padded_work(self, decode_contexts: list[int], prefill: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """jaxpaged's bucketed step: (tokens, rows, query-key pairs, K/V tokens read) as the chunked path runs it.
+
+        `decode_contexts` are the decodes' contexts before their token; `prefill` the
+        prefill chunks' (new tokens, context before). Each group's loop walks whole
+        blocks to its longest context for all its (bucketed) rows; prefill query
+        tiles of `PREFILL_QUERY_TILE` rows stop at their last query's position.
+        """
+        bs = self.block_size
+        max_blocks = max([cdiv(c + 1, bs) for c in decode_contexts] + [cdiv(n + c, bs) for n, c in prefill])
+        b = step_buckets(len(decode_contexts), len(prefill), sum(n for n, _ in prefill),
+                         max((n for n, _ in prefill), default=0), max_blocks)
+        decode_keys = bs * max((cdiv(c + 1, bs) for c in decode_contexts), default=0)
+        pairs = kv_read = b.num_decode_rows * decode_keys
+        if prefill:
+            prefill_keys = bs * max(cdiv(n + c, bs) for n, c in prefill)
+            start = max(c for _, c in prefill)
+            tile = min(PREFILL_QUERY_TILE, b.max_prefill_query_len)
+            for t in range(cdiv(b.max_prefill_query_len, tile)):
+                keys = min(prefill_keys, bs * cdiv(start + (t + 1) * tile, bs))
+                pairs += b.num_prefill_rows * tile * keys
+                kv_read += b.num_prefill_rows * keys
+        return b.num_tokens, b.num_rows, pairs, kv_read

@@ -20,14 +20,15 @@ CPU_PROFILE_PATH = Path(__file__).resolve().parent / "cpu_profile.json"
 class DeviceProfile:
     """What the cost model needs to know about one accelerator.
 
-    `padded_shapes` says the device runs jaxpaged's bucketed XLA reference
-    step (token, row and block-table sizes padded to powers of two, attention
-    over whole block tables) rather than an ideal ragged kernel.
+    `padded_shapes` says the device runs jaxpaged's bucketed CPU step (token
+    and row counts padded to powers of two, the chunked attention walking each
+    group's rows to the group's longest context: `CostModel._padded_work`)
+    rather than an ideal ragged kernel.
 
     `phase_overlap` says whether a phase's compute and memory traffic overlap
     (time = max of the two: the roofline, right for GPUs) or follow each other
-    (time = their sum: a CPU running the XLA reference, whose attention
-    gathers and matmuls run one after another). Without overlap the weights'
+    (time = their sum: a CPU running XLA, whose attention gathers and
+    matmuls run one after another). Without overlap the weights'
     read, the same every step, is part of `step_overhead_s`.
     """
 

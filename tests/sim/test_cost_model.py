@@ -42,13 +42,30 @@ def test_compute_bound_time():
 
 
 def test_padded_shapes_follow_the_bucketed_step():
-    # 1 decode row; 1 prefill row of 3 tokens -> prefill tokens 16, chunk bucket 16;
-    # longest table 3 blocks -> 4 blocks of 4 = 16 keys per row.
-    # pairs = 1*16 + 1*16*16 = 272; tokens = 1 + 16; rows 2; KV read 2*16, written 4
+    # 1 decode row; 1 prefill row of 3 tokens -> prefill tokens 16, query bucket 16 (one tile of 16 rows).
+    # The decode walks whole blocks to its context of 11: 3 blocks of 4 = 12 keys; the prefill's tile
+    # walks to position 5 + 16 but its context ends at 8: 2 blocks = 8 keys, for each of its 16 rows.
+    # pairs = 1*12 + 16*8 = 140; tokens = 1 + 16; rows 2; KV read 12 + 8, written 4
     cost = _model(1000, 100, padded=True).step_cost(BATCH)
     assert cost.dense_flops == 2304 * 17 + 512 * 2 == 40192
-    assert cost.attn_flops == 64 * 272 == 17408
-    assert cost.attn_bytes == 32 * 36 == 1152
+    assert cost.attn_flops == 64 * 140 == 8960
+    assert cost.attn_bytes == 32 * 24 == 768
+
+
+def test_padded_prefill_tiles_stop_at_their_last_query():
+    # one 300-token chunk after 100 cached tokens, block 4: query bucket 512 -> 4 tiles of 128 rows;
+    # tile t walks to min(400, 100 + 128 (t + 1)) keys: 228, 356, 400, 400
+    cost = _model(1000, 100, padded=True).step_cost([(300, 100)])
+    assert cost.attn_flops == 64 * 128 * (228 + 356 + 400 + 400)
+    assert cost.attn_bytes == 32 * ((228 + 356 + 400 + 400) + 300)  # each tile reads its keys; 300 written
+
+
+def test_padded_decodes_walk_to_the_longest_context():
+    # three decodes (bucket 4 rows) at contexts 3, 20 and 9, block 4: every row walks 6 blocks = 24 keys
+    cost = _model(1000, 100, padded=True).step_cost([(1, 3), (1, 20), (1, 9)])
+    assert cost.attn_flops == 64 * 4 * 24
+    model = _model(1000, 100, padded=True)
+    assert model.decode_step_time(3, 3 + 20 + 9, 20) == model.step_time([(1, 3), (1, 20), (1, 9)])
 
 
 def test_copy_time_reads_and_writes_each_block():
