@@ -96,7 +96,8 @@ class CostModel:
         """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
         seqs = list(seqs)
         if self.profile.padded_shapes:
-            work = self._padded_work([c for n, c in seqs if n == 1], [(n, c) for n, c in seqs if n > 1])
+            decodes = [c for n, c in seqs if n == 1]
+            work = self._padded_work(len(decodes), max(decodes, default=0), [(n, c) for n, c in seqs if n > 1])
         else:
             work = self._exact_work(seqs)
         dense_flops, attn_flops, attn_bytes = self._amounts(*work, kv_written=sum(n for n, _ in seqs))
@@ -110,7 +111,7 @@ class CostModel:
         for the simulator's decode fast-forward.
         """
         if self.profile.padded_shapes:
-            work = self._padded_work([max_context] * num_seqs, [])  # the group walks to its longest context
+            work = self._padded_work(num_seqs, max_context, [])  # O(1): only the longest context matters
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
         return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs, work[0])
@@ -157,19 +158,21 @@ class CostModel:
             kv_read += c + n
         return tokens, len(seqs), pairs, kv_read
 
-    def _padded_work(self, decode_contexts: list[int], prefill: list[tuple[int, int]]) -> tuple[int, int, int, int]:
+    def _padded_work(self, num_decodes: int, max_decode_context: int,
+                     prefill: list[tuple[int, int]]) -> tuple[int, int, int, int]:
         """jaxpaged's bucketed step: (tokens, rows, query-key pairs, K/V tokens read) as the chunked path runs it.
 
-        `decode_contexts` are the decodes' contexts before their token; `prefill` the
+        `max_decode_context` is the longest decode's context before its token; `prefill` the
         prefill chunks' (new tokens, context before). Each group's loop walks whole
         blocks to its longest context for all its (bucketed) rows; prefill query
         tiles of `PREFILL_QUERY_TILE` rows stop at their last query's position.
         """
         bs = self.block_size
-        max_blocks = max([cdiv(c + 1, bs) for c in decode_contexts] + [cdiv(n + c, bs) for n, c in prefill])
-        b = step_buckets(len(decode_contexts), len(prefill), sum(n for n, _ in prefill),
+        decode_blocks = cdiv(max_decode_context + 1, bs) if num_decodes else 0
+        max_blocks = max([decode_blocks] + [cdiv(n + c, bs) for n, c in prefill])
+        b = step_buckets(num_decodes, len(prefill), sum(n for n, _ in prefill),
                          max((n for n, _ in prefill), default=0), max_blocks)
-        decode_keys = bs * max((cdiv(c + 1, bs) for c in decode_contexts), default=0)
+        decode_keys = bs * decode_blocks
         pairs = kv_read = b.num_decode_rows * decode_keys
         if prefill:
             prefill_keys = bs * max(cdiv(n + c, bs) for n, c in prefill)
