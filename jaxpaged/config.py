@@ -54,6 +54,12 @@ class ModelConfig:
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Sliding-window attention, as Hugging Face configs spell it: `layer_types[i]` is
+    # "full_attention" or "sliding_attention"; a sliding layer's query at position p
+    # sees keys p - sliding_window + 1 .. p. A `sliding_window` with no `layer_types`
+    # makes every layer sliding (Mistral); neither means every layer is full (Llama).
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -63,6 +69,35 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive or None, got {self.sliding_window}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries; num_layers is {self.num_layers}")
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"layer_types: unsupported attention type(s) {unknown}; use {LAYER_TYPES}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+
+    def layer_window(self, layer: int) -> int | None:
+        """Sliding window of layer `layer` in tokens, or None for full attention."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: full attention), in layer order."""
+        return tuple(self.layer_window(i) for i in range(self.num_layers))
+
+    @property
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """The distinct attention types, one per KV cache group: full (None) first, then windows ascending."""
+        windows = set(self.layer_windows)
+        return ((None,) if None in windows else ()) + tuple(sorted(w for w in windows if w is not None))
 
     @property
     def q_per_kv(self) -> int:
@@ -122,12 +157,16 @@ class ModelConfig:
         d = dict(d)
         if d.get("rope_scaling") is not None:
             d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        if d.get("layer_types") is not None:
+            d["layer_types"] = tuple(d["layer_types"])
         return cls(**d)
 
     def to_dict(self) -> dict:
         """Plain-dict form, the inverse of `from_dict`."""
         return dataclasses.asdict(self)
 
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 DTYPE_ALIASES = {"fp8_e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "bf16": "bfloat16",
                  "fp16": "float16", "fp32": "float32"}

@@ -11,6 +11,10 @@ query `i` sits at position `context_lens[s] - query_lens[s] + i` and attends
 causally to keys `0 ..` that position. A decode is `query_lens[s] == 1`; a prefill
 chunk is several queries attending to the context cached so far plus themselves.
 
+With a `sliding_window` W, query position p sees only keys p - W + 1 .. p (Hugging
+Face's and vLLM's convention: W keys, itself included); blocks wholly before the
+window may have been freed and reused, and are never read into an output.
+
 Masking is by position, never by pool contents: stale data (or NaN) in slots a
 sequence does not own never reaches an output.
 """
@@ -34,6 +38,7 @@ def ragged_paged_attention_reference(
     sm_scale: float,
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
+    sliding_window: int | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention of ragged query rows over each sequence's paged context.
 
@@ -48,6 +53,7 @@ def ragged_paged_attention_reference(
       max_query_len: static bound on `query_lens` (a bucket); 1 for a decode batch.
       sm_scale: softmax scale, usually `head_dim ** -0.5`.
       k_scale, v_scale: `[num_kv_heads]` float32 dequantisation scales for fp8 pools.
+      sliding_window: static window W (keys p - W + 1 .. p are visible), or None for full attention.
 
     Returns:
       `[T, num_q_heads, head_dim]` in `q.dtype`; padding rows are zero.
@@ -73,6 +79,11 @@ def ragged_paged_attention_reference(
     k_pos = jnp.arange(ctx)
     visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & row_valid[:, :, None]
     visible = visible & (k_pos[None, None, :] < context_lens[:, None, None])  # [S, Qmax, C]
+    # Keys any query of the sequence may see: [first visible, context end).
+    first_key = jnp.zeros_like(context_lens)
+    if sliding_window is not None:
+        visible = visible & (k_pos[None, None, :] > q_pos[:, :, None] - sliding_window)
+        first_key = jnp.maximum(context_lens - query_lens - sliding_window + 1, 0)
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     max_score = jnp.max(scores, axis=-1, keepdims=True)
     max_score = jnp.where(jnp.isfinite(max_score), max_score, 0.0)
@@ -80,7 +91,8 @@ def ragged_paged_attention_reference(
     denom = jnp.sum(weights, axis=-1, keepdims=True)
     probs = weights / jnp.where(denom > 0, denom, 1.0)
     # v is masked too: 0 * NaN would otherwise leak a poisoned slot into the sum.
-    v = jnp.where((k_pos[None, None, :, None] < context_lens[None, :, None, None]), v, 0.0)
+    owned = (k_pos[None, :] < context_lens[:, None]) & (k_pos[None, :] >= first_key[:, None])  # [S, C]
+    v = jnp.where(owned[None, :, :, None], v, 0.0)
     out = jnp.einsum("shgqc,hscd->sqhgd", probs, v)
     out = out.reshape(num_seqs * max_query_len, num_q_heads, head_dim).astype(q.dtype)
 
