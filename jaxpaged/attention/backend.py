@@ -63,23 +63,29 @@ def paged_attention(
     k_scale: Float[Array, "Hkv"],
     v_scale: Float[Array, "Hkv"],
     backend: AttentionBackend,
+    sliding_window: int | None = None,
 ) -> Float[Array, "T Hq D"]:
-    """Attention for every row of a step: decode group and prefill group, each in one call."""
+    """Attention for every row of a step: decode group and prefill group, each in one call.
+
+    `sliding_window` (static) limits each query to its last W keys (None: full attention).
+    """
     kernel = _kernel(backend)
     sm_scale = q.shape[-1] ** -0.5
-    scales = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
+    options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
+    if sliding_window is not None:
+        options["sliding_window"] = sliding_window
     n_dec = layout.num_decode_seqs
     outputs = []
     if n_dec:
         outputs.append(kernel(
             q[:n_dec], k_pages, v_pages, batch.block_tables[:n_dec], batch.context_lens[:n_dec],
             batch.query_start[:n_dec], batch.query_lens[:n_dec],
-            max_query_len=1, sm_scale=sm_scale, **scales))
+            max_query_len=1, sm_scale=sm_scale, **options))
     if n_dec < batch.block_tables.shape[0]:
         outputs.append(kernel(
             q[n_dec:], k_pages, v_pages, batch.block_tables[n_dec:], batch.context_lens[n_dec:],
             batch.query_start[n_dec:] - n_dec, batch.query_lens[n_dec:],
-            max_query_len=max(layout.max_prefill_query_len, 1), sm_scale=sm_scale, **scales))
+            max_query_len=max(layout.max_prefill_query_len, 1), sm_scale=sm_scale, **options))
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=0)
 
 
@@ -94,8 +100,11 @@ def write_and_attend(
     batch: AttentionBatch,
     layout: StepLayout,
     backend: AttentionBackend,
+    sliding_window: int | None = None,
 ) -> tuple[Float[Array, "T Hq D"], Array, Array]:
     """Scatter this step's K/V into one layer's pages, then attend; returns (output, k_pages', v_pages').
+
+    `sliding_window` is the layer's window (static; None for full attention).
 
     Under a mesh the heads axis of q, k, v, the pages and the scales is split
     over `tp` and the batch metadata is replicated; nothing crosses devices.
@@ -103,7 +112,8 @@ def write_and_attend(
 
     def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
         k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
-        return paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend), k_pages, v_pages
+        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window)
+        return out, k_pages, v_pages
 
     if backend.mesh is None:
         return local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch)

@@ -46,9 +46,10 @@ class MLP(nnx.Module):
 class Attention(nnx.Module):
     """Grouped-query attention: `num_heads` query heads share `num_kv_heads` K/V heads."""
 
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, sliding_window: int | None = None):
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        self.sliding_window = sliding_window  # static: None is full attention
         self.q_proj = _linear(h, config.num_heads * d, dtype, rngs)
         self.k_proj = _linear(h, config.num_kv_heads * d, dtype, rngs)
         self.v_proj = _linear(h, config.num_kv_heads * d, dtype, rngs)
@@ -80,7 +81,7 @@ class Attention(nnx.Module):
         """Write this step's K/V into the pool, then attend through the block tables."""
         q, k, v = self._qkv(x, positions, inv_freq)
         out, k_pages, v_pages = write_and_attend(q, k, v, k_pages, v_pages, k_scale, v_scale,
-                                                 batch, layout, backend)
+                                                 batch, layout, backend, self.sliding_window)
         return self.o_proj(out.reshape(x.shape[0], -1)), k_pages, v_pages
 
     def dense(self, x: Float[Array, "B L H"], positions: Int[Array, "B L"], inv_freq) -> Float[Array, "B L H"]:
@@ -92,6 +93,8 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * self.head_dim ** -0.5
         length = x.shape[1]
         causal = jnp.tril(jnp.ones((length, length), bool))
+        if self.sliding_window is not None:
+            causal = causal & ~jnp.tril(jnp.ones((length, length), bool), -self.sliding_window)
         probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).astype(x.dtype)
         return self.o_proj(out.reshape(*x.shape[:2], -1))
@@ -100,9 +103,9 @@ class Attention(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, layer: int = 0):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.self_attn = Attention(config, dtype, rngs)
+        self.self_attn = Attention(config, dtype, rngs, config.layer_window(layer))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = MLP(config, dtype, rngs)
 

@@ -26,7 +26,7 @@ class LlamaModel(nnx.Module):
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype,
                                       param_dtype=dtype, rngs=rngs,
                                       embedding_init=nnx.initializers.normal(stddev=1.0))
-        self.layers = nnx.List([DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)])
+        self.layers = nnx.List([DecoderLayer(config, dtype, rngs, i) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = None if config.tie_embeddings else _linear(
             config.hidden_size, config.vocab_size, dtype, rngs)
