@@ -38,6 +38,7 @@ BAD = [
     ("serve.py", "--port=0", "port"),
     ("serve.py", "--kv_cache_dtype=int4", "kv_cache_dtype"),
     ("serve.py", "--data_parallel_size=0", "data_parallel_size"),
+    ("serve.py", "--device_profile=tpu-v9", "device_profile"),
     ("bench_replicas.py", "--replicas=2,0", "replicas"),
     ("bench_replicas.py", "--policies=prefix_aware,random", "policies"),
     ("bench_tensor_parallel.py", "--sizes=1,0", "sizes"),
