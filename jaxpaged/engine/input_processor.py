@@ -67,6 +67,8 @@ class InputProcessor:
         request.fork_pending = width > 1 and len(token_ids) > 1
         copies = 1 if request.fork_pending else width
         request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
         return request
 
     def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
@@ -125,6 +127,9 @@ class InputProcessor:
         vocab = self.model_config.vocab_size
         if params.top_k > vocab:
             raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")
+        bad_bias = [t for t in (params.logit_bias or ()) if t >= vocab]
+        if bad_bias:
+            raise ValueError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary [0, {vocab})")
         if params.use_beam_search and pow2_bucket(2 * params.beam_width) > vocab:
             raise ValueError(f"beam_width {params.beam_width} is too large for the vocabulary ({vocab}): "
                              f"at most {max_beam_width(vocab)}")

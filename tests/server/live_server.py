@@ -41,3 +41,14 @@ def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:
             logs = "\n---\n".join(p.stdout.read()[-3000:] for p in procs)
             raise RuntimeError(f"server did not start:\n{logs}")
         time.sleep(0.5)
+
+
+def serving(*flags: str):
+    """A module fixture's body: start serve.py on a free loopback port, yield its base URL, stop it after."""
+    port = free_port()
+    proc = start_server("--host=127.0.0.1", f"--port={port}", *flags)
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, [proc])
+    yield base
+    proc.terminate()
+    proc.wait(timeout=60)
