@@ -11,7 +11,6 @@ reports must equal jaxpaged's dense no-cache forward of the same tokens.
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -22,6 +21,7 @@ import yaml
 from jaxpaged.checkpoint import load_model
 from jaxpaged.checkpoint.hf import save_hf_checkpoint
 from jaxpaged.config import load_config
+from jaxpaged.eval_harness import lm_eval_command, served_model
 from jaxpaged.model import init_model
 from tests.paged_driver import dense_logits
 from tests.server.live_server import ROOT, serving
@@ -65,9 +65,14 @@ def server(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def reference(checkpoint):
+def dense_model(checkpoint):
+    return load_model(str(checkpoint[0]))
+
+
+@pytest.fixture(scope="module")
+def reference(dense_model):
     """log p(token i | tokens before it) from the dense no-cache forward of the same weights."""
-    model = load_model(str(checkpoint[0]))
+    model = dense_model
 
     def logprobs(ids: list[int]) -> np.ndarray:
         lp = np.asarray(jax.nn.log_softmax(dense_logits(model, ids), axis=-1))
@@ -132,18 +137,30 @@ def _write_tasks(directory, data_dir):
         (directory / f"{task['task']}.yaml").write_text(yaml.safe_dump(task))
 
 
-def test_lm_eval_harness_loglikelihoods_equal_the_dense_reference(server, checkpoint, reference, tmp_path):
+def _greedy_text(model, tok, prompt: str, max_tokens: int, eos: int) -> str:
+    """Greedy decoding with the dense forward, cut at the first newline (the task's `until`) or EOS."""
+    ids = tok.encode(prompt).ids
+    out = []
+    for _ in range(max_tokens):
+        nxt = int(np.argmax(dense_logits(model, ids + out)[-1]))
+        if nxt == eos:
+            break
+        out.append(nxt)
+    return tok.decode(out).split("\n")[0]
+
+
+def test_lm_eval_harness_loglikelihoods_equal_the_dense_reference(server, checkpoint, reference, dense_model,
+                                                                  tmp_path):
     _write_tasks(tmp_path, tmp_path)
     out_dir = tmp_path / "results"
-    model_args = ",".join([f"model={NAME}", f"base_url={server}/v1/completions", f"tokenizer={checkpoint[0]}",
-                           "tokenizer_backend=huggingface", "tokenized_requests=True", "num_concurrent=1",
-                           "max_retries=1", "max_length=256"])
+    model, max_length = served_model(server)
+    assert model == NAME
+    cmd = lm_eval_command(server, str(checkpoint[0]), ["jaxpaged_mc", "jaxpaged_gen"], model=model,
+                          max_length=max_length, include_path=str(tmp_path), output_path=str(out_dir),
+                          log_samples=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_CACHE=str(tmp_path / "datasets"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "local-completions",
-                           "--model_args", model_args, "--tasks", "jaxpaged_mc,jaxpaged_gen",
-                           "--include_path", str(tmp_path), "--output_path", str(out_dir), "--log_samples"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     tok = checkpoint[1]
     samples = {}
@@ -159,7 +176,7 @@ def test_lm_eval_harness_loglikelihoods_equal_the_dense_reference(server, checkp
             expected = reference(whole)[len(ctx) - 1:].sum()  # lm-eval's split: the whole string's tokens
             np.testing.assert_allclose(float(resp[0][0]), expected, atol=5e-4)
     for s in samples["jaxpaged_gen"]:
-        assert isinstance(s["resps"][0][0], str)
+        assert s["resps"][0][0] == _greedy_text(dense_model, tok, s["doc"]["question"], 6, eos=1)
 
 
 def _arguments(sample: dict) -> list[tuple[str, str]]:
@@ -168,3 +185,13 @@ def _arguments(sample: dict) -> list[tuple[str, str]]:
     if isinstance(args, dict):
         return [(a["arg_0"], a["arg_1"]) for a in args.values()]
     return [tuple(a) for a in args]
+
+
+def test_streamed_echo_equals_the_non_streamed_one(client):
+    kwargs = dict(model=NAME, prompt="the sky", echo=True, logprobs=1, max_tokens=3, temperature=0,
+                  extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    assert "".join(c.text for c in chunks) == full.text
+    streamed = [lp for c in chunks if c.logprobs for lp in c.logprobs.token_logprobs]
+    assert streamed == full.logprobs.token_logprobs
