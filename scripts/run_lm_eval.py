@@ -14,24 +14,33 @@ set HF_DATASETS_OFFLINE=1 for tasks whose data is local. Extra flags after
 import subprocess
 import sys
 
+import httpx
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.eval_harness import lm_eval_command, served_model
 
 BASE_URL = flags.DEFINE_string("base_url", "http://127.0.0.1:8000", "the server's address")
-TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with the served checkpoint's tokenizer.json",
-                                required=True)
-TASKS = flags.DEFINE_list("tasks", None, "lm-eval task names", required=True)
+TOKENIZER = flags.DEFINE_string("tokenizer", None, "directory with the served checkpoint's tokenizer.json (required)")
+TASKS = flags.DEFINE_list("tasks", None, "lm-eval task names (required)")
 INCLUDE = flags.DEFINE_string("include_path", None, "directory of extra task YAMLs")
 OUTPUT = flags.DEFINE_string("output_path", None, "where lm_eval writes its results JSON")
 LIMIT = flags.DEFINE_float("limit", None, "documents per task (a fraction if < 1)")
 FEWSHOT = flags.DEFINE_integer("num_fewshot", None, "few-shot examples per prompt")
 CONCURRENT = flags.DEFINE_integer("num_concurrent", 8, "requests in flight (they batch in the engine)")
 LOG_SAMPLES = flags.DEFINE_boolean("log_samples", False, "write every request and response too")
+flag_checks.positive("num_concurrent")
+flag_checks.non_negative("num_fewshot")
+flags.register_validator("limit", lambda v: v is None or v > 0, message="--limit must be > 0")
 
 
 def main(argv):
-    model, max_len = served_model(BASE_URL.value)
+    if not TOKENIZER.value or not TASKS.value:
+        raise app.UsageError("--tokenizer and --tasks are required")
+    try:
+        model, max_len = served_model(BASE_URL.value)
+    except httpx.HTTPError as err:
+        sys.exit(f"no jaxpaged server answers at --base_url={BASE_URL.value}: {err}")
     cmd = lm_eval_command(BASE_URL.value, TOKENIZER.value, TASKS.value, model=model, max_length=max_len,
                           num_concurrent=CONCURRENT.value, include_path=INCLUDE.value, output_path=OUTPUT.value,
                           limit=LIMIT.value, num_fewshot=FEWSHOT.value, log_samples=LOG_SAMPLES.value)
