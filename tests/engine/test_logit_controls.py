@@ -97,7 +97,7 @@ def test_prompt_logprobs_equal_the_dense_forward_across_chunks_and_prefix_hits(e
 
 
 def _greedy(engine, prompt, **kw):
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **kw)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, **kw)  # context < 16: one L bucket
     return _run(engine, prompt, params).outputs[0].token_ids
 
 
@@ -119,9 +119,9 @@ def test_each_control_moves_tokens_the_expected_way_without_recompiling(engine):
     looped = prompt + base[:k]
     assert _greedy(engine, looped)[0] == base[k]  # the loop goes on: its next token is in the prompt
     assert _greedy(engine, looped, repetition_penalty=2.0)[0] != base[k]
-    assert _greedy(engine, prompt, logit_bias={200: 100.0}) == [200] * 12
+    assert _greedy(engine, prompt, logit_bias={200: 100.0}) == [200] * 8
     # min_tokens: the stop id (greedy's first token) cannot end the sequence before 5 tokens
-    stopped = _run(engine, prompt, SamplingParams(temperature=0, max_tokens=12, min_tokens=5,
+    stopped = _run(engine, prompt, SamplingParams(temperature=0, max_tokens=8, min_tokens=5,
                                                   stop_token_ids=[base[0]])).outputs[0].token_ids
     assert len(stopped) >= 5 and base[0] not in stopped[:5]
     compiles = None
