@@ -3,9 +3,13 @@
 Only the rows that use a control pay for it. Each control comes as a compact
 list of batch rows plus a padded per-row list, never a `[rows, vocab]` state:
 
-- bias: `[B, K]` (token id, value) pairs per row. `logit_bias` and the
-  `min_tokens` masks (-inf on the stop ids and EOS while fewer than
-  `min_tokens` tokens are out; the host knows each row's count) share it.
+- bias: `[B, K]` (token id, value, condition) triples per row. `logit_bias`,
+  the `min_tokens` masks (-inf on the stop ids and EOS while fewer than
+  `min_tokens` tokens are out; the host knows each row's count) and
+  `bad_words` share it. A bad word's last token is banned when the output
+  ends with the rest of the word: the host matches all of it but the output's
+  last token, which under asynchronous scheduling only the device knows, so
+  the entry carries that token as its condition.
 - penalties: `[P, L]` the row's context token ids (prompt, then output), of
   which the first `num_prompt` are the prompt. The host knows every context
   token but the one the previous step sampled (asynchronous scheduling); the
@@ -34,6 +38,7 @@ class LogitControls(NamedTuple):
     bias_rows: Int[Array, "B"]  # batch row of each biased row
     bias_ids: Int[Array, "B K"]  # token ids; padding: the vocabulary size (dropped)
     bias_values: Float[Array, "B K"]
+    bias_if_last: Int[Array, "B K"]  # the entry applies only if the row's last token is this id; -1: always
     penalty_rows: Int[Array, "P"]  # batch row of each penalised row
     penalty_tokens: Int[Array, "P L"]  # the row's context tokens; -1 = padding
     penalty_num_prompt: Int[Array, "P"]  # entries before this are prompt tokens
@@ -52,7 +57,10 @@ def apply_logit_controls(logits: Float[Array, "S V"], controls: LogitControls,
     """
     if controls.bias_rows.shape[0]:
         rows = jnp.broadcast_to(controls.bias_rows[:, None], controls.bias_ids.shape)
-        logits = logits.at[rows, controls.bias_ids].add(controls.bias_values, mode="drop")
+        last = last_tokens[jnp.minimum(controls.bias_rows, logits.shape[0] - 1)][:, None]
+        applies = (controls.bias_if_last < 0) | (controls.bias_if_last == last)
+        values = jnp.where(applies, controls.bias_values, 0.0)
+        logits = logits.at[rows, controls.bias_ids].add(values, mode="drop")
     if controls.penalty_rows.shape[0]:
         logits = _apply_penalties(logits, controls, last_tokens)
     return logits
@@ -90,6 +98,7 @@ class RowControls(NamedTuple):
     repetition: float = 1.0
     frequency: float = 0.0
     presence: float = 0.0
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token ids of each bad word (output must not contain them)
 
     @property
     def uses_penalties(self) -> bool:
@@ -102,6 +111,6 @@ DROPPED = 2**30  # a row or token index past any batch or vocabulary: the scatte
 def empty_controls() -> LogitControls:
     """Controls with no row using any (zero-size arrays: the step skips them when tracing)."""
     i32, f32 = np.int32, np.float32
-    return LogitControls(np.zeros(0, i32), np.zeros((0, 0), i32), np.zeros((0, 0), f32),
+    return LogitControls(np.zeros(0, i32), np.zeros((0, 0), i32), np.zeros((0, 0), f32), np.zeros((0, 0), i32),
                          np.zeros(0, i32), np.zeros((0, 0), i32), np.zeros(0, i32), np.zeros(0, i32),
                          np.zeros(0, f32), np.zeros(0, f32), np.zeros(0, f32))

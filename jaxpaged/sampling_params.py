@@ -51,7 +51,9 @@ class SamplingParams:
     positive and multiplies negative logits of every token seen in the prompt
     or the output, `frequency_penalty` (in [-2, 2]) subtracts itself once per
     occurrence of a token in the output, and `presence_penalty` (in [-2, 2])
-    once per token present in the output.
+    once per token present in the output. `bad_words` (strings, tokenized with
+    and without a leading space, as vLLM) never appear in the output: a word's
+    last token is masked whenever the output ends with the rest of it.
     """
 
     n: int = 1
@@ -75,6 +77,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = dataclasses.field(default=None, hash=False)
     min_tokens: int = 0
+    bad_words: Sequence[str] = ()
 
     def __post_init__(self):
         """Check every field's type and range (ValueError naming the field); store them normalised."""
@@ -110,13 +113,14 @@ class SamplingParams:
                                               low_open=True),
             "min_tokens": check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens),
             "logit_bias": _logit_bias(self.logit_bias),
+            "bad_words": _bad_words(self.bad_words),
         }
         if self.prompt_logprobs is not None:
             check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS)
         if self.beam_width > 1 and (fields["presence_penalty"] or fields["frequency_penalty"]
                                     or fields["repetition_penalty"] != 1.0 or fields["logit_bias"]
-                                    or fields["min_tokens"]):
-            raise ValueError("penalties, logit_bias and min_tokens are not supported with beam search "
+                                    or fields["min_tokens"] or fields["bad_words"]):
+            raise ValueError("penalties, logit_bias, min_tokens and bad_words are not supported with beam search "
                              "(beam_width > 1)")
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -178,6 +182,15 @@ def _logit_bias(bias) -> dict[int, float] | None:
         out[token] = check_float(f"logit_bias (token {token})", value, low=-MAX_LOGIT_BIAS_VALUE,
                                  high=MAX_LOGIT_BIAS_VALUE)
     return out or None
+
+
+def _bad_words(words) -> tuple[str, ...]:
+    if isinstance(words, str) or not isinstance(words, (list, tuple)):
+        raise ValueError(f"bad_words must be a list of strings, got {words!r}")
+    for w in words:
+        if not isinstance(w, str) or not w.strip():
+            raise ValueError(f"bad_words must be a list of non-blank strings, got {w!r}")
+    return tuple(words)
 
 
 _MASK64 = (1 << 64) - 1

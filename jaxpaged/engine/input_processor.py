@@ -69,7 +69,22 @@ class InputProcessor:
         request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
+        if params.bad_words:
+            request.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         return request
+
+    def _bad_words_token_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's token ids, with and without a leading space (vLLM's rule), deduplicated."""
+        ids = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                tokens = self.tokenizer.encode(text)
+                if tokens and tokens[0] == self.tokenizer.bos_token_id:
+                    tokens = tokens[1:]  # the tokenizer's post-processor added BOS
+                tokens = tuple(tokens)
+                if tokens:
+                    ids[tokens] = None
+        return tuple(ids)
 
     def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
         """Raise ValueError if `process` would reject this prompt (changes nothing)."""

@@ -63,9 +63,12 @@ class LogitRows:
                 continue  # a prefill chunk that samples nothing: its logits are dropped
             state = self._rows[int(rows[i])]
             c = state.controls
-            entries = list(c.logit_bias)
-            if context[i] - num_prompt[i] < c.min_tokens:
-                entries += [(t, -np.inf) for t in c.stop_ids]
+            num_out = int(context[i] - num_prompt[i])
+            entries = [(t, v, -1) for t, v in c.logit_bias]
+            if num_out < c.min_tokens:
+                entries += [(t, -np.inf, -1) for t in c.stop_ids]
+            if c.bad_words:
+                entries += _bad_word_entries(c.bad_words, seqs[i].token_ids, int(context[i]), num_out)
             if entries:
                 bias_rows.append(batch_rows[i])
                 bias_entries.append(entries)
@@ -82,16 +85,32 @@ class LogitRows:
         return controls
 
 
-def _bias_arrays(rows: list[int], entries: list[list[tuple[int, float]]]) -> dict[str, np.ndarray]:
+def _bad_word_entries(words, tokens: list[int], context: int, num_out: int) -> list[tuple[int, float, int]]:
+    """Bans for the bad words whose all-but-last tokens may end the output after this step's input.
+
+    The output so far is `tokens[context - num_out:context]`; its last token
+    (position context - 1) may be on the device, so it becomes the condition.
+    """
+    entries = []
+    for word in words:
+        if len(word) == 1:
+            entries.append((word[0], -np.inf, -1))
+        elif num_out >= len(word) - 1 and tokens[context - len(word) + 1:context - 1] == list(word[:-2]):
+            entries.append((word[-1], -np.inf, word[-2]))
+    return entries
+
+
+def _bias_arrays(rows: list[int], entries: list[list[tuple[int, float, int]]]) -> dict[str, np.ndarray]:
     num, width = pow2_bucket(len(rows)), pow2_bucket(max(map(len, entries)))
     out_rows = np.full(num, DROPPED, np.int32)
     ids = np.full((num, width), DROPPED, np.int32)
     values = np.zeros((num, width), np.float32)
+    conditions = np.full((num, width), -1, np.int32)
     out_rows[:len(rows)] = rows
     for j, row_entries in enumerate(entries):
-        ids[j, :len(row_entries)] = [t for t, _ in row_entries]
-        values[j, :len(row_entries)] = [v for _, v in row_entries]
-    return dict(bias_rows=out_rows, bias_ids=ids, bias_values=values)
+        n = len(row_entries)
+        ids[j, :n], values[j, :n], conditions[j, :n] = zip(*row_entries)
+    return dict(bias_rows=out_rows, bias_ids=ids, bias_values=values, bias_if_last=conditions)
 
 
 def _penalty_arrays(pen: list[tuple[int, _Row, int]]) -> dict[str, np.ndarray]:

@@ -538,12 +538,12 @@ def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
 def _row_controls(request: Request) -> RowControls | None:
     """The request's logit controls for the runner's row; None when it uses none (the common case)."""
     p = request.params
-    if not (p.logit_bias or p.min_tokens or p.uses_penalties):
+    if not (p.logit_bias or p.min_tokens or p.uses_penalties or request.bad_words_token_ids):
         return None
     return RowControls(logit_bias=tuple((p.logit_bias or {}).items()), min_tokens=p.min_tokens,
                        stop_ids=tuple(sorted(request.stop_token_ids)) if p.min_tokens else (),
                        repetition=p.repetition_penalty, frequency=p.frequency_penalty,
-                       presence=p.presence_penalty)
+                       presence=p.presence_penalty, bad_words=request.bad_words_token_ids)
 
 
 def _arrival(seq: Sequence) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 Integers and booleans are strict (`true` is not 1, `"5"` is not 5); floats accept
 integers. Fields the engine does not implement are accepted and ignored, as
 vLLM ignores them (`user`, `suffix`, `best_of` equal to `n`, ...), except those
-whose silent absence would change the tokens a client gets: `bad_words`,
+whose silent absence would change the tokens a client gets:
 `allowed_token_ids`, `min_p`, `guided_*` / `response_format` and `best_of > n`
 are refused with a 400 naming the field. The engine's own checks (ranges,
 finiteness, lengths) run when the request is added and come back as 400s
@@ -50,8 +50,8 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[StrictStr, Number] | None = None
     min_tokens: StrictInt = 0
     prompt_logprobs: StrictInt | None = None  # vLLM's extension
-    # refused: accepting and ignoring them would hand back different tokens than asked for
     bad_words: list[StrictStr] | None = None
+    # refused: accepting and ignoring them would hand back different tokens than asked for
     allowed_token_ids: list[StrictInt] | None = None
     min_p: Number = 0.0
     guided_json: object = None
@@ -75,10 +75,11 @@ class _SamplingFields(BaseModel):
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias, min_tokens=self.min_tokens,
+            bad_words=list(self.bad_words or []),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
     def _refuse_unimplemented(self) -> None:
-        for name in ("bad_words", "allowed_token_ids", "guided_json", "guided_regex", "guided_choice",
+        for name in ("allowed_token_ids", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar"):
             if getattr(self, name):
                 raise ValueError(f"{name} is not supported by this server")

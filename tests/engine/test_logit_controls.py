@@ -44,7 +44,8 @@ def test_controls_match_the_numpy_rules_on_fixed_logits():
     contexts = {0: [3, 3, 5, 5, 8, 8, 8], 2: [1, 2, 2]}
     num_prompt = {0: 3, 2: 2}
     rep, freq, pres = {0: 1.7, 2: 0.6}, {0: 0.5, 2: -0.3}, {0: 0.9, 2: 1.5}
-    bias = {1: [(4, 10.0), (6, -np.inf)], 2: [(1, -3.0)]}
+    # row 1's second entry applies only if its last token is 9 (it is); row 2's -3 only if its last is 5 (not)
+    bias = {1: [(4, 10.0), (6, -np.inf)], 2: []}
     length = 16
     tokens = np.full((4, length), -1, np.int32)
     tokens[0, :6], tokens[1, :2] = contexts[0][:-1], contexts[2][:-1]
@@ -52,6 +53,7 @@ def test_controls_match_the_numpy_rules_on_fixed_logits():
         bias_rows=np.array([1, 2, DROPPED, DROPPED], np.int32),
         bias_ids=np.array([[4, 6], [1, DROPPED], [0, 0], [0, 0]], np.int32),
         bias_values=np.array([[10, -np.inf], [-3, 0], [5, 5], [5, 5]], np.float32),
+        bias_if_last=np.array([[-1, 9], [5, -1], [-1, -1], [-1, -1]], np.int32),
         penalty_rows=np.array([0, 2, DROPPED, DROPPED], np.int32), penalty_tokens=tokens,
         penalty_num_prompt=np.array([3, 2, 0, 0], np.int32), penalty_last_index=np.array([6, 2, 0, 0], np.int32),
         repetition=np.array([1.7, 0.6, 2, 2], np.float32), frequency=np.array([0.5, -0.3, 1, 1], np.float32),
@@ -133,10 +135,25 @@ def test_each_control_moves_tokens_the_expected_way_without_recompiling(engine):
     assert engine.runner.num_compiles == compiles
 
 
+def test_bad_words_never_appear_in_the_output(engine):
+    prompt = [17] * 8
+    base = _greedy(engine, prompt)
+    ascii_at = [j for j, t in enumerate(base) if 33 <= t < 127]  # the byte tokenizer: one character, one token
+    single = ascii_at[0]
+    pair = next(j for j in ascii_at if j + 1 in ascii_at)  # two printable tokens in a row
+    out = _greedy(engine, prompt, bad_words=[chr(base[single])])
+    assert base[single] not in out and out[:single] == base[:single]
+    word = chr(base[pair]) + chr(base[pair + 1])
+    out = _greedy(engine, prompt, bad_words=[word])
+    assert out[:pair + 1] == base[:pair + 1]  # its first token is allowed ...
+    assert out[pair + 1] != base[pair + 1]  # ... but not the token that would complete it
+    assert (base[pair], base[pair + 1]) not in set(zip(out, out[1:]))
+
+
 def test_bad_values_name_the_field(engine):
     for kw, field in [({"presence_penalty": 2.5}, "presence_penalty"), ({"repetition_penalty": 0.0}, "repetition"),
                       ({"min_tokens": 17}, "min_tokens"), ({"logit_bias": {1: 101.0}}, "logit_bias"),
-                      ({"prompt_logprobs": 21}, "prompt_logprobs")]:
+                      ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"bad_words": [" "]}, "bad_words")]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kw)
     with pytest.raises(ValueError, match="logit_bias token id 9999"):

@@ -116,7 +116,7 @@ def test_echo_with_generation_appends_the_generated_tokens(client, checkpoint, r
 
 
 def test_unimplemented_sampling_fields_are_refused(client):
-    for body in ({"bad_words": ["sky"]}, {"min_p": 0.1}, {"best_of": 3}):
+    for body in ({"allowed_token_ids": [3]}, {"min_p": 0.1}, {"best_of": 3}):
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=NAME, prompt="the sky", max_tokens=2, extra_body=body)
         assert next(iter(body)) in err.value.message
