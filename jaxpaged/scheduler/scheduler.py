@@ -492,8 +492,9 @@ def _record_prompt_logprobs(out: SchedulerOutput, result: ModelOutput) -> None:
         recorded = request.prompt_logprobs
         k = request.params.prompt_logprobs
         prompt = request.prompt_token_ids
-        if seq.status is not SeqStatus.FINISHED:
-            for j in range(len(recorded) - 1 - start, count):  # entry p + 1 scores prompt token p + 1
+        first = len(recorded) - 1 - start  # entry p + 1 scores prompt token p + 1; earlier ones are in
+        if seq.status is not SeqStatus.FINISHED and first >= 0:
+            for j in range(first, count):
                 row = offset + j
                 recorded.append(_logprob_entry(prompt[start + j + 1], values[row], result.prompt_top_ids,
                                                result.prompt_top_logprobs, row, k))
