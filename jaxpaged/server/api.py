@@ -198,6 +198,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         finals = await _finals(streams)
         choices = [{"index": i * params.n + c.index, **_completion_choice(body, out, c, tokenizer),
                     "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+                   | _prompt_logprobs_field(body, out, tokenizer)
                    for i, out in enumerate(finals) for c in out.outputs]
         prompt_tokens, completion_tokens, cached = R.totals(finals)
         return head | {"choices": choices, "usage": R.usage(prompt_tokens, 0 if body.echo_only else completion_tokens,
@@ -235,6 +236,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": R.chat_logprobs(c, tokenizer, top_k or 0),
                     "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+                   | _prompt_logprobs_field(body, out, tokenizer)
                    for out in finals for c in out.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": served_model_name,
                 "choices": choices, "usage": R.usage(*R.totals(finals))}
@@ -346,6 +348,13 @@ def _completion_choice(body: CompletionRequest, out: RequestOutput, c, tokenizer
     return {"text": prompt + (generated.text if generated else ""),
             "logprobs": R.echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, generated, tokenizer,
                                         len(prompt))}
+
+
+def _prompt_logprobs_field(body, out: RequestOutput, tokenizer) -> dict:
+    """vLLM's per-choice `prompt_logprobs`, when the request asked for them by that name."""
+    if body.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": R.vllm_prompt_logprobs(out, tokenizer)}
 
 
 def _field_named(message: str) -> str | None:

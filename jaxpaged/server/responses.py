@@ -93,3 +93,15 @@ def echo_logprobs(prompt_ids: list[int], entries: list | None, c: CompletionOutp
         top += generated["top_logprobs"]
         offsets += generated["text_offset"]
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(out: RequestOutput, tokenizer) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs` of a choice: per prompt token, {token id: {logprob, decoded_token}}, first None.
+
+    (vLLM adds each id's `rank`; only the top-k's ranks are known here, so none is given.)
+    """
+    if out.prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {str(t): {"logprob": _finite(lp), "decoded_token": tokenizer.decode([t])} for t, lp in entry.items()}
+            for entry in out.prompt_logprobs]

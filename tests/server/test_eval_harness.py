@@ -115,6 +115,19 @@ def test_echo_with_generation_appends_the_generated_tokens(client, checkpoint, r
     assert choices[0].text == choices[1].text
 
 
+def test_vllm_prompt_logprobs_field_in_completions_and_chat(client, checkpoint, reference):
+    prompt = "the sky"
+    ids = checkpoint[1].encode(prompt).ids
+    out = client.completions.create(model=NAME, prompt=prompt, max_tokens=1, extra_body={"prompt_logprobs": 2})
+    entries = out.choices[0].prompt_logprobs
+    assert entries[0] is None and len(entries) == len(ids)
+    np.testing.assert_allclose([entries[i][str(ids[i])]["logprob"] for i in range(1, len(ids))], reference(ids),
+                               atol=2e-4)
+    chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                          extra_body={"prompt_logprobs": 0})
+    assert chat.choices[0].prompt_logprobs[0] is None and len(chat.choices[0].prompt_logprobs) > 1
+
+
 def test_unimplemented_sampling_fields_are_refused(client):
     for body in ({"allowed_token_ids": [3]}, {"min_p": 0.1}, {"best_of": 3}):
         with pytest.raises(openai.BadRequestError) as err:
