@@ -176,9 +176,8 @@ def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token:
     size = pow2_bucket(total, 16)
     rows, targets = np.zeros(size, np.int32), np.zeros(size, np.int32)
     at = 0
-    for i, start, n in out.prompt_logprob_spans:
-        offset = start - out.starts[i]
-        rows[at:at + n] = np.arange(first_token[i] + offset, first_token[i] + offset + n)
+    for i, start, n in out.prompt_logprob_spans:  # a span starts where its sequence's chunk does
+        rows[at:at + n] = np.arange(first_token[i], first_token[i] + n)
         targets[at:at + n] = out.seqs[i].token_ids[start + 1:start + 1 + n]
         at += n
     step.prompt_logprob_rows, step.prompt_logprob_targets = rows, targets
