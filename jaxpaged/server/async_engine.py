@@ -182,7 +182,20 @@ class AsyncEngine:
         return stream
 
     def _prepare(self, prompt, params: SamplingParams):
-        """A worker thread's part of an add: the prompt's token ids, checked as `Engine.add_request` will."""
+        """A worker thread's part of an add: the prompt's token ids, checked as `Engine.add_request` will.
+
+        A prompt that is too long is refused before any per-token work (the
+        worker still holds the GIL while it tokenizes, which would stall the
+        loop thread): a token-id list by its length, a text by its length
+        when the tokenizer bounds the characters per token.
+        """
+        limit = self.engine.max_model_len
+        per_token = getattr(self.engine.tokenizer, "max_chars_per_token", None)
+        if isinstance(prompt, str) and per_token is not None and len(prompt) > per_token * limit:
+            raise ValueError(f"prompt ({len(prompt)} characters, so more than {limit} tokens) "
+                             f"exceeds max_model_len ({limit})")
+        if isinstance(prompt, (list, tuple)) and len(prompt) > limit:
+            raise ValueError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({limit})")
         if isinstance(prompt, str):
             prompt = self.engine.tokenizer.encode(prompt)
         self.engine.validate_prompt(prompt, params)  # reads only the engine's fixed configuration
