@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server import responses as R
-from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, refuse_overlong
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.errors import error_body, error_response as _error, status_of
@@ -242,6 +242,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         top_k = body.logprobs_k()
         prompt = chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
                                       add_generation_prompt=body.add_generation_prompt)
+        refuse_overlong(prompt, engine.tokenizer, engine.max_model_len)  # before tokenizing it
         num_prompt_tokens = len(await asyncio.to_thread(engine.tokenizer.encode, prompt))
         default_max = max(engine.max_model_len - num_prompt_tokens, 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)

@@ -189,13 +189,7 @@ class AsyncEngine:
         loop thread): a token-id list by its length, a text by its length
         when the tokenizer bounds the characters per token.
         """
-        limit = self.engine.max_model_len
-        per_token = getattr(self.engine.tokenizer, "max_chars_per_token", None)
-        if isinstance(prompt, str) and per_token is not None and len(prompt) > per_token * limit:
-            raise ValueError(f"prompt ({len(prompt)} characters, so more than {limit} tokens) "
-                             f"exceeds max_model_len ({limit})")
-        if isinstance(prompt, (list, tuple)) and len(prompt) > limit:
-            raise ValueError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({limit})")
+        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)
         if isinstance(prompt, str):
             prompt = self.engine.tokenizer.encode(prompt)
         self.engine.validate_prompt(prompt, params)  # reads only the engine's fixed configuration
@@ -327,6 +321,18 @@ def _resolve(future: concurrent.futures.Future | None, *, result=None, error: Ba
             future.set_result(result)
     except concurrent.futures.InvalidStateError:
         pass
+
+
+def refuse_overlong(prompt, tokenizer, max_model_len: int) -> None:
+    """ValueError for a prompt that cannot fit `max_model_len`, judged by its length alone (no per-token
+    work): token ids by their count, a text by its length when the tokenizer bounds the characters per
+    token (`max_chars_per_token`). Anything else is left to the engine's own checks."""
+    per_token = getattr(tokenizer, "max_chars_per_token", None)
+    if isinstance(prompt, str) and per_token is not None and len(prompt) > per_token * max_model_len:
+        raise ValueError(f"prompt ({len(prompt)} characters, so more than {max_model_len} tokens) "
+                         f"exceeds max_model_len ({max_model_len})")
+    if isinstance(prompt, (list, tuple)) and len(prompt) > max_model_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({max_model_len})")
 
 
 def params_to_dict(params: SamplingParams) -> dict:

@@ -5,6 +5,10 @@ without one (chunked) is read up to the limit and refused as soon as it
 passes it, so a client cannot make the server buffer more than the limit.
 The body is then replayed to the app, and later `receive()` calls (the
 disconnect message) go to the server as usual.
+
+Not FastAPI's `max_body_size`: its refusal of a declared `Content-Length` is
+a plain-text "Content Too Large", sent past the app's exception handlers, and
+every refusal here must have the OpenAI error shape.
 """
 
 from __future__ import annotations

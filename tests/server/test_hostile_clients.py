@@ -160,6 +160,9 @@ def test_a_huge_prompt_is_refused_while_other_streams_run(base, expected_probe):
                           timeout=WAIT_S)
         events = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
     assert huge.status_code == 400 and "max_model_len" in huge.json()["error"]["message"]
+    chat = httpx.post(base + "/v1/chat/completions", timeout=WAIT_S, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "z" * (BODY_LIMIT - 200)}]})
+    assert chat.status_code == 400 and "max_model_len" in chat.json()["error"]["message"]
     assert events[-1] == "[DONE]"
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == expected_probe
 

@@ -27,7 +27,7 @@ from jaxpaged.cache.events import DEVICE_TIER, KVEvent
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import EngineDeadError
+from jaxpaged.server.async_engine import EngineDeadError, refuse_overlong
 from jaxpaged.server.replicas.messages import (Accepted, ModelInfo, RemoteError, ReplicaCacheView,
                                                ReplicaReport)
 from jaxpaged.server.replicas.metrics import merge_replica_metrics
@@ -105,7 +105,8 @@ class ReplicaPool:
         replica, or the chosen ones died before taking it; tried on up to every
         live replica).
         """
-        if isinstance(prompt, str):  # off the event loop (a huge prompt would stall every stream); sent as ids
+        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)  # before any per-token work
+        if isinstance(prompt, str):  # off the event loop (a long prompt would stall every stream); sent as ids
             prompt = await asyncio.to_thread(self.engine.tokenizer.encode, prompt)
         token_ids = list(prompt)
         tried: list[str] = []
