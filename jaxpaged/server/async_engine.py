@@ -150,6 +150,8 @@ class AsyncEngine:
 
     async def stall_for_test(self, seconds: float) -> None:
         """Make the loop sleep `seconds` between two steps, as a long compile would (returns at once)."""
+        if self.multi_process:
+            raise ValueError("stall_for_test is single-process only (commands are broadcast as data)")
         self._send(_Command({"op": "call", "fn": lambda engine: time.sleep(seconds)}))
 
     def dead_reason(self) -> str:
@@ -237,7 +239,7 @@ class AsyncEngine:
                 if self._stopping.is_set():
                     drain_deadline = self._drain_step(drain_deadline)
                 commands = [self._commands.popleft() for _ in range(len(self._commands))]
-                commands = [c for c in commands if c.future is None or c.future.set_running_or_notify_cancel()]
+                commands = [c for c in commands if self._admit(c)]
                 if self.multi_process:
                     distributed.broadcast_object([c.record for c in commands])
                 stop = self._apply(commands)
@@ -272,14 +274,22 @@ class AsyncEngine:
             self._commands.append(_Command({"op": "stop"}))
         return deadline
 
+    def _admit(self, command: _Command) -> bool:
+        """Whether to apply (and broadcast) a command: not if its caller has gone (its future was
+        cancelled), nor an add once shutdown has begun (refused with EngineDeadError, a 503)."""
+        if command.future is not None and not command.future.set_running_or_notify_cancel():
+            return False
+        if command.record["op"] == "add" and self._stopping.is_set():
+            _resolve(command.future, error=EngineDeadError("the engine is shutting down"))
+            return False
+        return True
+
     def _apply(self, commands: list[_Command]) -> bool:
         """Apply the commands in order, answering their futures; returns whether one was `stop`."""
         stop = False
         for command in commands:
             record = command.record
             try:
-                if record["op"] == "add" and self._stopping.is_set():
-                    raise EngineDeadError("the engine is shutting down")
                 if record["op"] == "call":
                     result = record["fn"](self.engine)
                 else:
