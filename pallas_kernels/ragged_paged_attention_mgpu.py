@@ -162,6 +162,12 @@ def ragged_paged_attention_mgpu(
     return _scatter_rows(out.astype(q.dtype), rows, row_valid, num_tokens, group)
 
 
+def supports(q_dtype, pool_dtype, head_dim: int, group: int) -> bool:
+    """Whether the kernel takes these queries and pool (else a caller uses another kernel)."""
+    return (plgpu is not None and q_dtype in SUPPORTED_QUERY_DTYPES and pool_dtype in (q_dtype, jnp.float8_e4m3fn)
+            and head_dim % 64 == 0 and next_power_of_2(group) <= ROWS)
+
+
 def _check_inputs(q, k_pages, v_pages, block_tables, sliding_window) -> None:
     num_q_heads, head_dim = q.shape[1:]
     num_kv_heads, _, _, pool_head_dim = k_pages.shape
@@ -278,7 +284,8 @@ def _attention_kernel(
         # All K pages first: S = Q K^T can start while the V pages are in flight.
         for pool, ring, bar in ((k_ref, k, k_bar), (v_ref, v, v_bar)):
             for i, page in enumerate(pages):
-                plgpu.copy_gmem_to_smem(pool.at[h, page], ring.at[slot, pl.ds(i * block_size, block_size)], bar.at[slot])
+                rows = pl.ds(i * block_size, block_size)
+                plgpu.copy_gmem_to_smem(pool.at[h, page], ring.at[slot, rows], bar.at[slot])
 
     plgpu.copy_gmem_to_smem(q_ref.at[h, seq, pl.ds((tile % query_tiles) * ROWS, ROWS)], q, q_bar.at[0])
     for s in range(stages):

@@ -190,7 +190,10 @@ def test_heuristic_stages_fit_shared_memory():
     [(1, 1, 4, 1), (1, 1, 2048, 64), (256, 1, 2048, 1), (1, 512, 2048, 4)],
 )
 def test_heuristic_splits_long_contexts_of_few_tiles(num_seqs, max_query_len, blocks_per_seq, splits):
-    """Splits fill 4 x 132 CTAs, counting this kernel's 64-row query tiles (512 queries x 8 heads: 256 CTAs, 4 splits)."""
+    """Splits fill 4 x 132 CTAs, counting this kernel's 64-row query tiles.
+
+    512 queries x 8 KV heads at group 4 are 256 CTAs: 4 splits.
+    """
     params = heuristic(num_seqs=num_seqs, group=4, max_query_len=max_query_len, blocks_per_seq=blocks_per_seq)
     assert params.num_splits == splits
 
