@@ -1,10 +1,12 @@
 """`attention_backend="pallas_mosaic"` through the model: the Mosaic GPU kernel (GPU
-interpret mode on CPU, race detector on) inside the jitted, donated model step gives
-the logits and greedy tokens of the XLA backend on the same bf16 weights."""
+interpret mode on CPU, race detector on; compiled with `JAXPAGED_PALLAS_INTERPRET=0`)
+inside the jitted, donated model step gives the logits and greedy tokens of the XLA
+backend on the same bf16 weights."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,8 @@ from jaxpaged.runner import ModelRunner
 from tests.kernels.paged_batches import make_batch
 from tests.paged_driver import drive
 
-pytestmark = pytest.mark.skipif(not mosaic_gpu_available(), reason="Mosaic GPU interpret mode needs JAX >= 0.12")
+pytestmark = pytest.mark.skipif(not mosaic_gpu_available(), reason="the Mosaic GPU kernel needs JAX >= 0.12")
+INTERPRET = os.environ.get("JAXPAGED_PALLAS_INTERPRET", "1") != "0"
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,8 @@ def test_model_steps_match_xla(bf16_model):
     prompts = [list(range(5, 22)), list(range(100, 103))]  # the second joins a step later: mixed steps
     runs = {}
     for name in ("xla", "pallas_mosaic"):
-        runner = ModelRunner(bf16_model, num_blocks=24, block_size=16, backend=resolve_backend(name, interpret=True),
-                             pool_fill_value=float("nan"))
+        backend = resolve_backend(name, interpret=INTERPRET)
+        runner = ModelRunner(bf16_model, num_blocks=24, block_size=16, backend=backend, pool_fill_value=float("nan"))
         runs[name] = drive(runner, prompts, max_new=2, chunk=16, rng=np.random.default_rng(0))
     for xla, mosaic in zip(runs["xla"], runs["pallas_mosaic"]):
         assert mosaic.tokens == xla.tokens
@@ -43,7 +46,7 @@ def test_model_steps_match_xla(bf16_model):
 def test_shapes_it_does_not_take_go_to_the_triton_kernel():
     """float32 queries (the Mosaic kernel takes 16-bit ones) run the Triton kernel instead."""
     batch = make_batch([20, 5], [1, 1], block_size=16, group=4)  # float32, head_dim 32
-    mosaic = batch.run(_kernel(resolve_backend("pallas_mosaic", interpret=True)))
-    triton = batch.run(_kernel(resolve_backend("pallas", interpret=True)))
+    mosaic = batch.run(_kernel(resolve_backend("pallas_mosaic", interpret=INTERPRET)))
+    triton = batch.run(_kernel(resolve_backend("pallas", interpret=INTERPRET)))
     np.testing.assert_array_equal(np.asarray(mosaic), np.asarray(triton))
     assert mosaic.dtype == jnp.float32
