@@ -33,8 +33,8 @@ How the work is cut (one warpgroup per CTA, grid `(kv_head, sequence * query_til
   running max and sum; `merge_splits` combines them (shared with the Triton kernel).
 
 Requires JAX >= 0.12's `jax.experimental.pallas.mosaic_gpu` (this module imports on
-older JAX, but `resolve_backend` keeps Triton the default there); head_dim a multiple
-of 64; 16-bit queries (float32 queries stay on the Triton kernel).
+older JAX, but `resolve_backend` keeps Triton the default there); head_dim 64 or
+128; 16-bit queries (float32 queries stay on the Triton kernel).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ except ImportError:  # pragma: no cover
 MASK_VALUE = -1e30
 LOG2E = math.log2(math.e)
 SUPPORTED_QUERY_DTYPES = (jnp.bfloat16, jnp.float16)
+# 128-byte swizzle rows; 256 would not fit two stages beside Q, P and the output.
+SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def interpret_params(detect_races: bool = True):
@@ -165,7 +167,7 @@ def ragged_paged_attention_mgpu(
 def supports(q_dtype, pool_dtype, head_dim: int, group: int) -> bool:
     """Whether the kernel takes these queries and pool (else a caller uses another kernel)."""
     return (plgpu is not None and q_dtype in SUPPORTED_QUERY_DTYPES and pool_dtype in (q_dtype, jnp.float8_e4m3fn)
-            and head_dim % 64 == 0 and next_power_of_2(group) <= ROWS)
+            and head_dim in SUPPORTED_HEAD_DIMS and next_power_of_2(group) <= ROWS)
 
 
 def _check_inputs(q, k_pages, v_pages, block_tables, sliding_window) -> None:
@@ -177,8 +179,8 @@ def _check_inputs(q, k_pages, v_pages, block_tables, sliding_window) -> None:
         raise ValueError(f"k_pages {k_pages.shape} {k_pages.dtype} and v_pages {v_pages.shape} {v_pages.dtype} differ")
     if pool_head_dim != head_dim or num_q_heads % num_kv_heads:
         raise ValueError(f"q {q.shape} does not fit a pool of shape {k_pages.shape}")
-    if head_dim % 64:
-        raise ValueError(f"head_dim must be a multiple of 64 for the Mosaic GPU kernel, got {head_dim}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for the Mosaic GPU kernel, got {head_dim}")
     if q.dtype not in SUPPORTED_QUERY_DTYPES:
         raise ValueError(f"q dtype must be bfloat16 or float16 for the Mosaic GPU kernel, got {q.dtype}")
     if k_pages.dtype not in (q.dtype, jnp.float8_e4m3fn):

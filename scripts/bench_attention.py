@@ -256,7 +256,7 @@ def mosaic_candidate(inputs: dict, paged_args: tuple, static: dict) -> tuple[Cal
     if not mosaic_gpu_available():
         return None, (), f"skipped: needs JAX >= 0.12 (have {jax.__version__})"
     if not mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
-        return None, (), f"skipped: takes 16-bit queries and head_dim % 64 == 0 (q {q.dtype}, {q.shape})"
+        return None, (), f"skipped: takes 16-bit queries and head_dim 64 or 128 (q {q.dtype}, {q.shape})"
     interpret = mgpu.interpret_params(detect_races=False) if on_cpu else None
     fn = jax.jit(functools.partial(mgpu.ragged_paged_attention_mgpu, **static, interpret=interpret))
     return fn, paged_args, "Mosaic GPU interpret mode" if on_cpu else "Mosaic GPU (TMA + WGMMA)"

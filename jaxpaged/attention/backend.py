@@ -33,7 +33,7 @@ class AttentionBackend:
     through the Pallas interpreter on any device (slow; tests); `pallas_mosaic` is
     the Hopper kernel on Pallas' Mosaic GPU backend (`interpret=True`: Mosaic GPU
     interpret mode, race detector on), which hands the shapes it does not take
-    (float32 queries, head_dim not a multiple of 64, more than 64 query heads per
+    (float32 queries, head_dim other than 64 or 128, more than 64 query heads per
     KV head) to the Triton kernel.
     With a `mesh` (tensor parallelism), each layer's K/V write and attention run
     under `shard_map` over its `tp` axis: every device writes and attends over its

@@ -144,6 +144,7 @@ def test_sliding_window_skips_freed_blocks(window, launch):
     [
         (dict(dtype=jnp.float32), "q dtype"),
         (dict(head_dim=32), "head_dim"),
+        (dict(head_dim=256), "head_dim"),
         (dict(group=128), "query heads per KV head"),
     ],
 )
