@@ -32,9 +32,9 @@ How the work is cut (one warpgroup per CTA, grid `(kv_head, sequence * query_til
 - Split-KV (flash-decoding): each split writes its normalised output with its
   running max and sum; `merge_splits` combines them (shared with the Triton kernel).
 
-Requires JAX >= 0.12's `jax.experimental.pallas.mosaic_gpu` (this module imports on
-older JAX, but `resolve_backend` keeps Triton the default there); head_dim 64 or
-128; 16-bit queries (float32 queries stay on the Triton kernel).
+Needs `jax.experimental.pallas.mosaic_gpu` (JAX 0.11.2 and 0.12 both pass the
+interpret-mode tests and the sm_90 lowering); head_dim 64 or 128; 16-bit queries
+(other shapes stay on the Triton kernel).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from pallas_kernels.ragged_paged_attention import (
 from pallas_kernels.tuning import next_power_of_2
 from pallas_kernels.tuning_mgpu import ROWS, MosaicLaunchParams, choose_mosaic_launch_params
 
-try:  # absent or incomplete before JAX 0.12 on some installs; checked at call time
+try:  # a JAX without Mosaic GPU still imports this module; calls then raise ValueError
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # pragma: no cover
     plgpu = None
@@ -71,9 +71,9 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 
 
 def interpret_params(detect_races: bool = True):
-    """GPU interpret-mode parameters (JAX >= 0.12) for running the kernel on a CPU."""
+    """GPU interpret-mode parameters for running the kernel on a CPU (race detector on)."""
     if plgpu is None or not hasattr(plgpu, "InterpretGPUParams"):
-        raise ValueError("Mosaic GPU interpret mode needs JAX >= 0.12")
+        raise ValueError(f"JAX {jax.__version__} has no Mosaic GPU interpret mode")
     return plgpu.InterpretGPUParams(detect_races=detect_races)
 
 
@@ -255,7 +255,7 @@ def _attention_kernel(
     """One (KV head, query tile, split): a TMA-fed online softmax over the visible pages.
 
     `probe_reads` (interpret mode only) reads each WGMMA shared-memory operand into
-    registers first: JAX 0.12's GPU interpreter tracks no vector clocks through
+    registers first: JAX's GPU interpreter (0.11.2, 0.12) tracks no vector clocks through
     `wgmma`, so without the probe its race detector could not see a TMA write racing
     the tensor-core read. The probe's value is unused.
     """

@@ -10,7 +10,7 @@ against the device's peak HBM bandwidth (n/a off H100/H200).
 Implementations, measured in one run:
   pallas       pallas_kernels.ragged_paged_attention, Triton (on CPU only with --backend_interpret)
   pallas_mosaic pallas_kernels.ragged_paged_attention_mgpu, Mosaic GPU / Hopper (on CPU only with
-               --backend_interpret: Mosaic GPU interpret mode; JAX >= 0.12)
+               --backend_interpret: Mosaic GPU interpret mode)
   xla_gather   pallas_kernels.reference (gathers the block table's pages, then einsum)
   xla_chunked  pallas_kernels.chunked_xla (online softmax over key chunks; the CPU backend)
   dense        attention over a contiguous `[batch, kv_heads, context, head_dim]` cache
@@ -254,7 +254,7 @@ def mosaic_candidate(inputs: dict, paged_args: tuple, static: dict) -> tuple[Cal
 
     q, k_pages = inputs["q"], inputs["k_pages"]
     if not mosaic_gpu_available():
-        return None, (), f"skipped: needs JAX >= 0.12 (have {jax.__version__})"
+        return None, (), f"skipped: JAX {jax.__version__} has no Mosaic GPU backend"
     if not mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
         return None, (), f"skipped: takes 16-bit queries and head_dim 64 or 128 (q {q.dtype}, {q.shape})"
     interpret = mgpu.interpret_params(detect_races=False) if on_cpu else None

@@ -14,8 +14,6 @@
 #   4. runs the engine once (bench_throughput, random weights with Llama-3-8B layer
 #      shapes, 4 of its 32 layers), on the Mosaic kernel if its benchmark rows passed,
 #      else on the Triton kernel (OUTDIR/bench_throughput.*).
-# JAXPAGED_MOSAIC_ANY_JAX=1 lets the Mosaic kernel run on a JAX older than 0.12 (the
-# device image has 0.11.2), where `auto` would otherwise keep Triton.
 # Stages are time-boxed; a failing stage is recorded and the next one still runs.
 set -uo pipefail
 
@@ -26,7 +24,6 @@ OUTDIR=$(cd "$OUTDIR" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export JAXPAGED_PALLAS_INTERPRET=0
 export JAXPAGED_MGPU_FULL_GRID=1
-export JAXPAGED_MOSAIC_ANY_JAX=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 SUMMARY="$OUTDIR/summary.txt"
 WORK=$(mktemp -d)
@@ -88,7 +85,7 @@ rows = json.load(open(sys.argv[1]))["results"]
 ok = [r for r in rows if r["impl"] == "pallas_mosaic" and "median_s" in r and r["max_abs_err_vs_xla"] < 0.1]
 sys.exit(0 if len(ok) == 2 else 1)
 PY
-  then kernel=mosaic; else kernel=triton; export JAXPAGED_MOSAIC_ANY_JAX=0; fi
+  then kernel=mosaic; else kernel=triton; export JAXPAGED_ATTENTION_BACKEND=pallas; fi
   log "== engine: bench_throughput, Llama-3-8B layer shapes (4 layers, random weights), $kernel kernel"
   "$PYTHON" - "$WORK/llama3-8b-4l.json" <<'PY'
 import json, sys

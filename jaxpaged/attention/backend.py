@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -50,42 +49,38 @@ class AttentionBackend:
 
 
 def resolve_backend(name: str = "auto", *, interpret: bool = False) -> AttentionBackend:
-    """Pick a backend: `auto` means pallas_mosaic on Hopper-class GPUs (compute capability
-    9.x) under JAX >= 0.12, pallas (Triton) on other GPUs, xla elsewhere."""
+    """Pick a backend. `auto` means `$JAXPAGED_ATTENTION_BACKEND` when set (as vLLM's
+    `VLLM_ATTENTION_BACKEND`), else pallas_mosaic on Hopper-class GPUs (compute
+    capability 9.x), pallas (Triton) on other GPUs, and xla elsewhere."""
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        name = _gpu_default() if jax.default_backend() == "gpu" else "xla"
+        name = os.environ.get(BACKEND_ENV) or (_gpu_default() if jax.default_backend() == "gpu" else "xla")
+        if name not in BACKENDS[1:]:
+            raise ValueError(f"${BACKEND_ENV} must be one of {BACKENDS[1:]}, got {name!r}")
     if name in ("pallas", "pallas_mosaic") and not interpret and jax.default_backend() != "gpu":
         raise ValueError(f"attention_backend={name!r} needs a GPU; pass interpret=True to run it on CPU")
     if name == "pallas_mosaic" and not mosaic_gpu_available():
-        raise ValueError(f"attention_backend='pallas_mosaic' needs JAX >= {MOSAIC_MIN_JAX}, got {jax.__version__}")
+        raise ValueError(f"attention_backend='pallas_mosaic' needs jax.experimental.pallas.mosaic_gpu "
+                         f"(JAX {jax.__version__} lacks it)")
     return AttentionBackend(name, interpret)
 
 
-MOSAIC_MIN_JAX = (0, 12)
-
-
-MOSAIC_ANY_JAX_ENV = "JAXPAGED_MOSAIC_ANY_JAX"
+BACKEND_ENV = "JAXPAGED_ATTENTION_BACKEND"
 
 
 def mosaic_gpu_available() -> bool:
-    """Whether this JAX runs the Mosaic GPU kernel: JAX >= 0.12, the version its
-    interpret-mode tests and sm_90 lowering ran on (0.11.2 keeps Triton the default).
+    """Whether this JAX has Pallas' Mosaic GPU backend (0.11.2 and 0.12 do; the kernel's
+    interpret-mode tests and sm_90 lowering pass on both)."""
+    from pallas_kernels import ragged_paged_attention_mgpu as mgpu
 
-    `JAXPAGED_MOSAIC_ANY_JAX=1` lifts the version gate, to try the kernel on an
-    older JAX (`scripts/gpu_check.sh` does, on the device image's 0.11.2).
-    """
-    if os.environ.get(MOSAIC_ANY_JAX_ENV) == "1":
-        return True
-    major, minor = (int(re.match(r"\d+", part).group()) for part in jax.__version__.split(".")[:2])
-    return (major, minor) >= MOSAIC_MIN_JAX
+    return mgpu.plgpu is not None
 
 
 def _gpu_default() -> str:
     """pallas_mosaic on compute capability 9.x (H100/H200) when available, else pallas."""
-    capability = getattr(jax.devices()[0], "compute_capability", "")
-    return "pallas_mosaic" if str(capability).startswith("9.") and mosaic_gpu_available() else "pallas"
+    capability = str(getattr(jax.devices()[0], "compute_capability", ""))
+    return "pallas_mosaic" if capability.startswith("9.") and mosaic_gpu_available() else "pallas"
 
 
 def paged_attention(

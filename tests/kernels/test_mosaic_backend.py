@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from jaxpaged.attention import resolve_backend
+from jaxpaged.attention import backend as backend_module
 from jaxpaged.attention.backend import _kernel, mosaic_gpu_available
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from tests.kernels.paged_batches import make_batch
 from tests.paged_driver import drive
 
-pytestmark = pytest.mark.skipif(not mosaic_gpu_available(), reason="the Mosaic GPU kernel needs JAX >= 0.12")
+pytestmark = pytest.mark.skipif(not mosaic_gpu_available(), reason="this JAX has no Mosaic GPU backend")
 INTERPRET = os.environ.get("JAXPAGED_PALLAS_INTERPRET", "1") != "0"
 
 
@@ -50,3 +51,26 @@ def test_shapes_it_does_not_take_go_to_the_triton_kernel():
     triton = batch.run(_kernel(resolve_backend("pallas", interpret=INTERPRET)))
     np.testing.assert_array_equal(np.asarray(mosaic), np.asarray(triton))
     assert mosaic.dtype == jnp.float32
+
+
+class _FakeGpu:
+    def __init__(self, compute_capability):
+        self.compute_capability = compute_capability
+
+
+@pytest.mark.parametrize("capability,expected", [("9.0", "pallas_mosaic"), ("8.0", "pallas"), ("10.0", "pallas")])
+def test_auto_on_a_gpu_picks_mosaic_on_hopper_only(monkeypatch, capability, expected):
+    monkeypatch.setattr(backend_module.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(backend_module.jax, "devices", lambda: [_FakeGpu(capability)])
+    monkeypatch.delenv(backend_module.BACKEND_ENV, raising=False)
+    assert resolve_backend("auto").name == expected
+
+
+def test_environment_overrides_auto(monkeypatch):
+    """`$JAXPAGED_ATTENTION_BACKEND` (like VLLM_ATTENTION_BACKEND) replaces auto's choice, checked."""
+    monkeypatch.setenv(backend_module.BACKEND_ENV, "xla_reference")
+    assert resolve_backend("auto").name == "xla_reference"
+    assert resolve_backend("xla").name == "xla"  # an explicit name wins
+    monkeypatch.setenv(backend_module.BACKEND_ENV, "triton")
+    with pytest.raises(ValueError, match=backend_module.BACKEND_ENV):
+        resolve_backend("auto")
