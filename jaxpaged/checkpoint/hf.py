@@ -1,4 +1,4 @@
-"""Load and save Hugging Face Llama checkpoints (config.json + safetensors, single or sharded)."""
+"""Load and save Hugging Face checkpoints of every supported family (config.json + safetensors)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def read_hf_config(path: str | Path) -> ModelConfig:
 
 
 def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
-    """Load a Hugging Face Llama checkpoint directory into a `LlamaModel`.
+    """Load a Hugging Face checkpoint directory (any supported `model_type`) into a `LlamaModel`.
 
     `dtype` (e.g. "bfloat16") overrides the checkpoint's `torch_dtype`; weights
     are cast to it. Raises `ValueError` naming any missing, unexpected or
@@ -57,7 +57,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | N
 
 def save_hf_checkpoint(model: LlamaModel, path: str | Path, *,
                        shard_size_bytes: int | None = None) -> None:
-    """Write `model` as a Hugging Face Llama checkpoint (HF names, `[out, in]` Linear weights).
+    """Write `model` as a Hugging Face checkpoint of its `model_type` (HF names, `[out, in]` Linear weights).
 
     With `shard_size_bytes`, weights are split over several files plus
     `model.safetensors.index.json`, as transformers does for large models.

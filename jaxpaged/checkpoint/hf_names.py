@@ -1,4 +1,9 @@
-"""The mapping between Hugging Face Llama tensor names and jaxpaged state paths."""
+"""The mapping between Hugging Face tensor names and jaxpaged state paths (every supported family).
+
+Llama, Mistral, Qwen2, Qwen3 and Gemma3ForCausalLM share one naming scheme
+(`model.layers.{i}.self_attn.q_proj.weight`, ...); a family adds tensors
+(biases, `q_norm`/`k_norm`, Gemma's feed-forward norms) as its config says.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,20 @@ from jaxpaged.checkpoint.skeleton import ParamPath
 # HF checkpoints from older transformers versions store the RoPE table; it is derived, not loaded.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
-_LAYER_TENSORS = (
-    # (HF name inside `model.layers.{i}.`, path inside `layers[i]`, is a Linear weight)
-    ("input_layernorm.weight", ("input_layernorm", "weight"), False),
-    ("post_attention_layernorm.weight", ("post_attention_layernorm", "weight"), False),
-    *((f"self_attn.{p}.weight", ("self_attn", p, "kernel"), True) for p in ("q_proj", "k_proj", "v_proj", "o_proj")),
-    *((f"mlp.{p}.weight", ("mlp", p, "kernel"), True) for p in ("gate_proj", "up_proj", "down_proj")),
-)
+def _layer_tensors(config: ModelConfig) -> list[tuple[str, ParamPath, bool]]:
+    """(HF name inside `model.layers.{i}.`, path inside `layers[i]`, is a Linear weight) for one layer."""
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if config.sandwich_norms:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    tensors = [(f"{n}.weight", (n, "weight"), False) for n in norms]
+    tensors += [(f"self_attn.{p}.weight", ("self_attn", p, "kernel"), True)
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    biased = (("q_proj", "k_proj", "v_proj") if config.qkv_bias else ()) + (("o_proj",) if config.o_bias else ())
+    tensors += [(f"self_attn.{p}.bias", ("self_attn", p, "bias"), False) for p in biased]
+    if config.qk_norm:
+        tensors += [(f"self_attn.{n}.weight", ("self_attn", n, "weight"), False) for n in ("q_norm", "k_norm")]
+    tensors += [(f"mlp.{p}.weight", ("mlp", p, "kernel"), True) for p in ("gate_proj", "up_proj", "down_proj")]
+    return tensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +44,12 @@ class TensorMapping:
 
 
 def tensor_mappings(config: ModelConfig) -> list[TensorMapping]:
-    """Every tensor a Llama checkpoint for `config` holds, in HF's usual order."""
+    """Every tensor a checkpoint for `config` holds, in HF's usual order."""
     mappings = [TensorMapping("model.embed_tokens.weight", ("embed_tokens", "embedding"), False)]
+    layer_tensors = _layer_tensors(config)
     for i in range(config.num_layers):
         mappings += [TensorMapping(f"model.layers.{i}.{name}", ("layers", i, *path), transpose)
-                     for name, path, transpose in _LAYER_TENSORS]
+                     for name, path, transpose in layer_tensors]
     mappings.append(TensorMapping("model.norm.weight", ("norm", "weight"), False))
     if not config.tie_embeddings:
         mappings.append(TensorMapping("lm_head.weight", ("lm_head", "kernel"), True))
