@@ -146,12 +146,16 @@ def _read_gemma3(hf):
 def _write_gemma3(config):
     return {
         "hidden_activation": config.hidden_act, "attention_bias": config.qkv_bias,
-        "query_pre_attn_scalar": config.query_pre_attn_scalar,
+        "query_pre_attn_scalar": _int_if_whole(config.query_pre_attn_scalar),  # transformers wants an int
         "final_logit_softcapping": config.final_logit_softcapping, "attn_logit_softcapping": None,
         "use_bidirectional_attention": False,
         "sliding_window": config.sliding_window, "layer_types": _layer_types(config),
         "rope_local_base_freq": config.rope_local_theta or config.rope_theta, **_write_rope(config),
     }
+
+
+def _int_if_whole(value: float | None) -> float | int | None:
+    return int(value) if value is not None and float(value).is_integer() else value
 
 
 FAMILIES: dict[str, Family] = {
