@@ -72,3 +72,24 @@ FAMILIES = {
         final_logit_softcapping=10.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
         rope_theta=20000.0, rope_local_base_freq=1000.0), unit_offset_norms=True),
 }
+
+
+CHATML_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_chatml_tokenizer(path: Path) -> None:
+    """A byte-level `tokenizer.json` (256 byte tokens, then <|im_start|> = 256 and <|im_end|> = 257) and a
+    `tokenizer_config.json` with Qwen's ChatML template, as a Qwen checkpoint directory carries them."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))
