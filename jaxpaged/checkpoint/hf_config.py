@@ -41,6 +41,9 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
     if dtype not in SUPPORTED_TORCH_DTYPES:
         raise ValueError(f"unsupported torch_dtype {dtype!r} in config.json; supported: {SUPPORTED_TORCH_DTYPES}")
     num_heads = hf["num_attention_heads"]
+    fields = family.read(hf)
+    if "sliding_attention" not in (fields.get("layer_types") or ()):
+        fields["layer_types"] = None  # every layer full: the same as no layer types
     return ModelConfig(
         name=name or hf.get("_name_or_path") or f"hf-{model_type}",
         vocab_size=hf["vocab_size"],
@@ -57,7 +60,7 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
         bos_token_id=_first_id(hf.get("bos_token_id", family.bos_default)),
         eos_token_id=_first_id(hf.get("eos_token_id", family.eos_default)),
         model_type=model_type,
-        **family.read(hf),
+        **fields,
     )
 
 

@@ -81,6 +81,7 @@ def test_dense_logits_match_transformers_past_the_window(checkpoints, name):
     path, hf_model = checkpoints(name)
     model = load_model(path)
     assert model.config.model_type == hf_model.config.model_type
+    assert model.config.num_params() == sum(p.numel() for p in hf_model.parameters())  # capacity math
     tokens = np.random.default_rng(1).integers(0, VOCAB, 4 * WINDOW - 5).tolist()
     expected = hf_logits(hf_model, tokens)
     got = dense_logits(model, tokens)
