@@ -14,6 +14,8 @@ from jaxpaged.checkpoint.hf_families import FAMILIES, Family
 from jaxpaged.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+# Multimodal checkpoints served text-only: their language model's `model_type` (vision weights are skipped).
+MULTIMODAL_MODEL_TYPES = {"gemma3": "gemma3_text"}
 SUPPORTED_TORCH_DTYPES = ("float32", "bfloat16", "float16")
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -25,13 +27,14 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
     checkpoint may omit. Raises `ValueError` naming the key for architectures or
     options this model does not implement.
     """
+    if hf.get("model_type") in MULTIMODAL_MODEL_TYPES:
+        hf = _language_model_config(hf)
     model_type = hf.get("model_type", "llama")
-    if model_type == "gemma3":
-        raise ValueError("model_type 'gemma3' is the multimodal Gemma3ForConditionalGeneration; only the "
-                         "text model (model_type 'gemma3_text', Gemma3ForCausalLM) is supported")
     if model_type not in FAMILIES:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES} "
+                         f"(and the text model of {MULTIMODAL_MODEL_TYPES})")
     family = FAMILIES[model_type]
+    hf = {**family.key_defaults, **hf}
     if hf.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported: the MLP has no bias terms")
     missing = [key for key in REQUIRED_KEYS if key not in hf]
@@ -62,6 +65,16 @@ def hf_config_to_model_config(hf: dict[str, Any], name: str | None = None) -> Mo
         model_type=model_type,
         **fields,
     )
+
+
+def _language_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal config's `text_config`, with the outer keys it inherits (dtype, tying, special ids)."""
+    text = dict(hf.get("text_config") or {})
+    text.setdefault("model_type", MULTIMODAL_MODEL_TYPES[hf["model_type"]])
+    for key in ("torch_dtype", "dtype", "tie_word_embeddings", "bos_token_id", "eos_token_id"):
+        if key in hf:
+            text.setdefault(key, hf[key])
+    return text
 
 
 def model_config_to_hf_config(config: ModelConfig) -> dict[str, Any]:

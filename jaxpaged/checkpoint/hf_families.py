@@ -25,6 +25,7 @@ class Family:
     tie_default: bool = False
     bos_default: int | None = None
     eos_default: int | None = None
+    key_defaults: dict = dataclasses.field(default_factory=dict)  # shapes the HF class defaults (Gemma 3)
 
 
 def _silu_only(hf: dict[str, Any]) -> str:
@@ -154,6 +155,12 @@ def _write_gemma3(config):
     }
 
 
+# transformers' Gemma3TextConfig defaults: the Hub's multimodal configs leave some of these out of text_config
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                        "head_dim": 256, "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6}
+
+
 def _int_if_whole(value: float | None) -> float | int | None:
     return int(value) if value is not None and float(value).is_integer() else value
 
@@ -164,5 +171,5 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2ForCausalLM", _read_qwen2, _write_qwen2),
     "qwen3": Family("Qwen3ForCausalLM", _read_qwen3, _write_qwen3),
     "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, tie_default=True,
-                          bos_default=2, eos_default=1),
+                          bos_default=2, eos_default=1, key_defaults=GEMMA3_TEXT_DEFAULTS),
 }

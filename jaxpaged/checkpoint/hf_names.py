@@ -14,6 +14,11 @@ from jaxpaged.checkpoint.skeleton import ParamPath
 
 # HF checkpoints from older transformers versions store the RoPE table; it is derived, not loaded.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# Gemma3ForConditionalGeneration nests the language model: `model.language_model.` (transformers 5)
+# or `language_model.model.` (the Hub's files, transformers 4); its vision tower is not loaded.
+LANGUAGE_MODEL_PREFIXES = ("model.language_model.", "language_model.model.")
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+TIED_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 
 def _layer_tensors(config: ModelConfig) -> list[tuple[str, ParamPath, bool]]:
     """(HF name inside `model.layers.{i}.`, path inside `layers[i]`, is a Linear weight) for one layer."""
@@ -56,12 +61,28 @@ def tensor_mappings(config: ModelConfig) -> list[TensorMapping]:
     return mappings
 
 
-def is_ignored(hf_name: str, config: ModelConfig) -> bool:
+def locate_language_model(mappings: list[TensorMapping], present: set[str]) -> tuple[list[TensorMapping], bool]:
+    """`mappings` renamed to where the checkpoint keeps its language model, and whether it is multimodal.
+
+    A causal-LM checkpoint keeps it under `model.`; a multimodal Gemma 3 one
+    under one of `LANGUAGE_MODEL_PREFIXES`, found by its embedding's name.
+    """
+    for prefix in LANGUAGE_MODEL_PREFIXES:
+        if prefix + "embed_tokens.weight" in present:
+            return [dataclasses.replace(m, hf_name=prefix + m.hf_name.removeprefix("model."))
+                    if m.hf_name.startswith("model.") else m for m in mappings], True
+    return mappings, False
+
+
+def is_ignored(hf_name: str, config: ModelConfig, multimodal: bool = False) -> bool:
     """Tensors a valid checkpoint may carry that the model does not load.
 
     With tied embeddings some exporters still write `lm_head.weight`; like
-    transformers, the model uses the embedding and ignores it.
+    transformers, the model uses the embedding and ignores it. A multimodal
+    checkpoint's vision tower and projector are not loaded (text only).
     """
-    if config.tie_embeddings and hf_name == "lm_head.weight":
+    if config.tie_embeddings and hf_name in TIED_HEAD_NAMES:
+        return True
+    if multimodal and hf_name.startswith(VISION_PREFIXES):
         return True
     return hf_name.endswith(IGNORED_SUFFIXES)

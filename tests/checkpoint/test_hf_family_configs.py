@@ -53,11 +53,20 @@ def test_gemma3_transformers5_rope_parameters_per_layer_type():
     assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling.factor) == (5e5, 1e3, 4.0)
 
 
+def test_multimodal_gemma3_reads_its_text_config_with_gemma3_text_defaults():
+    hub = {"model_type": "gemma3", "torch_dtype": "bfloat16", "eos_token_id": [1, 106], "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "vision_config": {"hidden_size": 1152}}
+    cfg = hf_config_to_model_config(hub)
+    assert (cfg.model_type, cfg.dtype, cfg.eos_token_id, cfg.hidden_size) == ("gemma3_text", "bfloat16", 1, 2560)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (8, 4, 256, 262_208)  # class defaults
+    assert cfg.tie_embeddings and cfg.layer_windows.count(None) == 5 and cfg.attention_windows == (None, 1024)
+
+
 @pytest.mark.parametrize("model_type,keys,field", [
     ("gemma3_text", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma3_text", {"hidden_activation": "relu"}, "hidden_act"),
-    ("gemma3", {}, "gemma3_text"),
     ("qwen2", {"hidden_act": "gelu"}, "hidden_act"),
     ("llama", {"mlp_bias": True}, "mlp_bias"),
     ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),

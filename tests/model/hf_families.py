@@ -93,3 +93,30 @@ def write_chatml_tokenizer(path: Path) -> None:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))
+
+
+def save_multimodal_gemma3(path: Path, seed: int = 0):
+    """A Gemma3ForConditionalGeneration (tiny SigLIP tower) whose language model is FAMILIES["gemma3"]'s,
+    less final softcapping: transformers' multimodal class does not apply it (its text class and vLLM do;
+    Gemma 3 checkpoints set it to null)."""
+    import torch
+    import transformers
+
+    options = FAMILIES["gemma3"].options | {"final_logit_softcapping": None}
+    text = transformers.Gemma3TextConfig(**COMMON, **options)
+    vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.model.language_model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+            elif "embed" in name:
+                p.normal_(0, 0.3)
+            else:
+                p.normal_(0, p.shape[-1] ** -0.5)
+    model.save_pretrained(path)
+    return model

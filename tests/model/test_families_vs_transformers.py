@@ -123,13 +123,12 @@ def test_engine_greedy_and_logprobs_match_transformers(checkpoints, name):
 
 @pytest.mark.parametrize("name", ["gemma3"])
 def test_paged_runner_equals_dense_reference(checkpoints, name):
-    """Chunks of 13 across blocks of 4 and the window edge, staggered with decodes, random block tables."""
+    """Chunks of 20 across blocks of 4 and the window edge, beside decodes, random block tables."""
     path, _ = checkpoints(name)
     model = load_model(path)
     rng = np.random.default_rng(3)
     runner = ModelRunner(model, num_blocks=128, block_size=4, pool_fill_value=float("nan"))
-    seqs = drive(runner, [rng.integers(0, VOCAB, n).tolist() for n in (70, 33, 9)], max_new=4, chunk=13,
-                 rng=rng)
+    seqs = drive(runner, [rng.integers(0, VOCAB, n).tolist() for n in (70, 9)], max_new=4, chunk=20, rng=rng)
     for s in seqs:
         dense = dense_logits(model, s.tokens[:-1])
         for pos, row in s.logits.items():
@@ -149,3 +148,26 @@ def test_hf_config_of_each_family_reads_back(checkpoints):
         hf_config = transformers.AutoConfig.for_model(written.pop("model_type"), **written)
         assert list(hf_config.layer_types) == list(hf_model.config.layer_types)
         assert hf_config.sliding_window == WINDOW
+
+
+def test_multimodal_gemma3_loads_its_language_model(tmp_path):
+    """Gemma3ForConditionalGeneration (the 4B-27B layout): the text model loads, vision weights skipped,
+    under the Hub's tensor names (which transformers 5 still writes) and transformers 5's module names."""
+    from safetensors.numpy import load_file, save_file
+    from tests.model.hf_families import save_multimodal_gemma3
+    hf_model = save_multimodal_gemma3(tmp_path / "v5", seed=3)
+    tokens = np.random.default_rng(2).integers(3, VOCAB, 3 * WINDOW).tolist()
+    expected = hf_logits(hf_model, tokens)
+    model = load_model(tmp_path / "v5")
+    assert model.config.model_type == "gemma3_text" and model.config.attention_windows == (None, WINDOW)
+    np.testing.assert_allclose(dense_logits(model, tokens), expected, atol=2e-4 * np.abs(expected).max(), rtol=1e-4)
+    tensors = load_file(tmp_path / "v5" / "model.safetensors")
+    assert any(name.startswith("vision_tower.") for name in tensors)
+    modules = tmp_path / "modules"  # the names of transformers 5's modules: model.language_model.*, ...
+    modules.mkdir()
+    (modules / "config.json").write_text((tmp_path / "v5" / "config.json").read_text())
+    renamed = {"model." + name.replace("language_model.model.", "language_model."): t
+               for name, t in tensors.items()}
+    assert "model.language_model.embed_tokens.weight" in renamed and "model.vision_tower" in "".join(renamed)
+    save_file(renamed, modules / "model.safetensors", metadata={"format": "pt"})
+    np.testing.assert_array_equal(dense_logits(load_model(modules), tokens), dense_logits(model, tokens))
