@@ -206,8 +206,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a plain dict (as stored in configs/*.json)."""
+        """Build from a plain dict (as stored in configs/*.json); an unknown key is a ValueError naming it."""
         d = dict(d)
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {unknown}: not implemented")
         if d.get("rope_scaling") is not None:
             d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
         if d.get("layer_types") is not None:

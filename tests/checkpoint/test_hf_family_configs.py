@@ -89,6 +89,8 @@ def test_model_config_rejects_unimplemented_fields(changes, field):
         load_config("tiny").replace(**changes)
     with pytest.raises(ValueError, match="rope_type"):
         RopeScaling(rope_type="yarn")
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        ModelConfig.from_dict(load_config("tiny").to_dict() | {"attn_logit_softcapping": 50.0})
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-gemma3",
