@@ -129,12 +129,6 @@ class ModelConfig:
             return self.sliding_window
         return None
 
-    def layer_rope_theta(self, layer: int) -> float:
-        """RoPE base of layer `layer`: `rope_local_theta` on sliding layers when set, else `rope_theta`."""
-        if self.rope_local_theta is not None and self.layer_window(layer) is not None:
-            return self.rope_local_theta
-        return self.rope_theta
-
     @property
     def attn_scale(self) -> float:
         """Softmax scale of the attention scores: `query_pre_attn_scalar ** -0.5`, else `head_dim ** -0.5`."""

@@ -41,7 +41,7 @@ def test_gemma3_legacy_keys_and_defaults():
     assert cfg.tie_embeddings and cfg.norm_unit_offset and cfg.sandwich_norms and cfg.scale_embeddings
     assert cfg.hidden_act == "gelu_pytorch_tanh" and cfg.attn_scale == 168 ** -0.5
     assert cfg.rope_scaling == RopeScaling(factor=8.0, rope_type="linear")
-    assert [cfg.layer_rope_theta(i) for i in (0, 5)] == [1e4, 1e6]
+    assert (cfg.rope_local_theta, cfg.rope_theta) == (1e4, 1e6)  # sliding layers: local base, unscaled
     assert (cfg.bos_token_id, cfg.eos_token_id) == (2, 1)
 
 
