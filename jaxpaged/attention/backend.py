@@ -93,13 +93,16 @@ def paged_attention(
     v_scale: Float[Array, "Hkv"],
     backend: AttentionBackend,
     sliding_window: int | None = None,
+    sm_scale: float | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention for every row of a step: decode group and prefill group, each in one call.
 
     `sliding_window` (static) limits each query to its last W keys (None: full attention).
+    `sm_scale` (static) multiplies the scores: the model's own (Gemma's
+    `query_pre_attn_scalar ** -0.5`); None means `head_dim ** -0.5`.
     """
     kernel = _kernel(backend)
-    sm_scale = q.shape[-1] ** -0.5
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
     if sliding_window is not None:
         options["sliding_window"] = sliding_window
@@ -130,10 +133,12 @@ def write_and_attend(
     layout: StepLayout,
     backend: AttentionBackend,
     sliding_window: int | None = None,
+    sm_scale: float | None = None,
 ) -> tuple[Float[Array, "T Hq D"], Array, Array]:
     """Scatter this step's K/V into one layer's pages, then attend; returns (output, k_pages', v_pages').
 
-    `sliding_window` is the layer's window (static; None for full attention).
+    `sliding_window` is the layer's window (static; None for full attention);
+    `sm_scale` the softmax scale (static; None for `head_dim ** -0.5`).
 
     Under a mesh the heads axis of q, k, v, the pages and the scales is split
     over `tp` and the batch metadata is replicated; nothing crosses devices.
@@ -141,7 +146,8 @@ def write_and_attend(
 
     def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
         k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
-        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window)
+        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window,
+                              sm_scale)
         return out, k_pages, v_pages
 
     if backend.mesh is None:
