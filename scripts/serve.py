@@ -42,6 +42,7 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.server.api import build_app
 from jaxpaged.server.async_engine import AsyncEngine, run_follower
+from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.sim.profiles import GPU_PROFILES
 
@@ -62,9 +63,12 @@ SNAPSHOT = flags.DEFINE_string("prefix_cache_snapshot", None, "prefix-cache snap
 SAVE_SNAPSHOT = flags.DEFINE_boolean("save_prefix_cache_on_shutdown", False, "write the snapshot at shutdown")
 KV_DTYPE = flags.DEFINE_enum("kv_cache_dtype", "auto", ["auto", "float32", "bfloat16", "fp8_e4m3"], "KV dtype")
 TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over")
-ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas"], "attention backend")
+ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas", "pallas_mosaic"],
+                              "attention backend")
 SEED = flags.DEFINE_integer("seed", 0, "weights seed for shipped configs, and unseeded sampling")
 MAX_WAITING = flags.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
+MAX_BODY = flags.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES,
+                                "largest request body accepted; larger ones get a 413 before they are parsed")
 DRAIN = flags.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
 DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False,
                              "expose /debug/* (crash the engine loop; with replicas: their caches, the policy)")
@@ -80,7 +84,7 @@ POLICY = flags.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "r
 
 flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
-                     "max_waiting_requests", "data_parallel_size")
+                     "max_waiting_requests", "data_parallel_size", "max_request_body_bytes")
 flag_checks.non_negative("seed", "drain_timeout_s")
 flags.register_multi_flags_validator(
     ["data_parallel_size", "tensor_parallel_size", "num_processes"],
@@ -132,7 +136,7 @@ def main(argv):
                                multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
                     chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
-                    enable_debug_endpoints=DEBUG.value)
+                    enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
 
 
@@ -142,7 +146,8 @@ def serve_data_parallel() -> None:
     replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
     api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
                             policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
-                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env)
+                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
+                            max_request_body_bytes=MAX_BODY.value)
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
 
