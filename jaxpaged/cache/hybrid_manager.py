@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_chain_order
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.kv_groups import KVCacheLayout
@@ -94,7 +95,7 @@ class HybridKVCacheManager:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        digest_fn(hash_algo)
+        self._digest_len = len(digest_fn(hash_algo)(b""))  # raises ValueError for an unknown algorithm
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layout = layout
@@ -145,6 +146,10 @@ class HybridKVCacheManager:
     def block_table(self, seq_id: Hashable) -> list[int]:
         """The sequence's flat table: entry ``j * G + g`` is group ``g``'s ``j``-th block (slid out: 0)."""
         return _flat(self._seq(seq_id).tables, 0)
+
+    def held_blocks(self, seq_id: Hashable) -> list[int]:
+        """The block ids the sequence holds, every group, slid-out entries left out."""
+        return [b for b in _flat(self._seq(seq_id).tables, NULL_BLOCK) if b != NULL_BLOCK]
 
     def group_block_tables(self, seq_id: Hashable) -> list[list[int]]:
         """A copy of each group's table (``NULL_BLOCK`` where a block slid out)."""
@@ -449,14 +454,16 @@ class HybridKVCacheManager:
             parent = hashes[-1] if hashes else None
             hashes += chain_block_hashes(parent, token_ids[start * bs:num_full * bs], bs,
                                          seq.request_keys if start == 0 else (), self.hash_algo)
-        blocks, cache_block = self._pool.blocks, self._pool.cache_block
+        blocks, cache_block, log = self._pool.blocks, self._pool.cache_block, self._pool.events
         for index in range(seq.num_hashed_blocks, num_full):
             tokens = tuple(token_ids[index * bs:(index + 1) * bs])
             parent = hashes[index - 1] if index else None
             keys = seq.request_keys if index == 0 else ()
             for g, table in enumerate(seq.tables):
                 if table[index] != NULL_BLOCK:
-                    cache_block(blocks[table[index]], group_key(hashes[index], g), parent, tokens, keys)
+                    stored = cache_block(blocks[table[index]], group_key(hashes[index], g), parent, tokens, keys)
+                    if stored and g == 0 and log is not None:
+                        log.store(hashes[index], parent, tokens, bs, DEVICE_TIER)
         seq.num_hashed_blocks = num_full
         self._sync_in_flight(seq)
 
@@ -494,18 +501,42 @@ class HybridKVCacheManager:
         """Drops every prefix-cache entry. Refused (False) while any block is in use."""
         return self._pool.reset_cache()
 
-    def enable_events(self, *, include_token_ids: bool = False):
-        """Not supported with sliding-window KV cache groups yet."""
-        raise ValueError("KV cache events are not supported for models with sliding-window layers yet")
+    # ------------------------------------------------------------------- events
 
-    def take_events(self) -> list:
-        """No events are recorded for hybrid layouts."""
-        return []
+    def enable_events(self, *, include_token_ids: bool = False) -> KVEventLog:
+        """Records group 0's prefix-cache events (the plain chained hashes); returns the log.
+
+        Group 0 is the full-attention group when the model has one (else the only
+        sliding one), so a router mirroring these events knows which prefixes the
+        engine holds every block of; the sliding groups' entries are keyed per
+        group and stay out of the log. Starts with a ``BlockStored`` per cached block.
+        """
+        log = _GroupZeroEventLog(self._digest_len, include_token_ids=include_token_ids)
+        entries = [(b.block_hash, b.parent_hash, b.token_ids) for b in self.cached_blocks()
+                   if len(b.block_hash) == self._digest_len]
+        for event in stored_in_chain_order(entries, self.block_size, DEVICE_TIER,
+                                           include_token_ids=include_token_ids):
+            log.append(event)
+        self._pool.events = log
+        return log
+
+    def disable_events(self) -> None:
+        """Stops recording events and drops the log."""
+        self._pool.events = None
 
     @property
-    def event_log(self):
-        """Always None: events are off for hybrid layouts."""
-        return None
+    def event_log(self) -> KVEventLog | None:
+        """The log events are recorded in, or None while events are off."""
+        return self._pool.events
+
+    def take_events(self) -> list[KVEvent]:
+        """Events recorded since the last call, oldest first ([] when events are off)."""
+        log = self._pool.events
+        return log.take() if log is not None else []
+
+    def add_event_source(self, attach) -> None:
+        """Lower KV tiers are not supported with KV cache groups (the engine refuses them)."""
+        raise ValueError("offload tiers are not supported for models with sliding-window layers yet")
 
     # ---------------------------------------------------------- in-flight blocks
 
@@ -523,6 +554,20 @@ class HybridKVCacheManager:
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""
         from jaxpaged.cache.hybrid_invariants import check_hybrid_manager
         check_hybrid_manager(self)
+
+
+class _GroupZeroEventLog(KVEventLog):
+    """An event log whose device eviction hook drops the group-tagged keys of groups > 0."""
+
+    def __init__(self, digest_len: int, *, include_token_ids: bool) -> None:
+        super().__init__(include_token_ids=include_token_ids)
+        self._digest_len = digest_len  # a plain chained hash's length; tagged keys are longer
+
+    def removed(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
+                parent_hash: bytes | None) -> None:
+        """Records a removed group-0 hash; other groups' evictions make no event."""
+        if len(block_hash) == self._digest_len:
+            super().removed(block_id, block_hash, token_ids, parent_hash)
 
 
 def _flat(tables: Sequence[Sequence[int]], null: int) -> list[int]:

@@ -334,9 +334,12 @@ def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int
     """
     if not token_ids:
         raise ValueError("fp8 calibration needs at least one token")
-    num_blocks = cdiv(len(token_ids), block_size)
+    layout = kv_cache_layout(model.config.layer_windows)
+    num_blocks = cdiv(len(token_ids), block_size) * layout.num_groups  # a table per KV cache group
     runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32,
                          tensor_parallel_size=tensor_parallel_size)
-    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size))
-    k_absmax, v_absmax = pool_absmax(runner.pool)
+    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size,
+                                    layout.num_groups))
+    # per pool tensor; a tensor shared by several groups' layers gives them all its (largest) absmax
+    k_absmax, v_absmax = (a[list(layout.layer_tensor)] for a in pool_absmax(runner.pool))
     return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

@@ -12,6 +12,7 @@ bookkeeping, the model checks after every rule:
 - a prefix hit is exactly the longest one the model's own cache (what was
   published, minus what the evict callback reported) lets every group serve,
   and every hit block holds the prompt's tokens for its group;
+- replaying the KV events gives exactly group 0's cache entries (the plain chained hashes);
 - nothing leaks once every sequence is freed.
 """
 
@@ -20,6 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from jaxpaged.cache.events import replay
 from jaxpaged.cache.hybrid_manager import NULL_BLOCK, HybridKVCacheManager
 from jaxpaged.cache.kv_groups import kv_cache_layout
 
@@ -47,6 +49,8 @@ class HybridMachine(RuleBasedStateMachine):
         self.windows = self.layout.windows
         self.mgr = HybridKVCacheManager(NUM_BLOCKS, BS, self.layout)
         self.mgr.on_evict = self._on_evict
+        self.mgr.enable_events()
+        self.mirror: set[bytes] = set()  # what a router replaying the events believes is cached
         self.device = np.full((NUM_BLOCKS, BS), -1, np.int64)
         self.tokens: dict[int, list[int]] = {}
         self.salt: dict[int, str | None] = {}
@@ -179,6 +183,13 @@ class HybridMachine(RuleBasedStateMachine):
                 assert dropped == list(range(self.skip[sid][g])), f"seq {sid} group {g} dropped {dropped}"
                 for p in range(model_first_needed(w, computed) * BS, computed):
                     assert self.device[table[p // BS], p % BS] == tokens[p] * TAG + g, f"seq {sid} reads bad K/V"
+
+    @invariant()
+    def events_mirror_group_zero(self):
+        """Replayed events give exactly the group-0 (plain-hash) entries: what every prefix needs."""
+        replay(self.mgr.take_events(), self.mirror)
+        assert self.mirror == {b.block_hash for (g, _, _), b_id in self.cache.items() if g == 0
+                               for b in [self.mgr._pool.blocks[b_id]]}
 
     @invariant()
     def cached_blocks_hold_their_tokens(self):

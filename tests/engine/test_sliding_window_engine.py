@@ -79,6 +79,18 @@ def test_preemption_in_a_pool_too_small_for_two(engine, hybrid_model):
     outs = _run(engine, prompts, PARAMS)
     for prompt, out in zip(prompts, outs):
         assert_dense_greedy(hybrid_model, prompt, out.outputs[0].token_ids)
-    assert engine.scheduler.num_preemptions > preempted_before or any(o.num_cached_tokens for o in outs)
+    assert engine.scheduler.num_preemptions > preempted_before
+    engine.kv.check_invariants()
+    assert engine.kv.stats.num_used_blocks == 0
+
+
+def test_parallel_samples_fork_and_copy_on_write_per_group(engine, hybrid_model):
+    """n=2 greedy: the samples fork after the prompt (shared blocks in both groups, CoW on the last one)."""
+    prompt = list(np.random.default_rng(2).integers(0, 250, 131))  # 131: the last prompt block is partial
+    (out,) = _run(engine, [prompt], SamplingParams(n=2, temperature=0, max_tokens=NEW, ignore_eos=True))
+    assert len(out.outputs) == 2
+    for completion in out.outputs:
+        assert_dense_greedy(hybrid_model, prompt, completion.token_ids)
+    assert engine.kv.stats.num_cow_copies > 0
     engine.kv.check_invariants()
     assert engine.kv.stats.num_used_blocks == 0
