@@ -11,6 +11,7 @@ warm-up pass of the same shapes (so compiles are not timed; the count is reporte
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -28,7 +29,11 @@ PROMPT_LEN = flags.DEFINE_integer("prompt_len", 2048, "tokens per prompt")
 MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "tokens generated per prompt")
 WINDOW = flags.DEFINE_integer("window", 128, "sliding window of the local layers")
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
+REPEATS = flags.DEFINE_integer("repeats", 5, "timed passes per layout, alternating")
 JSON_OUT = flags.DEFINE_string("json_out", None, "also write the results here")
+
+
+_REQUEST_IDS = itertools.count()
 
 
 def tiny_gemma_like(window: int | None):
@@ -38,31 +43,27 @@ def tiny_gemma_like(window: int | None):
     return config if window is None else config.replace(sliding_window=window, layer_types=layer_types)
 
 
-def serve(config, prompts, max_tokens, block_size) -> dict:
-    """Serve every prompt through one engine; peak blocks and bytes held (sampled every step), tokens/s."""
-    model = init_model(config, seed=0)
-    kv_bytes = 256 * 2**20
-    engine = Engine(EngineConfig(model="tiny", kv_cache_bytes=kv_bytes, block_size=block_size,
-                                 max_num_batched_tokens=512, enable_prefix_caching=False), model=model)
+def warm_engine(config, prompts, max_tokens, block_size) -> Engine:
+    """An engine for `config` that has served a pass of the same shapes (every step shape compiled)."""
+    engine = Engine(EngineConfig(model="tiny", kv_cache_bytes=256 * 2**20, block_size=block_size,
+                                 max_num_batched_tokens=512, enable_prefix_caching=False),
+                    model=init_model(config, seed=0))
+    timed_pass(engine, [[(t + 1) % 250 for t in p] for p in prompts], max_tokens)
+    return engine
+
+
+def timed_pass(engine: Engine, prompts, max_tokens) -> dict:
+    """Serve every prompt; peak blocks held (sampled every step), seconds and compiles of the pass."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    for i, p in enumerate(prompts):  # a warm-up pass of the same shapes compiles every step shape
-        engine.add_request(f"warm{i}", [(t + 1) % 250 for t in p], params)
-    while engine.has_unfinished_requests():
-        engine.step()
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
+    for p in prompts:
+        engine.add_request(f"r{next(_REQUEST_IDS)}", p, params)
     compiles_before = engine.runner.num_compiles
     peak, start = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
         peak = max(peak, engine.kv.stats.num_used_blocks)
-    seconds = time.perf_counter() - start
-    block_bytes = pool_bytes(config, 1, block_size, config.dtype)
-    tokens = len(prompts) * (len(prompts[0]) + max_tokens)
-    return {"peak_blocks": peak, "block_bytes": block_bytes, "peak_kv_bytes": peak * block_bytes,
-            "num_blocks": engine.num_blocks, "seconds": seconds,
-            "compiles_in_run": engine.runner.num_compiles - compiles_before, "tokens_per_s": tokens / seconds,
-            "output_tokens_per_s": len(prompts) * max_tokens / seconds}
+    return {"peak_blocks": peak, "seconds": time.perf_counter() - start,
+            "compiles": engine.runner.num_compiles - compiles_before}
 
 
 def main(argv):
@@ -70,8 +71,23 @@ def main(argv):
     del argv
     rng = np.random.default_rng(0)
     prompts = [list(map(int, rng.integers(0, 250, PROMPT_LEN.value))) for _ in range(NUM_PROMPTS.value)]
-    results = {name: serve(tiny_gemma_like(window), prompts, MAX_TOKENS.value, BLOCK_SIZE.value)
-               for name, window in (("hybrid", WINDOW.value), ("all-full", None))}
+    layouts = {"hybrid": tiny_gemma_like(WINDOW.value), "all-full": tiny_gemma_like(None)}
+    engines = {name: warm_engine(c, prompts, MAX_TOKENS.value, BLOCK_SIZE.value) for name, c in layouts.items()}
+    passes = {name: [] for name in layouts}
+    for _ in range(REPEATS.value):  # alternating rounds: both layouts see the same machine state
+        for name, engine in engines.items():
+            passes[name].append(timed_pass(engine, prompts, MAX_TOKENS.value))
+    tokens = len(prompts) * (PROMPT_LEN.value + MAX_TOKENS.value)
+    results = {}
+    for name, runs in passes.items():
+        block_bytes = pool_bytes(layouts[name], 1, BLOCK_SIZE.value, layouts[name].dtype)
+        peak = max(r["peak_blocks"] for r in runs)
+        seconds = float(np.median([r["seconds"] for r in runs]))
+        results[name] = {"peak_blocks": peak, "block_bytes": block_bytes, "peak_kv_bytes": peak * block_bytes,
+                         "num_blocks": engines[name].num_blocks, "median_seconds": seconds,
+                         "seconds": [r["seconds"] for r in runs], "tokens_per_s": tokens / seconds,
+                         "compiles_in_run": sum(r["compiles"] for r in runs)}
+    ratios = [h["seconds"] / f["seconds"] for h, f in zip(passes["hybrid"], passes["all-full"])]
     print("| layout | peak KV blocks | block bytes | peak KV MB | tokens/s (prompt+output) | compiles in run |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
@@ -79,7 +95,8 @@ def main(argv):
               f"{r['tokens_per_s']:.0f} | {r['compiles_in_run']} |")
     h, f = results["hybrid"], results["all-full"]
     print(f"hybrid / all-full: peak KV bytes {h['peak_kv_bytes'] / f['peak_kv_bytes']:.3f}, "
-          f"throughput {h['tokens_per_s'] / f['tokens_per_s']:.2f}x")
+          f"throughput {h['tokens_per_s'] / f['tokens_per_s']:.2f}x (median of per-round ratios: "
+          f"{1 / float(np.median(ratios)):.2f}x over {REPEATS.value} rounds)")
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -93,6 +93,9 @@ class Engine:
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
         self.kv: KVManager = self._make_kv_manager()
+        if isinstance(self.kv, HybridKVCacheManager):  # a sliding group holds ~W tokens, not the whole context
+            self.max_model_len = self._hybrid_max_model_len(
+                config.max_model_len or self.model_config.max_position_embeddings)
         self.tiers = build_tiers(config, self.kv, runner)
         if not self._calibrate_kv_scales:
             self._tie_disk_tier_to_identity()
@@ -143,6 +146,14 @@ class Engine:
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.config.enable_prefix_caching,
                               hash_algo=self.config.hash_algo)
+
+    def _hybrid_max_model_len(self, limit: int) -> int:
+        """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
+        low, high = 0, limit  # can_fit(low) holds; find the largest such length by bisection
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
+        return low
 
     def _check_hybrid_features(self) -> None:
         """Features the sliding-window (hybrid) KV cache manager does not support yet: ValueError."""

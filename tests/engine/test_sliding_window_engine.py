@@ -94,3 +94,16 @@ def test_parallel_samples_fork_and_copy_on_write_per_group(engine, hybrid_model)
     assert engine.kv.stats.num_cow_copies > 0
     engine.kv.check_invariants()
     assert engine.kv.stats.num_used_blocks == 0
+
+
+def test_admission_counts_each_group_and_refuses_what_never_fits(engine, hybrid_model):
+    """64 blocks: 400 tokens fit (50 full-group blocks + at most 11 sliding ones; all-full would need 100),
+    600 never do (a ValueError naming the limit: 424 = 53 full + 11 sliding), and nothing is disturbed."""
+    rng = np.random.default_rng(4)
+    with pytest.raises(ValueError, match="max_model_len \(424\)"):  # the longest length whose groups fit 64 blocks
+        engine.add_request("too-long", list(rng.integers(0, 250, 600)), PARAMS)
+    assert engine.kv.stats.num_used_blocks == 0 and not engine.has_unfinished_requests()
+    prompt = list(rng.integers(0, 250, 400 - NEW))
+    (out,) = _run(engine, [prompt], PARAMS)
+    assert_dense_greedy(hybrid_model, prompt, out.outputs[0].token_ids)
+    assert out.metrics.peak_blocks_unshared <= 61
