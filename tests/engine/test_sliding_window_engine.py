@@ -100,7 +100,7 @@ def test_admission_counts_each_group_and_refuses_what_never_fits(engine, hybrid_
     """64 blocks: 400 tokens fit (50 full-group blocks + at most 11 sliding ones; all-full would need 100),
     600 never do (a ValueError naming the limit: 424 = 53 full + 11 sliding), and nothing is disturbed."""
     rng = np.random.default_rng(4)
-    with pytest.raises(ValueError, match="max_model_len \(424\)"):  # the longest length whose groups fit 64 blocks
+    with pytest.raises(ValueError, match=r"max_model_len \(424\)"):  # the longest length whose groups fit 64 blocks
         engine.add_request("too-long", list(rng.integers(0, 250, 600)), PARAMS)
     assert engine.kv.stats.num_used_blocks == 0 and not engine.has_unfinished_requests()
     prompt = list(rng.integers(0, 250, 400 - NEW))
