@@ -30,7 +30,8 @@ class InputBatch:
 
         `windows` are the KV cache groups' windows (None: full attention). With
         several groups a row holds the manager's flat table (entry `j * G + g`
-        is group `g`'s `j`-th block) and each step gets one table per group.
+        is group `g`'s `j`-th block); with any window each step gets one table
+        per group (`[G, S, M]`, even for one all-sliding group).
         """
         self.block_size = block_size
         self.windows = tuple(windows)
@@ -148,7 +149,7 @@ class InputBatch:
         step.token_ids[dest] = np.where(on_device, 0, tokens)
         step.token_src_rows[dest] = np.where(on_device, token_rows, -1)
         step.positions[dest] = positions
-        if len(self.windows) == 1:
+        if self.windows == (None,):  # one full-attention group: no group axis, nothing slides out
             step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
             step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
         else:

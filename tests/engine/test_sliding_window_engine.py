@@ -107,3 +107,17 @@ def test_admission_counts_each_group_and_refuses_what_never_fits(engine, hybrid_
     (out,) = _run(engine, [prompt], PARAMS)
     assert_dense_greedy(hybrid_model, prompt, out.outputs[0].token_ids)
     assert out.metrics.peak_blocks_unshared <= 61
+
+
+def test_all_sliding_model_one_group():
+    """Mistral's case: every layer slides (one KV cache group, W=32); blocks slide out, tokens stay dense-equal."""
+    model = init_model(load_config("tiny").replace(sliding_window=W), seed=5)
+    engine = Engine(EngineConfig(model="tiny", num_blocks=24, block_size=BS, max_num_batched_tokens=48,
+                                 pool_fill_value=float("nan")), model=model)
+    # 236 tokens = 30 blocks kept whole; sliding, the sequence never holds more than 11 of the 24
+    prompt = list(np.random.default_rng(5).integers(0, 250, 230))
+    (out,) = _run(engine, [prompt], PARAMS)
+    assert_dense_greedy(model, prompt, out.outputs[0].token_ids)
+    assert engine.kv.num_slid_out_blocks > 0 and engine.kv.windows == (W,)
+    assert out.metrics.peak_blocks_unshared <= 11
+    engine.kv.check_invariants()
