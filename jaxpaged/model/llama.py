@@ -16,6 +16,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.pool import KVPool
 from jaxpaged.model.layers import DecoderLayer, _linear, rms_norm
@@ -37,6 +38,8 @@ class LlamaModel(nnx.Module):
             config.hidden_size, config.vocab_size, dtype, rngs)
         self.inv_freq = nnx.Variable(jnp.asarray(
             rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)))
+        kv_layout = kv_cache_layout(config.layer_windows)
+        self.layer_group, self.layer_tensor = kv_layout.layer_group, kv_layout.layer_tensor
         # Gemma 3: sliding layers rotate with their own base and no scaling
         self.inv_freq_local = None if config.rope_local_theta is None else nnx.Variable(jnp.asarray(
             rope_inv_freq(config.head_dim, config.rope_local_theta, None)))
@@ -63,12 +66,11 @@ class LlamaModel(nnx.Module):
     ) -> tuple[Float[Array, "T H"], KVPool]:
         """Run one step's tokens through the paged model; returns final hidden states and the new pool."""
         x = self._embed(token_ids)
-        new_k, new_v = [], []
+        new_k, new_v = list(pool.k), list(pool.v)
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, positions, self._layer_inv_freq(i), pool.k[i], pool.v[i], pool.k_scale[i],
-                            pool.v_scale[i], batch, layout, backend)
-            new_k.append(k)
-            new_v.append(v)
+            t = self.layer_tensor[i]  # the pool tensor this layer shares with its peers in other groups
+            x, new_k[t], new_v[t] = layer(x, positions, self._layer_inv_freq(i), new_k[t], new_v[t], pool.k_scale[i],
+                                          pool.v_scale[i], batch.for_group(self.layer_group[i]), layout, backend)
         return self.norm(x), pool._replace(k=tuple(new_k), v=tuple(new_v))
 
     def logits(self, hidden: Float[Array, "... H"]) -> Float[Array, "... V"]:

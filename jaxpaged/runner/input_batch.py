@@ -27,9 +27,16 @@ MIN_TABLE_COLUMNS = 16
 class InputBatch:
     """Host arrays with one row per resident sequence; `prepare` lays out a step from them."""
 
-    def __init__(self, block_size: int, num_rows: int = MIN_ROWS):
-        """Rows and block-table columns start at the given sizes and double when full."""
+    def __init__(self, block_size: int, num_rows: int = MIN_ROWS, windows: tuple[int | None, ...] = (None,)):
+        """Rows and block-table columns start at the given sizes and double when full.
+
+        `windows` are the KV cache groups' windows (None: full attention). With
+        several groups a row holds the manager's flat table (entry `j * G + g`
+        is group `g`'s `j`-th block); with any window each step gets one table
+        per group (`[G, S, M]`, even for one all-sliding group).
+        """
         self.block_size = block_size
+        self.windows = tuple(windows)
         rows = next_power_of_two(max(num_rows, MIN_ROWS))
         self.block_table = np.zeros((rows, MIN_TABLE_COLUMNS), np.int32)
         self.num_prompt_tokens = np.zeros(rows, np.int32)
@@ -127,7 +134,7 @@ class InputBatch:
         max_blocks = cdiv(int(context.max()), bs)
         buckets = step_buckets(len(decode), len(prefill), int(prefill_counts.sum()),
                                int(prefill_counts.max()) if len(prefill) else 0, max_blocks)
-        self._ensure_columns(buckets.blocks_per_seq)
+        self._ensure_columns(buckets.blocks_per_seq * len(self.windows))
         step = empty_step_input(buckets, num_seqs)
 
         # where each sequence goes: its batch row and its first token row
@@ -148,10 +155,13 @@ class InputBatch:
         step.token_ids[dest] = np.where(on_device, 0, tokens)
         step.token_src_rows[dest] = np.where(on_device, token_rows, -1)
         step.positions[dest] = positions
-        step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+        if self.windows == (None,):  # one full-attention group: no group axis, nothing slides out
+            step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+            step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
+        else:
+            self._group_tables(step, rows, batch_row, starts, dest, token_rows, positions)
 
         # sequence rows
-        step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
         step.context_lens[batch_row] = context
         step.query_start[batch_row] = first_token
         step.query_lens[batch_row] = counts
@@ -168,6 +178,28 @@ class InputBatch:
         if out.prompt_logprob_spans:
             _lay_out_prompt_logprobs(step, out, first_token)
         return step
+
+    def _group_tables(self, step: StepInput, rows, batch_row, starts, dest, token_rows, positions) -> None:
+        """Per-group slot mapping `[G, T]` and block tables `[G, S, M]` from the rows' flat tables.
+
+        A sliding group's entries before the first block its queries can see
+        (blocks that slid out, which the manager may have given to another
+        sequence) are sent as block 0, like padding: attention never reads them.
+        """
+        bs, num_groups = self.block_size, len(self.windows)
+        width = step.block_tables.shape[1]
+        slots = np.full((num_groups, len(step.slot_mapping)), -1, np.int32)
+        tables = np.zeros((num_groups, *step.block_tables.shape), np.int32)
+        row_tables = self.block_table[rows, :width * num_groups].reshape(len(rows), width, num_groups)
+        logical = positions // bs * num_groups
+        for g, window in enumerate(self.windows):
+            slots[g, dest] = self.block_table[token_rows, logical + g] * bs + positions % bs
+            table = row_tables[:, :, g]
+            if window is not None:
+                first = np.maximum(starts - window + 1, 0) // bs
+                table = np.where(np.arange(width)[None, :] < first[:, None], 0, table)
+            tables[g, batch_row] = table
+        step.slot_mapping, step.block_tables = slots, tables
 
 
 def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:

@@ -35,7 +35,8 @@ from flax import nnx
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
-from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
+from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import LlamaModel
 from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
@@ -156,7 +157,8 @@ class ModelRunner:
         self.kv_dtype = np.dtype(self._pool.dtype)
         self.kv_block_shape = (2, self.config.num_layers, self.config.num_kv_heads, block_size,
                                self.config.head_dim)
-        self.input_batch = InputBatch(block_size, max_num_seqs)
+        self.kv_layout = kv_cache_layout(self.config.layer_windows)
+        self.input_batch = InputBatch(block_size, max_num_seqs, self.kv_layout.windows)
         self._last_tokens = self._put(np.zeros(self.input_batch.capacity, np.int32))
         self._trace_count = 0
         shardings = {}
@@ -182,7 +184,7 @@ class ModelRunner:
         return jax.jit(make, out_shardings=self._pool_shardings())()  # each device allocates its heads only
 
     def _pool_shardings(self) -> KVPool:
-        pages = (self.tp.pool_pages,) * self.config.num_layers
+        pages = (self.tp.pool_pages,) * num_pool_tensors(self.config)
         return KVPool(pages, pages, self.tp.pool_scales, self.tp.pool_scales)
 
     def _put(self, tree):
@@ -239,7 +241,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget every row of the persistent batch (the pool and compiled steps are kept)."""
-        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity)
+        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity, self.kv_layout.windows)
 
     def prepare_step(self, scheduler_output: SchedulerOutput) -> StepInput | None:
         """Update the persistent batch, make the copy-on-write copies, and lay out the step (None: empty)."""
@@ -362,9 +364,12 @@ def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int
     """
     if not token_ids:
         raise ValueError("fp8 calibration needs at least one token")
-    num_blocks = cdiv(len(token_ids), block_size)
+    layout = kv_cache_layout(model.config.layer_windows)
+    num_blocks = cdiv(len(token_ids), block_size) * layout.num_groups  # a table per KV cache group
     runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32,
                          tensor_parallel_size=tensor_parallel_size)
-    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size))
-    k_absmax, v_absmax = pool_absmax(runner.pool)
+    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size,
+                                    layout.num_groups))
+    # per pool tensor; a tensor shared by several groups' layers gives them all its (largest) absmax
+    k_absmax, v_absmax = (a[list(layout.layer_tensor)] for a in pool_absmax(runner.pool))
     return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

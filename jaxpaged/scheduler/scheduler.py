@@ -472,7 +472,8 @@ class Scheduler:
             request.peak_blocks_shared = max(request.peak_blocks_shared, held)
             request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
             return
-        tables = [kv.block_table(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
+        held = getattr(kv, "held_blocks", kv.block_table)  # KV cache groups: slid-out entries are not held
+        tables = [held(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
 

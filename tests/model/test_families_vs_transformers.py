@@ -97,13 +97,20 @@ def test_dense_logits_match_transformers_past_the_window(checkpoints, name):
         np.testing.assert_allclose(full[:WINDOW], expected[:WINDOW], atol=1e-4 * np.abs(expected).max())
 
 
+def _num_blocks(path) -> int:
+    """24 blocks' worth of KV bytes of every layer: with KV cache groups a block holds only a group's layers."""
+    from jaxpaged.cache.kv_groups import kv_cache_layout
+    config = read_hf_config(path)
+    return 24 * config.num_layers // kv_cache_layout(config.layer_windows).num_tensors
+
+
 @pytest.mark.parametrize("name", ENGINE_FAMILIES)
 def test_engine_greedy_and_logprobs_match_transformers(checkpoints, name):
     """Prefix hits, chunked prefill and preemption (24 blocks for 4 prompts of up to 18 blocks), NaN pool."""
     path, hf_model = checkpoints(name)
     batch = prompts(seed=len(name))
     assert max(map(len, batch)) > 2 * CHUNK_BUDGET
-    engine = Engine(EngineConfig(model=str(path), block_size=8, num_blocks=24, max_num_seqs=4,
+    engine = Engine(EngineConfig(model=str(path), block_size=8, num_blocks=_num_blocks(path), max_num_seqs=4,
                                  max_num_batched_tokens=CHUNK_BUDGET, pool_fill_value=float("nan")))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     for i, prompt in enumerate(batch):
@@ -111,7 +118,11 @@ def test_engine_greedy_and_logprobs_match_transformers(checkpoints, name):
     finals = {}
     while engine.has_unfinished_requests():
         finals.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
-    assert engine.kv.stats.prefix_hits_tokens >= 72 - 8 and engine.scheduler.num_preemptions > 0
+    assert engine.kv.stats.prefix_hits_tokens >= 72 - 8
+    # With every layer sliding (Mistral) a growing sequence frees about as many blocks as it takes, so
+    # only admission waits for blocks and nothing is preempted; any full-attention group makes it preempt.
+    all_sliding = None not in engine.model_config.layer_windows
+    assert all_sliding or engine.scheduler.num_preemptions > 0
     assert engine.kv.stats.num_free_blocks == engine.num_blocks  # nothing leaks
     for i, prompt in enumerate(batch):
         out = finals[f"r{i}"]
