@@ -20,7 +20,7 @@ from jaxpaged.cache.blocks import KVBlock
 
 
 class ResidencyTracker:
-    """Collects the three samples; a metrics exporter drains them with :meth:`drain`."""
+    """Collects the three samples (cumulative lists: each reader keeps its own position in them)."""
 
     def __init__(self, sample: float, clock: Callable[[], float]) -> None:
         """``sample`` in (0, 1]: the fraction of cached blocks followed."""
@@ -64,8 +64,7 @@ class ResidencyTracker:
         """A followed block lost its hash without an eviction (a cache reset): forget it."""
         self._times.pop(block.block_id, None)
 
-    def drain(self) -> tuple[list[float], list[float], list[float]]:
-        """(lifetimes, idle before evict, reuse gaps) recorded since the last call."""
-        out = (self.lifetimes, self.idle_before_evict, self.reuse_gaps)
-        self.lifetimes, self.idle_before_evict, self.reuse_gaps = [], [], []
-        return out
+    def samples(self) -> dict[str, list[float]]:
+        """Every sample so far, by metric name (lists grow; do not modify them)."""
+        return {"lifetime": self.lifetimes, "idle_before_evict": self.idle_before_evict,
+                "reuse_gap": self.reuse_gaps}

@@ -41,6 +41,8 @@ from jaxpaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sche
 from jaxpaged.sequence import Request
 from jaxpaged.validation import check_float, check_str
 
+MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
+
 
 class Engine:
     """Continuous-batching engine over one model and one paged KV pool."""
@@ -130,9 +132,13 @@ class Engine:
         if self.config.kv_layout == "contiguous":
             from jaxpaged.cache.contiguous import ContiguousKVCacheManager
             return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len)
-        return KVCacheManager(self.num_blocks, self.block_size,
-                              enable_prefix_caching=self.config.enable_prefix_caching,
-                              hash_algo=self.config.hash_algo)
+        kv = KVCacheManager(self.num_blocks, self.block_size,
+                            enable_prefix_caching=self.config.enable_prefix_caching,
+                            hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
+                            clock=self.clock)
+        if self.config.kv_cache_metrics_sample > 0:
+            kv.track_residency(self.config.kv_cache_metrics_sample)
+        return kv
 
     def _tie_disk_tier_to_identity(self) -> None:
         """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""
@@ -184,6 +190,18 @@ class Engine:
             arrival_order=next(self._arrivals))
         self._requests[request_id] = request
         self.scheduler.add_request(request)
+
+    def pin_prefix(self, prompt: str | Seq[int] | dict, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Keep the full blocks of `prompt` (under `cache_salt`) for `ttl_s` seconds: they are evicted only
+        after every unpinned block, whether cached now or once computed. `ttl_s` 0 unpins. Returns how many
+        of its blocks are cached now; ValueError on a bad prompt or TTL (nothing changes)."""
+        ttl_s = check_float("ttl_s", ttl_s, low=0.0, high=MAX_PIN_TTL_S)
+        _, token_ids, cache_salt = self.input_processor._parse_prompt(prompt, cache_salt)
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if not isinstance(self.kv, KVCacheManager) or not self.kv.enable_prefix_caching:
+            raise ValueError("pinning needs the paged KV layout with enable_prefix_caching")
+        return self.kv.pin_prefix(token_ids, ttl_s, cache_salt=cache_salt)
 
     def validate_prompt(self, prompt: str | Seq[int] | dict, params: SamplingParams | None = None) -> None:
         """Raise ValueError if `add_request` would reject this prompt (changes nothing)."""

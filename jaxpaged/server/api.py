@@ -27,7 +27,7 @@ from jaxpaged.server import responses as R
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest)
+                                      PinRequest, TokenizeRequest)
 
 RETRY_AFTER_S = 1
 
@@ -145,6 +145,23 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
             return _error(409, "some cached blocks are in use; nothing was reset", "ConflictError")
         return PlainTextResponse("")
 
+    @app.post("/v1/cache/pin")
+    async def pin_prefix(body: PinRequest):
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ValueError("pin needs exactly one of 'prompt' and 'messages'")
+        prompt = body.prompt if body.prompt is not None else chat_template.render(
+            [{"role": m.role, "content": m.text()} for m in body.messages],
+            add_generation_prompt=body.add_generation_prompt)
+        cached = await async_engine.pin_prefix(prompt, body.ttl_s, cache_salt=body.cache_salt)
+        return {"cached_blocks": cached, "ttl_s": body.ttl_s}
+
+    async def pin_prompts(body, prompts) -> None:
+        """The request's `pin_ttl_s`: pin each prompt's blocks before it is queued."""
+        if body.pin_ttl_s is not None:
+            for prompt in prompts:
+                await async_engine.pin_prefix(prompt, body.pin_ttl_s, cache_salt=body.cache_salt)
+
     if enable_debug_endpoints:
         @app.post("/debug/crash_engine_loop")
         async def crash():
@@ -173,6 +190,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
             raise ValueError("echo is not supported")
         params = body.sampling_params(default_max_tokens=16, logprobs=body.logprobs)
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        await pin_prompts(body, body.prompts())
         streams = await submit(request_id, body.prompts(), params, body.cache_salt)
         created = int(time.time())
         head = {"id": request_id, "object": "text_completion", "created": created, "model": served_model_name}
@@ -205,6 +223,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         default_max = max(engine.max_model_len - len(engine.tokenizer.encode(prompt)), 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        await pin_prompts(body, [prompt])
         streams = await submit(request_id, [prompt], params, body.cache_salt)
         created = int(time.time())
         tokenizer = engine.tokenizer
@@ -327,7 +346,8 @@ async def _cancel(tasks: list[asyncio.Future], streams: list[AsyncIterator[Reque
 def _field_named(message: str) -> str | None:
     """The request field an engine error message starts with ("top_p must be ..."), if any."""
     first = message.split(" ", 1)[0].rstrip(":")
-    fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"prompt"}
+    fields = (set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+              | set(PinRequest.model_fields) | {"prompt"})
     return first if first in fields else None
 
 

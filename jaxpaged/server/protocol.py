@@ -40,6 +40,7 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = None
+    pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
 
     def sampling_params(self, *, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's SamplingParams (ValueError naming the field when a value is out of range)."""
@@ -118,6 +119,18 @@ class TokenizeRequest(BaseModel):
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: StrictBool = True
+
+
+class PinRequest(BaseModel):
+    """`POST /v1/cache/pin`: keep a prefix's blocks for `ttl_s` seconds (0 unpins); a prompt or messages."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    prompt: StrictStr | TokenIds | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: StrictBool = True
+    cache_salt: StrictStr | None = None
+    ttl_s: Number
 
 
 class DetokenizeRequest(BaseModel):
