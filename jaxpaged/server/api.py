@@ -119,14 +119,18 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
     async def metrics():
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def prompt_or_messages(body, what: str):
+        """The body's `prompt`, or its `messages` rendered by the chat template (exactly one must be set)."""
         check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
-            raise ValueError("tokenize needs exactly one of 'prompt' and 'messages'")
-        text = body.prompt if body.prompt is not None else chat_template.render(
+            raise ValueError(f"{what} needs exactly one of 'prompt' and 'messages'")
+        return body.prompt if body.prompt is not None else chat_template.render(
             [{"role": m.role, "content": m.text()} for m in body.messages],
             add_generation_prompt=body.add_generation_prompt)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        text = prompt_or_messages(body, "tokenize")
         tokens = engine.tokenizer.encode(text)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
 
@@ -147,12 +151,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
 
     @app.post("/v1/cache/pin")
     async def pin_prefix(body: PinRequest):
-        check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise ValueError("pin needs exactly one of 'prompt' and 'messages'")
-        prompt = body.prompt if body.prompt is not None else chat_template.render(
-            [{"role": m.role, "content": m.text()} for m in body.messages],
-            add_generation_prompt=body.add_generation_prompt)
+        prompt = prompt_or_messages(body, "pin")
         cached = await async_engine.pin_prefix(prompt, body.ttl_s, cache_salt=body.cache_salt)
         return {"cached_blocks": cached, "ttl_s": body.ttl_s}
 
