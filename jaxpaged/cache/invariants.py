@@ -48,7 +48,7 @@ def _check_free_queue(pool) -> None:
         "a block in the empty list holds cached content"
     )
     for block in pool.policy:
-        assert block.block_hash is not None and block.free_in is pool.policy, (
+        assert block.block_hash is not None and block.free_in is pool.policy.home, (
             f"block {block.block_id} in the eviction policy is uncached or says it is elsewhere"
         )
     for block in pool.pinned:

@@ -40,6 +40,9 @@ class EvictionPolicy(abc.ABC):
     def __init__(self, num_blocks: int) -> None:
         """``num_blocks``: the pool's size (policies with segments size them from it)."""
         self.num_blocks = num_blocks
+        # what a held block's ``free_in`` names: the policy, or the one list it keeps every block in
+        # (then the pool unlinks a revived block itself, inline, instead of calling ``remove``)
+        self.home: object = self
 
     @abc.abstractmethod
     def __len__(self) -> int:

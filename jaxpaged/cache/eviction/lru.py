@@ -21,6 +21,7 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
         self.queue = FreeBlockQueue()
+        self.home = self.queue  # a revived block is unlinked by the pool, inline
 
     def __len__(self) -> int:
         return len(self.queue)
