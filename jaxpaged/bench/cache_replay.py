@@ -76,3 +76,42 @@ def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | flo
     return ReplayResult(policy, block_size, int(min(capacity_tokens, num_blocks * block_size)), len(requests),
                         query, stats.prefix_hits_tokens, stats.num_evictions, skipped,
                         time.perf_counter() - start)
+
+
+def sweep(requests: Sequence[TraceRequest], *, capacities: Sequence[float], policies: Sequence[str],
+          block_sizes: Sequence[int], decode: bool = False,
+          on_result=None) -> list[ReplayResult]:
+    """Every (block size, policy, capacity) replay, plus the unbounded one per block size (policy
+    ``"unbounded"``); token ids are made once. ``on_result`` sees each result as it lands."""
+    prompts = [prompt_token_ids(r) for r in requests]
+    results = []
+    for block_size in block_sizes:
+        runs = [("unbounded", math.inf)] + [(p, c) for p in policies for c in capacities]
+        for policy, capacity in runs:
+            result = replay_trace(requests, capacity_tokens=capacity, block_size=block_size,
+                                  policy="lru" if policy == "unbounded" else policy, decode=decode,
+                                  prompts=prompts)
+            if policy == "unbounded":
+                result = dataclasses.replace(result, policy="unbounded")
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    return results
+
+
+def markdown_table(results: Sequence[ReplayResult]) -> str:
+    """Hit rate (%) per policy (rows) and capacity (columns), one table per block size."""
+    lines = []
+    for block_size in dict.fromkeys(r.block_size for r in results):
+        rows = [r for r in results if r.block_size == block_size]
+        unbounded = next((r for r in rows if r.policy == "unbounded"), None)
+        capacities = sorted({r.capacity_tokens for r in rows if r.policy != "unbounded"})
+        lines += [f"block size {block_size}" + (f" (unbounded hit rate {unbounded.hit_rate:.1%})"
+                                                 if unbounded else ""), "",
+                  "| policy | " + " | ".join(f"{c:.0e} tok" for c in capacities) + " |",
+                  "|---|" + "---:|" * len(capacities)]
+        for policy in dict.fromkeys(r.policy for r in rows if r.policy != "unbounded"):
+            by_cap = {r.capacity_tokens: r.hit_rate for r in rows if r.policy == policy}
+            lines.append(f"| {policy} | " + " | ".join(f"{100 * by_cap[c]:.1f}" for c in capacities) + " |")
+        lines.append("")
+    return "\n".join(lines)
