@@ -63,6 +63,7 @@ flag_checks.at_least(1, "metrics_port")
 flags.register_validator("metrics_port", lambda v: v is None or v <= 65535, "--metrics_port must be <= 65535")
 flag_checks.at_least(1e-3, "log_interval_s")
 flag_checks.positive("trace_limit")
+flag_checks.existing_file("trace")
 flag_checks.at_least(1e-9, "trace_time_scale")
 flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
                          message="--kv_cache_metrics_sample must be in [0, 1]")

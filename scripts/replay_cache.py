@@ -34,6 +34,7 @@ _MD_OUT = flags.DEFINE_string("md_out", "out/replay_cache.md", "where to write t
 _PLOT_DIR = flags.DEFINE_string("plot_dir", "out/plots", "where the PNGs go ('' = no plots)")
 
 flag_checks.positive("limit")
+flag_checks.existing_file("trace")
 flag_checks.list_of("capacities", number_at_least=1)
 flag_checks.list_of("policies", choices=EVICTION_POLICIES)
 flag_checks.list_of("block_sizes", integer_at_least=1)

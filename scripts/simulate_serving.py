@@ -74,6 +74,7 @@ flag_checks.list_of("prefix_caching", choices=["off", "on"])
 flag_checks.list_of("rates", number_at_least=0)
 flag_checks.key_values("scales")
 flag_checks.positive("trace_limit")
+flag_checks.existing_file("trace")
 flag_checks.at_least(1e-6, "trace_time_scale", "goodput_ttft_s", "goodput_tpot_ms")
 flag_checks.list_of("eviction_policies", choices=EVICTION_POLICIES)
 flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
