@@ -29,6 +29,7 @@ _CAPACITIES = flags.DEFINE_list("capacities", ["1e5", "3e5", "1e6", "3e6", "1e7"
 _POLICIES = flags.DEFINE_list("policies", list(EVICTION_POLICIES), "eviction policies")
 _BLOCK_SIZES = flags.DEFINE_list("block_sizes", ["512"], "block sizes in tokens")
 _DECODE = flags.DEFINE_boolean("decode", False, "also allocate and cache each request's generated blocks")
+_UNBOUNDED = flags.DEFINE_boolean("unbounded", True, "also replay with a cache that never evicts")
 _JSON_OUT = flags.DEFINE_string("json_out", "out/replay_cache.json", "where to write the results ('' = nowhere)")
 _MD_OUT = flags.DEFINE_string("md_out", "out/replay_cache.md", "where to write the Markdown table ('' = nowhere)")
 _PLOT_DIR = flags.DEFINE_string("plot_dir", "out/plots", "where the PNGs go ('' = no plots)")
@@ -54,7 +55,8 @@ def main(argv):
               f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)
 
     results = sweep(requests, capacities=[float(c) for c in _CAPACITIES.value], policies=_POLICIES.value,
-                    block_sizes=[int(b) for b in _BLOCK_SIZES.value], decode=_DECODE.value, on_result=progress)
+                    block_sizes=[int(b) for b in _BLOCK_SIZES.value], decode=_DECODE.value, unbounded=_UNBOUNDED.value,
+                    on_result=progress)
     table = markdown_table(results)
     print()
     print(table)

@@ -79,14 +79,14 @@ def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | flo
 
 
 def sweep(requests: Sequence[TraceRequest], *, capacities: Sequence[float], policies: Sequence[str],
-          block_sizes: Sequence[int], decode: bool = False,
+          block_sizes: Sequence[int], decode: bool = False, unbounded: bool = True,
           on_result=None) -> list[ReplayResult]:
     """Every (block size, policy, capacity) replay, plus the unbounded one per block size (policy
     ``"unbounded"``); token ids are made once. ``on_result`` sees each result as it lands."""
     prompts = [prompt_token_ids(r) for r in requests]
     results = []
     for block_size in block_sizes:
-        runs = [("unbounded", math.inf)] + [(p, c) for p in policies for c in capacities]
+        runs = [("unbounded", math.inf)] * unbounded + [(p, c) for p in policies for c in capacities]
         for policy, capacity in runs:
             result = replay_trace(requests, capacity_tokens=capacity, block_size=block_size,
                                   policy="lru" if policy == "unbounded" else policy, decode=decode,

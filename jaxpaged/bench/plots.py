@@ -42,7 +42,8 @@ def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "unbounded"):
         points = sorted((r["capacity_tokens"], r["hit_rate"]) for r in rows if r["policy"] == policy)
-        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=policy)
+        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=policy,
+                linestyle=("-", "--", ":", "-.")[len(ax.lines) % 4])  # coinciding curves stay visible
     for r in rows:
         if r["policy"] == "unbounded":
             ax.axhline(100 * r["hit_rate"], color="gray", linestyle="--", label="unbounded")
@@ -51,7 +52,7 @@ def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = 
     ax.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     ax.set_title(title or "hit rate vs capacity")
     if note:
-        ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=8)
+        ax.text(0.01, 0.90, note, transform=ax.transAxes, va="top", fontsize=8)
     ax.grid(True, alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
