@@ -10,7 +10,7 @@ async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online.py):
         --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
 
 With ``--trace`` (a Mooncake-format JSONL trace) the requests and their arrivals
-come from the trace (timestamps times ``--trace_time_scale``; prompts longer than
+come from the trace, offline and over HTTP alike (timestamps times ``--trace_time_scale``; prompts longer than
 ``--max_model_len`` keep their shared head), instead of ``--workload``:
 
     python scripts/bench_serving.py --model=small --trace=data/traces/mooncake_conversation_trace.jsonl \
@@ -36,7 +36,6 @@ from jaxpaged.bench.serving import MODES, compare_modes
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics, kv_residency_summary
-from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import WORKLOADS
 
 BACKEND = flags.DEFINE_enum("backend", "offline", ["offline", "http"],
@@ -50,9 +49,6 @@ MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
 METRICS_PORT = flags.DEFINE_integer("metrics_port", None, "serve Prometheus metrics of the running engine here")
 LOG_INTERVAL = flags.DEFINE_float("log_interval_s", None, "log a one-line engine summary this often")
 PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
-TRACE = flags.DEFINE_string("trace", None, "Mooncake-format JSONL trace to serve instead of --workload")
-TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "serve only the trace's first N requests")
-TRACE_SCALE = flags.DEFINE_float("trace_time_scale", 1.0, "multiply the trace's timestamps (0.01 = 100x faster)")
 POLICY = flags.DEFINE_enum("eviction_policy", "lru", list(EVICTION_POLICIES), "which cached block is evicted first")
 METRICS_SAMPLE = flags.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose "
                                     "residency (lifetime, idle before evict, reuse gaps) is measured")
@@ -62,9 +58,6 @@ flag_checks.list_of("modes", choices=list(MODES))
 flag_checks.at_least(1, "metrics_port")
 flags.register_validator("metrics_port", lambda v: v is None or v <= 65535, "--metrics_port must be <= 65535")
 flag_checks.at_least(1e-3, "log_interval_s")
-flag_checks.positive("trace_limit")
-flag_checks.existing_file("trace")
-flag_checks.at_least(1e-9, "trace_time_scale")
 flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
                          message="--kv_cache_metrics_sample must be in [0, 1]")
 
@@ -77,9 +70,8 @@ def main(argv):
         return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     bench_flags.enable_compile_cache()
-    if TRACE.value:
-        requests = trace_workload(load_trace(TRACE.value, limit=TRACE_LIMIT.value), time_scale=TRACE_SCALE.value,
-                                  max_model_len=bench_flags.MAX_MODEL_LEN.value)
+    if bench_flags.TRACE.value:
+        requests = bench_flags.trace_from_flags()
     else:
         requests = bench_flags.workload_from_flags(WORKLOAD.value)
     setup = dataclasses.replace(bench_flags.setup_from_flags(BLOCK_SIZE.value, requests),
@@ -101,7 +93,7 @@ def main(argv):
     result["kv_residency"] = {mode: kv_residency_summary(e) for mode, e in last_engine.items()}
     table = markdown_table(result["median"], result["ratios"]) + "\n\n" + residency_table(result["kv_residency"])
     print(table)
-    meta = {"model": bench_flags.MODEL.value, "workload": TRACE.value or WORKLOAD.value, "num_requests": len(requests),
+    meta = {"model": bench_flags.MODEL.value, "workload": bench_flags.TRACE.value or WORKLOAD.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
     write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
 

@@ -81,7 +81,9 @@ def requests_from_flags(workload: str) -> list[BenchRequest]:
     tokenizer = None
     if name == "sharegpt" or PROMPT_FORMAT.value is not None:
         tokenizer = load_bench_tokenizer(TOKENIZER.value or bench_flags.MODEL.value)
-    if name == "workload":
+    if bench_flags.TRACE.value:
+        requests = from_workload(bench_flags.trace_from_flags())
+    elif name == "workload":
         requests = from_workload(bench_flags.workload_from_flags(workload))
     elif name == "random":
         requests = random_requests(num, input_len=RANDOM_INPUT.value, output_len=RANDOM_OUTPUT.value,
@@ -122,7 +124,10 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     model = SERVED_MODEL.value or fetch_model_name(BASE_URL.value)
     requests = requests_from_flags(workload)
-    offsets = offsets_from_flags(len(requests))
+    if bench_flags.TRACE.value:  # the trace's own (time-scaled) arrivals
+        offsets = [r.arrival_time for r in bench_flags.trace_from_flags()]
+    else:
+        offsets = offsets_from_flags(len(requests))
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     results, duration = run_requests(BASE_URL.value, model, requests, offsets,
                                      max_concurrency=MAX_CONCURRENCY.value, ignore_eos=IGNORE_EOS.value,
@@ -134,7 +139,8 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
     for r in results:
         if not r.success:
             print(f"failed: {r.request_id}: {r.error}")
-    result = {"backend": "http", "base_url": BASE_URL.value, "model": model, "dataset_name": DATASET.value,
+    result = {"backend": "http", "base_url": BASE_URL.value, "model": model, "dataset_name": "trace" if bench_flags.TRACE.value else DATASET.value,
+              "trace": bench_flags.TRACE.value,
               "workload": workload if DATASET.value == "workload" else None, "num_requests": len(requests),
               "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": BURSTINESS.value,
               "max_concurrency": MAX_CONCURRENCY.value, "goodput_slos_ms": slos, "metrics": metrics,
