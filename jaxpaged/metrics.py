@@ -120,7 +120,8 @@ class EngineMetrics:
         self.iteration_tokens = histogram("iteration_tokens", "Tokens computed per engine step.", _TOKEN_BUCKETS)
         self.hit_rate_window = gauge("prefix_cache_hit_rate",
                                      f"Prefix-cache hit rate (tokens) over the last {HIT_RATE_WINDOW_S:g} s.")
-        self.pinned_blocks = gauge("kv_cache_pinned_blocks", "Cached KV blocks whose prefix is pinned.")
+        self.pinned_blocks = gauge("kv_cache_pinned_blocks",
+                                   "Free cached KV blocks a pinned prefix keeps from eviction.")
         self.evictions_by_reason = Counter(PREFIX + "kv_cache_evictions_by_reason",
                                            "Cached KV blocks dropped, by reason (capacity, pinned, reset).",
                                            ["reason"], registry=r)

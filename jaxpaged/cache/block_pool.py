@@ -134,8 +134,8 @@ class BlockPool:
 
     @property
     def num_pinned_blocks(self) -> int:
-        """Cached blocks (held or free) whose hash has a live pin: O(pins)."""
-        return sum(1 for block_hash in self.pins.deadlines if block_hash in self.pins and block_hash in self.cached)
+        """Free cached blocks a pin keeps from the eviction policy (O(1))."""
+        return len(self.pinned)
 
     def allocate(self, count: int) -> list[KVBlock]:
         """Takes ``count`` free blocks: empty ones first, then the policy's victims, then pinned ones.
@@ -228,6 +228,8 @@ class BlockPool:
         A free cached block moves between the policy and the pinned list now;
         the others follow when their last reference is dropped.
         """
+        if self.pins.deadlines:
+            self._expire_pins()  # so deadlines of pins nobody evicts under do not pile up
         for block_hash in self.pins.pin(hashes, ttl_s):
             self._unpin(block_hash)
         cached = [self.cached[h] for h in hashes if h in self.cached]

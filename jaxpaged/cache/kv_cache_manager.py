@@ -166,7 +166,7 @@ class KVCacheManager:
             prefix_hits_tokens=self._hits_tokens,
             num_evictions=pool.num_evictions,
             num_cow_copies=self._cow_copies,
-            num_pinned_blocks=pool.num_pinned_blocks if pool.pins.deadlines else 0,
+            num_pinned_blocks=pool.num_pinned_blocks,
             evictions_by_reason=dict(pool.evictions_by_reason),
         )
 

@@ -54,7 +54,7 @@ class CacheStats:
     prefix_hits_tokens: int
     num_evictions: int
     num_cow_copies: int
-    num_pinned_blocks: int = 0  # cached blocks whose hash is pinned (held or free)
+    num_pinned_blocks: int = 0  # free cached blocks a pin keeps from the eviction policy
     # evictions by reason (``jaxpaged.cache.block_pool.EVICTION_REASONS``); resets count every block dropped
     evictions_by_reason: dict = field(default_factory=dict)
 
