@@ -33,6 +33,7 @@ from jaxpaged.bench.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online_metrics import compute_metrics, parse_goodput
 from jaxpaged.bench.online_report import online_markdown_table
 from jaxpaged.bench.results_io import write_outputs
+from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 
@@ -129,13 +130,17 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
     else:
         offsets = offsets_from_flags(len(requests))
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    kv_before = scrape_kv_metrics(BASE_URL.value)
     results, duration = run_requests(BASE_URL.value, model, requests, offsets,
                                      max_concurrency=MAX_CONCURRENCY.value, ignore_eos=IGNORE_EOS.value,
                                      timeout_s=TIMEOUT.value, on_done=lambda _: bar.update())
     bar.close()
+    kv_residency = residency_delta(kv_before, scrape_kv_metrics(BASE_URL.value))
     metrics = compute_metrics(results, duration, goodput_slos=slos)
     table = online_markdown_table({"http": metrics})
     print(table)
+    if kv_residency is not None:
+        print(f"server KV residency over the run: {kv_residency}")
     for r in results:
         if not r.success:
             print(f"failed: {r.request_id}: {r.error}")
@@ -144,6 +149,7 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
               "workload": workload if DATASET.value == "workload" else None, "num_requests": len(requests),
               "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": BURSTINESS.value,
               "max_concurrency": MAX_CONCURRENCY.value, "goodput_slos_ms": slos, "metrics": metrics,
+              "kv_residency": kv_residency,
               "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}
     write_outputs(result, table, json_out, md_out)
     return result

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jaxpaged.bench.dashboard import dashboard_queries
 from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"
@@ -128,3 +129,14 @@ def test_every_dashboard_query_parses_and_names_exported_metrics(server):
             labels = {key for labels, _ in samples[name] for key in labels}
             for label in groupings:
                 assert label in labels, f"{query.panel}: {name} has no label {label!r}"
+
+
+def test_the_http_benchmark_reads_the_servers_residency_over_its_run(server):
+    before = scrape_kv_metrics(server.base_url)
+    flood(server, count=2)
+    delta = residency_delta(before, scrape_kv_metrics(server.base_url))
+    samples = scrape(server)
+    assert delta["evictions_by_reason"]["capacity"] > 0 and delta["evictions_by_reason"]["pinned"] == 0
+    assert delta["lifetime_seconds"]["count"] == delta["evictions_by_reason"]["capacity"]  # every block sampled
+    assert delta["pinned_blocks"] == samples["jaxpaged:kv_cache_pinned_blocks"][0][1]
+    assert delta["tier_hit_tokens"]["host"] == 0
