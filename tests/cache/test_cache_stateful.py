@@ -223,15 +223,15 @@ class SLRUCacheMachine(CacheMachine):
     eviction_policy = "slru"
 
 
-def _test_case(machine, max_examples):
+def _test_case(machine, max_examples, steps=40):
     case = machine.TestCase
-    case.settings = settings(max_examples=max_examples, stateful_step_count=40, deadline=None)
+    case.settings = settings(max_examples=max_examples, stateful_step_count=steps, deadline=None)
     return case
 
 
 TestCacheMachine = _test_case(CacheMachine, 60)
 TestXxhCacheMachine = _test_case(XxhCacheMachine, 25)
 TestNoPrefixCachingMachine = _test_case(NoPrefixCachingMachine, 15)
-TestLFUCacheMachine = _test_case(LFUCacheMachine, 40)
-TestSieveCacheMachine = _test_case(SieveCacheMachine, 40)
-TestSLRUCacheMachine = _test_case(SLRUCacheMachine, 40)
+TestLFUCacheMachine = _test_case(LFUCacheMachine, 100, steps=60)
+TestSieveCacheMachine = _test_case(SieveCacheMachine, 100, steps=60)
+TestSLRUCacheMachine = _test_case(SLRUCacheMachine, 100, steps=60)
