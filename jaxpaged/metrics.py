@@ -117,6 +117,8 @@ class EngineMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.device_busy_seconds = counter(
+            "device_busy_seconds", "Seconds the (simulated) device spent in steps; only runners that count it.")
         self.iteration_tokens = histogram("iteration_tokens", "Tokens computed per engine step.", _TOKEN_BUCKETS)
         self.hit_rate_window = gauge("prefix_cache_hit_rate",
                                      f"Prefix-cache hit rate (tokens) over the last {HIT_RATE_WINDOW_S:g} s.")
@@ -161,6 +163,9 @@ class EngineMetrics:
             "prompt_tokens": engine.stats.prompt_tokens,
             "generation_tokens": engine.stats.generation_tokens,
         }
+        busy_s = getattr(engine.runner, "busy_s", None)  # the simulated devices count their busy time
+        if busy_s is not None:
+            totals["device_busy_seconds"] = busy_s
         for name, total in totals.items():
             delta = total - self._last.get(name, 0)
             if delta > 0:

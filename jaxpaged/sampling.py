@@ -71,7 +71,8 @@ def _filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Arr
     keep = rank < top_k
     probs = jax.nn.softmax(jnp.where(keep, sorted_scaled, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = keep & (mass_before < params.top_p[:, None])
+    # rank 0 always survives: a top_p too small for float32 (1e-40 is 0 or flushed to 0) leaves no mass below it
+    keep = keep & ((mass_before < params.top_p[:, None]) | (rank == 0))
     rows = jnp.arange(num_rows)[:, None]
     return jnp.zeros((num_rows, vocab), bool).at[rows, order].set(keep)
 

@@ -42,6 +42,8 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """UTF-8 bytes as tokens: ids 0-255 are bytes, `bos_token_id`/`eos_token_id` follow."""
 
+    max_chars_per_token = 1  # every token covers at most one character: a text's tokens >= its length
+
     def __init__(self, bos_token_id: int = 256, eos_token_id: int = 257, vocab_size: int = 258):
         if min(bos_token_id, eos_token_id) < 256 or max(bos_token_id, eos_token_id) >= vocab_size:
             raise ValueError(f"BOS/EOS ids ({bos_token_id}, {eos_token_id}) must lie in [256, {vocab_size})")

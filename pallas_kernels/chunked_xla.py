@@ -17,6 +17,11 @@ same outputs within float32 rounding), but shaped for a CPU:
   score and value product is a small matmul `[rows * group, D] x [D, chunk]`
   batched over (KV head, sequence).
 
+With a `sliding_window` W, query position p sees keys p - W + 1 .. p only, and
+the chunk loop starts at the first chunk holding a key some query of the tile
+sees: blocks wholly before the window (freed, possibly reused by another
+sequence) are neither read into an output nor, past the first chunk, visited.
+
 Masking is by position, never by pool contents: scores of invisible keys are
 replaced by -inf and values past a sequence's context are zeroed before the
 weighted sum, so stale or NaN slots never reach an output. Scores, softmax
@@ -66,12 +71,14 @@ def chunked_paged_attention(
     sm_scale: float,
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
+    sliding_window: int | None = None,
     kv_chunk: int | None = None,
     query_tile: int | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention of ragged query rows over each sequence's paged context, chunk by chunk.
 
-    Arguments and result as `ragged_paged_attention_reference`; in addition
+    Arguments and result as `ragged_paged_attention_reference` (`sliding_window`
+    included); in addition
     `kv_chunk` (keys per loop step, rounded down to whole blocks, at most the
     block table's width) and `query_tile` (prefill rows per tile) trade loop
     overhead against cache misses and wasted masked work; None picks them with
@@ -110,10 +117,19 @@ def chunked_paged_attention(
         tile_pos = jax.lax.dynamic_slice_in_dim(q_pos, start, tile, axis=1)
         tile_valid = jax.lax.dynamic_slice_in_dim(row_valid, start, tile, axis=1)
         # Highest key position any real query of this tile sees -> chunks to visit.
+        chunk_len = chunk_blocks * block_size
         last_key = jnp.max(jnp.where(tile_valid, tile_pos, -1))
-        trip = jnp.minimum((last_key + chunk_blocks * block_size) // (chunk_blocks * block_size), num_chunks)
+        trip = jnp.minimum((last_key + chunk_len) // chunk_len, num_chunks)
+        # Lowest key any real query of each sequence's tile sees (the window's start).
+        first_key = jnp.zeros((num_seqs,), jnp.int32)
+        first_chunk = 0
+        if sliding_window is not None:
+            lowest_pos = jnp.min(jnp.where(tile_valid, tile_pos, jnp.iinfo(jnp.int32).max), axis=1)
+            first_key = jnp.maximum(lowest_pos - sliding_window + 1, 0)
+            first_chunk = jnp.min(first_key) // chunk_len
         acc = _online_softmax(q_tile, jnp.repeat(jnp.where(tile_valid, tile_pos, -1), group, axis=1),
-                              k_pages, v_pages, tables, context_lens, trip)
+                              k_pages, v_pages, tables, context_lens, first_key, first_chunk, trip,
+                              sliding_window)
         acc = acc.reshape(num_kv_heads, num_seqs, tile, group, head_dim).transpose(1, 2, 0, 3, 4)
         return jax.lax.dynamic_update_slice_in_dim(out, acc, start, axis=1)
 
@@ -138,11 +154,15 @@ def _online_softmax(
     v_pages: Float[Array, "Hkv N B D"],
     tables: Int[Array, "S C Mc"],
     context_lens: Int[Array, "S"],
+    first_key: Int[Array, "S"],
+    first_chunk: Int[Array, ""] | int,
     trip: Int[Array, ""],
+    sliding_window: int | None,
 ) -> Float[Array, "Hkv S R D"]:
-    """Softmax-weighted values of `trip` key chunks for one query tile (rows at `row_pos`, -1 = none).
+    """Softmax-weighted values of key chunks `first_chunk .. trip` for one query tile (rows at `row_pos`, -1 = none).
 
-    `q_tile` is already scaled; rows that see no key come out zero.
+    `q_tile` is already scaled; rows that see no key come out zero. Keys below a
+    sequence's `first_key` (before its sliding window) are masked like keys past its context.
     """
     num_kv_heads, num_seqs, num_rows, head_dim = q_tile.shape
     block_size = k_pages.shape[2]
@@ -155,8 +175,10 @@ def _online_softmax(
         k = k_pages[:, blocks].reshape(num_kv_heads, num_seqs, chunk_len, head_dim).astype(jnp.float32)
         v = v_pages[:, blocks].reshape(num_kv_heads, num_seqs, chunk_len, head_dim).astype(jnp.float32)
         key_pos = c * chunk_len + jnp.arange(chunk_len)
-        in_context = key_pos[None, :] < context_lens[:, None]  # [S, Ck]
+        in_context = (key_pos[None, :] < context_lens[:, None]) & (key_pos[None, :] >= first_key[:, None])  # [S, Ck]
         visible = (key_pos[None, None, :] <= row_pos[:, :, None]) & in_context[:, None, :]  # [S, R, Ck]
+        if sliding_window is not None:
+            visible = visible & (key_pos[None, None, :] > row_pos[:, :, None] - sliding_window)
         # v is masked too: 0 * NaN would otherwise leak a poisoned slot into the sum.
         v = jnp.where(in_context[None, :, :, None], v, 0.0)
         scores = jnp.einsum("hsrd,hscd->hsrc", q_tile, k)
@@ -177,5 +199,5 @@ def _online_softmax(
     if tables.shape[1] == 1:  # the whole table is one chunk: no loop (a query-less tile just masks it all)
         _, denom, acc = body(0, init)
     else:
-        _, denom, acc = jax.lax.fori_loop(0, trip, body, init)
+        _, denom, acc = jax.lax.fori_loop(first_chunk, trip, body, init)
     return acc / jnp.where(denom > 0, denom, 1.0)[..., None]

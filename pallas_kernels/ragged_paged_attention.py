@@ -66,6 +66,7 @@ def ragged_paged_attention(
     sm_scale: float,
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
+    sliding_window: int | None = None,
     interpret: bool = False,
     queries_per_block: int | None = None,
     pages_per_compute_block: int | None = None,
@@ -93,6 +94,9 @@ def ragged_paged_attention(
     Returns:
       `[T, num_q_heads, head_dim]` in `q.dtype`; padding rows are zero.
     """
+    if sliding_window is not None:
+        raise NotImplementedError("the Triton paged-attention kernel has no sliding window yet; "
+                                  "use attention_backend='xla' for sliding-window models")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, _, block_size, _ = k_pages.shape
     num_seqs, blocks_per_seq = block_tables.shape

@@ -16,6 +16,12 @@ ingress with the same API, which routes each request by the replicas'
 cached prefixes (--routing_policy; docs/ARCHITECTURE.md, "Replicas on Ray
 Serve"). Needs the `serve` extra (ray[serve]).
 
+Simulated device: --device=simulated serves a shape-only model (e.g.
+--model=llama3-8b) over a device that sleeps each step's predicted time on
+--device_profile (an H200 by default) and samples a fixed non-EOS token: the
+whole server at GPU step rates on a CPU, with no model built
+(jaxpaged/sim/realtime.py; /metrics counts the device's busy seconds).
+
 Multi-host: start one process per host with the same flags plus
 --coordinator_address, --num_processes and --process_id; process 0 serves
 HTTP and broadcasts every engine command to the others, which step in
@@ -37,7 +43,9 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.server.api import build_app
 from jaxpaged.server.async_engine import AsyncEngine, run_follower
+from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from jaxpaged.server.chat import ChatTemplate
+from jaxpaged.sim.profiles import GPU_PROFILES
 
 MODEL = flags.DEFINE_string("model", "tiny", "a shipped model config name, a config JSON or a checkpoint directory")
 SERVED_NAME = flags.DEFINE_string("served_model_name", None, "the model name clients use (default: --model)")
@@ -56,9 +64,12 @@ SNAPSHOT = flags.DEFINE_string("prefix_cache_snapshot", None, "prefix-cache snap
 SAVE_SNAPSHOT = flags.DEFINE_boolean("save_prefix_cache_on_shutdown", False, "write the snapshot at shutdown")
 KV_DTYPE = flags.DEFINE_enum("kv_cache_dtype", "auto", ["auto", "float32", "bfloat16", "fp8_e4m3"], "KV dtype")
 TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over")
-ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas"], "attention backend")
+ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas", "pallas_mosaic"],
+                              "attention backend")
 SEED = flags.DEFINE_integer("seed", 0, "weights seed for shipped configs, and unseeded sampling")
 MAX_WAITING = flags.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
+MAX_BODY = flags.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES,
+                                "largest request body accepted; larger ones get a 413 before they are parsed")
 DRAIN = flags.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
 DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False,
                              "expose /debug/* (crash the engine loop; with replicas: their caches, the policy)")
@@ -66,13 +77,19 @@ EVICTION = flags.DEFINE_enum("eviction_policy", "lru", list(EVICTION_POLICIES),
                              "which cached block at ref count 0 is evicted first")
 METRICS_SAMPLE = flags.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose residency "
                                     "(lifetime, idle before evict, reuse gaps) /metrics reports (0 = off)")
+DEVICE = flags.DEFINE_enum("device", "real", ["real", "simulated"],
+                           "real: run the model on JAX's devices; simulated: steps sleep the cost model's time "
+                           "on --device_profile (no model is built)")
+DEVICE_PROFILE = flags.DEFINE_string("device_profile", "h200-141gb",
+                                     "the device --device=simulated stands in for: a GPU profile name "
+                                     f"({', '.join(sorted(GPU_PROFILES))}), cpu, or a profile JSON")
 DP = flags.DEFINE_integer("data_parallel_size", 1, "engine replicas; > 1 serves them on Ray Serve")
 POLICY = flags.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "round_robin", "least_loaded"],
                            "how the replicas' ingress picks a replica (with --data_parallel_size > 1)")
 
 flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
-                     "max_waiting_requests", "data_parallel_size")
+                     "max_waiting_requests", "data_parallel_size", "max_request_body_bytes")
 flag_checks.non_negative("seed", "drain_timeout_s")
 flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
                          message="--kv_cache_metrics_sample must be in [0, 1]")
@@ -81,7 +98,14 @@ flags.register_multi_flags_validator(
     lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
     message="--data_parallel_size > 1 runs single-device, single-process replicas: drop --tensor_parallel_size "
             "and --num_processes")
+flags.register_multi_flags_validator(
+    ["device", "data_parallel_size", "tensor_parallel_size", "num_processes"],
+    lambda v: v["device"] == "real" or (v["data_parallel_size"] == 1 and v["tensor_parallel_size"] == 1
+                                        and (v["num_processes"] or 1) == 1),
+    message="--device=simulated models one device in one process: drop --data_parallel_size, "
+            "--tensor_parallel_size and --num_processes")
 flag_checks.model_name()
+flag_checks.device_profile("device_profile")
 
 
 def engine_config() -> EngineConfig:
@@ -107,7 +131,11 @@ def main(argv):
         serve_data_parallel()
         return
     multi_process = distributed.initialize_from_flags()
-    engine = Engine(engine_config())
+    if DEVICE.value == "simulated":
+        from jaxpaged.sim.realtime import simulated_device_engine
+        engine = simulated_device_engine(engine_config(), DEVICE_PROFILE.value)
+    else:
+        engine = Engine(engine_config())
     if multi_process and not distributed.is_leader():
         run_follower(engine, max_waiting_requests=MAX_WAITING.value)  # until process 0 stops
         return
@@ -116,7 +144,7 @@ def main(argv):
                                multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
                     chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
-                    enable_debug_endpoints=DEBUG.value)
+                    enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
 
 
@@ -126,7 +154,8 @@ def serve_data_parallel() -> None:
     replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
     api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
                             policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
-                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env)
+                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
+                            max_request_body_bytes=MAX_BODY.value)
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
 

@@ -29,13 +29,14 @@ from jaxpaged.bench.datasets import (
     sharegpt_requests,
     with_prompt_format,
 )
-from jaxpaged.bench.online_client import fetch_model_name, run_requests
+from jaxpaged.bench.online_client import fetch_metric, fetch_model_name, run_requests
 from jaxpaged.bench.online_metrics import compute_metrics, parse_goodput
 from jaxpaged.bench.online_report import online_markdown_table
 from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
+DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
 
 BASE_URL = flags.DEFINE_string("base_url", "http://127.0.0.1:8000", "server to drive (--backend=http)")
 SERVED_MODEL = flags.DEFINE_string("served_model_name", None,
@@ -131,12 +132,17 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
         offsets = offsets_from_flags(len(requests))
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     kv_before = scrape_kv_metrics(BASE_URL.value)
+    busy_before = fetch_metric(BASE_URL.value, DEVICE_BUSY_METRIC)
     results, duration = run_requests(BASE_URL.value, model, requests, offsets,
                                      max_concurrency=MAX_CONCURRENCY.value, ignore_eos=IGNORE_EOS.value,
                                      timeout_s=TIMEOUT.value, on_done=lambda _: bar.update())
     bar.close()
     kv_residency = residency_delta(kv_before, scrape_kv_metrics(BASE_URL.value))
+    busy_after = fetch_metric(BASE_URL.value, DEVICE_BUSY_METRIC)
     metrics = compute_metrics(results, duration, goodput_slos=slos)
+    if busy_before is not None and busy_after is not None and duration > 0:
+        # a simulated device (serve.py --device=simulated) counts the seconds it spent in steps
+        metrics["device_busy_fraction"] = (busy_after - busy_before) / duration
     table = online_markdown_table({"http": metrics})
     print(table)
     if kv_residency is not None:

@@ -186,6 +186,17 @@ def fetch_model_name(base_url: str, timeout_s: float = 10.0) -> str:
     return models[0]["id"]
 
 
+def fetch_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float | None:
+    """The value of one unlabelled sample of the server's ``GET /metrics`` (None if it exports none)."""
+    response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, trust_env=False)
+    response.raise_for_status()
+    for line in response.text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == name:
+            return float(value)
+    return None
+
+
 async def _run_requests(base_url: str, bodies: Sequence[tuple[BenchRequest, dict]], offsets: Sequence[float], *,
                         max_concurrency: int | None, timeout_s: float,
                         on_done: Callable[[RequestResult], None] | None,

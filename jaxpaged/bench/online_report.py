@@ -21,6 +21,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("output token throughput (tok/s)", "output_throughput", "{:.1f}"),
     ("total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
     ("peak concurrent requests", "max_concurrent_requests", "{:.0f}"),
+    ("device busy (fraction of the run)", "device_busy_fraction", "{:.3f}"),
 ) + tuple((f"{_LABELS[m]} {s} (ms)", f"{m}_{s}_ms", "{:.1f}") for m in LATENCY_METRICS for s in _STATS)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jaxpaged.cache.events import HOST_TIER, KVEventLog, stored_in_chain_order
+from jaxpaged.cache.events import HOST_TIER, AllBlocksCleared, KVEventLog, stored_in_chain_order
 
 
 class HostBlock:
@@ -101,6 +101,14 @@ class HostKVCache:
         if not 0 <= num_blocks <= self.num_pinned:
             raise ValueError(f"unpin({num_blocks}) with only {self.num_pinned} blocks pinned")
         self.num_pinned -= num_blocks
+
+    def clear_cached(self) -> int:
+        """Drop every cached entry (pinned room stays reserved), without spilling them; returns how many."""
+        dropped = len(self._lru)
+        self._lru.clear()
+        if dropped and self._events is not None:
+            self._events.append(AllBlocksCleared(HOST_TIER))
+        return dropped
 
     def _shrink(self, limit: int) -> None:
         while len(self._lru) > limit:

@@ -3,9 +3,14 @@
 Every client's request goes into the one `AsyncEngine`. Errors follow the
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
-unknown model, 503 with `Retry-After` when the waiting queue is full or the
-engine loop is gone. A streaming client that disconnects has its request
-aborted, which frees its blocks.
+unknown model, 413 for a body over `max_request_body_bytes`, 503 with
+`Retry-After` when the waiting queue is full or the engine loop is gone.
+
+No client can stop the engine, or keep it busy after leaving: a client that
+disconnects (streaming or not) has every request it queued aborted, which
+frees its blocks, and so does a multi-prompt request refused at a later
+prompt. A stream whose engine died ends with an error event (an OpenAI error
+object in a `data:` line) and no `[DONE]`; a non-streaming request gets 503.
 """
 
 from __future__ import annotations
@@ -14,18 +19,21 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server import responses as R
-from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, refuse_overlong
+from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
+from jaxpaged.server.errors import error_body, error_response as _error, status_of
 from jaxpaged.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       PinRequest, TokenizeRequest)
 
@@ -37,8 +45,12 @@ class ModelNotFound(Exception):
 
 
 def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_template: ChatTemplate | None = None,
-              registry: CollectorRegistry | None = None, enable_debug_endpoints: bool = False) -> FastAPI:
-    """The app over a started-or-not `AsyncEngine`; the loop starts and stops with the app's lifespan."""
+              registry: CollectorRegistry | None = None, enable_debug_endpoints: bool = False,
+              max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+    """The app over a started-or-not `AsyncEngine`; the loop starts and stops with the app's lifespan.
+
+    `max_request_body_bytes` refuses larger bodies with a 413 before they are parsed (None: no limit).
+    """
     engine = async_engine.engine
     chat_template = chat_template or ChatTemplate()
     registry = registry or CollectorRegistry()
@@ -66,6 +78,8 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         http_latency.labels(path).observe(time.perf_counter() - start)
         return response
 
+    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes)  # outermost: before anything reads the body
+
     # ---- errors ---------------------------------------------------------------------------
 
     @app.exception_handler(RequestValidationError)
@@ -77,6 +91,12 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         param = ".".join(loc) or None
         message = f"{param}: {err['msg']}" if param else err["msg"]
         return _error(400, message, "BadRequestError", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own refusals (a body that is not UTF-8, an unknown path, a wrong method), OpenAI-shaped
+        kind = "NotFoundError" if exc.status_code == 404 else "BadRequestError"
+        return _error(exc.status_code, str(exc.detail), kind, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError):
@@ -117,7 +137,11 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(registry)
+        engine_metrics = getattr(async_engine, "engine_metrics", None)  # replicas: each one's, labelled
+        if engine_metrics is not None:
+            text += (await engine_metrics()).encode()
+        return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)
 
     def prompt_or_messages(body, what: str):
         """The body's `prompt`, or its `messages` rendered by the chat template (exactly one must be set)."""
@@ -131,7 +155,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         text = prompt_or_messages(body, "tokenize")
-        tokens = engine.tokenizer.encode(text)
+        tokens = await asyncio.to_thread(engine.tokenizer.encode, text)  # off the event loop: prompts can be huge
         return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
 
     @app.post("/detokenize")
@@ -168,22 +192,35 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
             async_engine.crash_for_test()
             return PlainTextResponse("")
 
+        @app.post("/debug/stall_engine_loop")
+        async def stall(request: Request):
+            """For tests: make the engine loop sleep between two steps, as a long compile would."""
+            body = await request.json()
+            seconds = body.get("seconds") if isinstance(body, dict) else None
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds <= 60:
+                raise ValueError(f"seconds must be a number in [0, 60], got {seconds!r}")
+            await async_engine.stall_for_test(float(seconds))
+            return PlainTextResponse("")
+
     # ---- completions ----------------------------------------------------------------------
 
-    async def submit(base_id: str, prompts, params, cache_salt) -> list[AsyncIterator[RequestOutput]]:
+    async def submit(base_id: str, prompts, params, cache_salt) -> list:
+        """Queue every prompt; if one is refused (or the client leaves), abort those already queued."""
         streams = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await async_engine.add_request(f"{base_id}-{i}", prompt, params,
                                                               cache_salt=cache_salt))
         except BaseException:
-            for s in streams:
-                await s.aclose()  # aborts the ones already queued
+            _close(streams)
             raise
         return streams
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request):
+        return await _unless_disconnected(raw, complete(body))
+
+    async def complete(body: CompletionRequest):
         check_model(body.model)
         if body.echo:
             raise ValueError("echo is not supported")
@@ -213,13 +250,18 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        return await _unless_disconnected(raw, chat(body))
+
+    async def chat(body: ChatCompletionRequest):
         check_model(body.model)
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
         top_k = body.logprobs_k()
         prompt = chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
                                       add_generation_prompt=body.add_generation_prompt)
-        default_max = max(engine.max_model_len - len(engine.tokenizer.encode(prompt)), 1)
+        refuse_overlong(prompt, engine.tokenizer, engine.max_model_len)  # before tokenizing it
+        num_prompt_tokens = len(await asyncio.to_thread(engine.tokenizer.encode, prompt))
+        default_max = max(engine.max_model_len - num_prompt_tokens, 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         await pin_prompts(body, [prompt])
@@ -251,20 +293,70 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
     return app
 
 
-def _sse_response(streams: list[AsyncIterator[RequestOutput]], head: dict, choice, *,
-                  include_usage: bool) -> StreamingResponse:
+def _sse_response(streams: list, head: dict, choice, *, include_usage: bool) -> StreamingResponse:
     """Stream every output as SSE chunks: one per completion that moved (`choice(prompt index, completion)`),
-    a usage chunk when asked, then `[DONE]`."""
+    a usage chunk when asked, then `[DONE]`; if the engine fails meanwhile, an error event and no `[DONE]`."""
     async def events():
         counts = _Counts()
-        async for i, out in _merge(streams):
-            for c in out.outputs:
-                yield R.sse(head | {"choices": [choice(i, c)], "usage": None})
-            _count(out, counts)
+        try:
+            async for i, out in _merge(streams):
+                for c in out.outputs:
+                    yield R.sse(head | {"choices": [choice(i, c)], "usage": None})
+                _count(out, counts)
+        except Exception as err:  # noqa: BLE001 - the client must tell a failure from a finished answer
+            status, kind = status_of(err)
+            yield R.sse(error_body(status, str(err), kind))
+            return
         if include_usage:
             yield R.sse(head | {"choices": [], "usage": R.usage(*counts.totals())})
         yield R.sse("[DONE]")
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return _StreamsResponse(events(), streams)
+
+
+class _StreamsResponse(StreamingResponse):
+    """An SSE response that closes its request streams however it ends.
+
+    Starlette cancels the sending task when the client disconnects; the
+    generator may then be suspended at a `yield` (or never started), so its
+    own `finally` would run only when it is garbage-collected. Closing here,
+    synchronously, aborts every unfinished request at once.
+    """
+
+    def __init__(self, content, streams: list) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._streams = streams
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            _close(self._streams)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable):
+    """Await a handler's `work`, cancelling it if the client disconnects first (its requests are then aborted).
+
+    A disconnected client gets nothing (499 in the server's own log), as in vLLM.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler itself is cancelled (shutdown)
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.cancelled() and task.done():
+        return task.result()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it finish unwinding (it aborts what it queued)
+    return Response(status_code=499)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the ASGI server says the client has gone (the body has already been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Counts:
@@ -283,28 +375,29 @@ def _count(out: RequestOutput, counts: _Counts) -> None:
     counts.cached[out.request_id] = out.num_cached_tokens
 
 
-async def _finals(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
-    """Each stream's final output (non-streaming requests ask for FINAL_ONLY)."""
-    async def last(stream):
-        out = None
-        async for out in stream:
-            pass
-        return out
-    tasks = [asyncio.ensure_future(last(s)) for s in streams]
+async def _finals(streams: list) -> list[RequestOutput]:
+    """Each stream's final output (non-streaming requests ask for FINAL_ONLY); a cancelled or failed
+    wait aborts every request still running."""
     try:
-        return list(await asyncio.gather(*tasks))
-    finally:  # a cancelled handler (client gone) aborts every request it queued
-        await _cancel(tasks, streams)
+        finals = []
+        for stream in streams:
+            out = None
+            async for out in stream:
+                pass
+            finals.append(out)
+        return finals
+    finally:
+        _close(streams)
 
 
-async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merge(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, output) from every stream as they arrive; closing it aborts unfinished requests."""
     if len(streams) == 1:
         try:
             async for out in streams[0]:
                 yield 0, out
         finally:
-            await streams[0].aclose()
+            _close(streams)
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
@@ -312,11 +405,11 @@ async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[t
     async def pump(i, stream):
         try:
             async for out in stream:
-                await queue.put((i, out))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            await queue.put((i, err))
+                queue.put_nowait((i, out))
+        except Exception as err:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait((i, err))
         finally:
-            await queue.put((i, done))
+            queue.put_nowait((i, done))
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     remaining = len(streams)
@@ -330,16 +423,15 @@ async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[t
             else:
                 yield i, item
     finally:
-        await _cancel(tasks, streams)
+        _close(streams)
+        for task in tasks:
+            task.cancel()
 
 
-async def _cancel(tasks: list[asyncio.Future], streams: list[AsyncIterator[RequestOutput]]) -> None:
-    """Cancel the tasks reading the streams, wait for them, and close the streams (aborting unfinished requests)."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    for s in streams:
-        await s.aclose()
+def _close(streams: list) -> None:
+    """Close request streams (synchronous, so it also runs under cancellation): unfinished requests are aborted."""
+    for stream in streams:
+        stream.close()
 
 
 def _field_named(message: str) -> str | None:
@@ -348,8 +440,3 @@ def _field_named(message: str) -> str | None:
     fields = (set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
               | set(PinRequest.model_fields) | {"prompt"})
     return first if first in fields else None
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None):
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status, headers=headers)

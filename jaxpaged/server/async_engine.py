@@ -26,8 +26,6 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import AsyncIterator
-
 from jaxpaged.engine import Engine
 from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
@@ -47,13 +45,68 @@ class QueueFullError(RuntimeError):
 
 
 @dataclasses.dataclass(slots=True)
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+class _Command:
+    """A record for the loop, the future its caller awaits (None: nobody waits) and, for an add, its stream."""
+
+    record: dict
+    future: concurrent.futures.Future | None = None
+    stream: "RequestStream | None" = None
+
+
+class RequestStream:
+    """One request's outputs as its client's event loop receives them (the last one has `finished`).
+
+    `close()` before the final output aborts the request (its blocks are
+    freed); it is synchronous, so it also works where an `await` cannot run
+    (a `finally` under cancellation), and closing twice, or after the end, is
+    a no-op. An error from the loop (it died) is raised by the next `__anext__`.
+    """
+
+    def __init__(self, owner: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._owner, self.request_id, self._loop = owner, request_id, loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._done = False  # the final output (or an error) was taken, or the client closed the stream
+
+    def put_threadsafe(self, item: RequestOutput | BaseException) -> None:
+        """Hand an output or an error over from the loop thread (dropped if the client's loop is gone)."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the client's event loop is closed: nobody is left to read it
+            pass
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        self._done = item.finished
+        return item
+
+    def close(self) -> None:
+        """Stop reading; an unfinished request is aborted."""
+        if not self._done:
+            self._done = True
+            self._owner.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        """`close()` (the async-iterator spelling)."""
+        self.close()
 
 
 class AsyncEngine:
-    """Runs `engine.step()` in a background thread while requests stream in and out."""
+    """Runs `engine.step()` in a background thread while requests stream in and out.
+
+    Every hand-off tolerates a caller that has gone: a command whose future
+    was cancelled before the loop took it is skipped, a request whose client
+    was cancelled while its add was queued is aborted right after it is added,
+    and results for callers that are gone are dropped. No request can raise
+    out of the loop.
+    """
 
     def __init__(self, engine: Engine, *, max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0,
                  multi_process: bool = False):
@@ -65,10 +118,9 @@ class AsyncEngine:
         self.drain_timeout_s = drain_timeout_s
         self.multi_process = multi_process
         self.error: BaseException | None = None
-        self._commands: collections.deque[tuple[dict, concurrent.futures.Future | None]] = collections.deque()
+        self._commands: collections.deque[_Command] = collections.deque()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._streams_pending: dict[str, _Stream] = {}  # adds not yet applied by the loop
+        self._streams: dict[str, RequestStream] = {}  # touched by the loop thread only
         self._stopping = threading.Event()
         self._crash_requested = False
         self._thread = threading.Thread(target=self._run, name="jaxpaged-engine-loop", daemon=True)
@@ -96,45 +148,63 @@ class AsyncEngine:
         self._crash_requested = True
         self._wake.set()
 
+    async def stall_for_test(self, seconds: float) -> None:
+        """Make the loop sleep `seconds` between two steps, as a long compile would (returns at once)."""
+        if self.multi_process:
+            raise ValueError("stall_for_test is single-process only (commands are broadcast as data)")
+        self._send(_Command({"op": "call", "fn": lambda engine: time.sleep(seconds)}))
+
+    def dead_reason(self) -> str:
+        """Why no request can be served (the loop's error, or the shutdown)."""
+        if self.error is not None:
+            return f"the engine loop died: {type(self.error).__name__}: {self.error}"
+        return "the engine is shutting down"
+
     # ---- what clients call ----------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                          cache_salt: str | None = None) -> RequestStream:
         """Queue a request; returns the stream of its outputs (the last one has `finished`).
 
-        Raises ValueError (bad input), QueueFullError or EngineDeadError before anything streams.
+        A text prompt is tokenized, and every prompt checked, on a worker
+        thread, so a huge prompt does not stall the loop (and every stream
+        with it). Raises ValueError (bad input), QueueFullError or
+        EngineDeadError before anything streams. If the caller is cancelled
+        meanwhile, the request is not left running.
         """
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        prompt = await asyncio.to_thread(self._prepare, prompt, params)
+        stream = RequestStream(self, request_id, asyncio.get_running_loop())
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
                   "cache_salt": cache_salt, "arrival_time": self.engine.clock()}
-        self._streams_pending[request_id] = stream
         try:
-            await self._call(record)
-        finally:
-            self._streams_pending.pop(request_id, None)
-        return self._iterate(request_id, stream)
+            await self._call(record, stream)
+        except asyncio.CancelledError:
+            self.abort(request_id)  # queued after the add: a no-op if the add was skipped or refused
+            raise
+        return stream
 
-    async def _iterate(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:  # the client went away (or the loop died): free the request's blocks
-                self.abort(request_id)
+    def _prepare(self, prompt, params: SamplingParams):
+        """A worker thread's part of an add: the prompt's token ids, checked as `Engine.add_request` will.
+
+        A prompt that is too long is refused before any per-token work (the
+        worker still holds the GIL while it tokenizes, which would stall the
+        loop thread): a token-id list by its length, a text by its length
+        when the tokenizer bounds the characters per token.
+        """
+        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)
+        if isinstance(prompt, str):
+            prompt = self.engine.tokenizer.encode(prompt)
+        self.engine.validate_prompt(prompt, params)  # reads only the engine's fixed configuration
+        return prompt
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op if it already finished); does not wait."""
         if self.error is None:
-            self._commands.append(({"op": "abort", "id": request_id}, None))
-            self._wake.set()
+            self._send(_Command({"op": "abort", "id": request_id}))
 
     async def reset_prefix_cache(self) -> bool:
-        """Drop every unreferenced cached block; False if some are still in use."""
+        """Drop every unreferenced cached block, on the device and in the host tier (see `reset_prefix_cache`);
+        False if some are still in use."""
         return await self._call({"op": "reset"})
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
@@ -152,18 +222,16 @@ class AsyncEngine:
             raise ValueError("call_in_loop is single-process only (commands are broadcast as data)")
         return await self._call({"op": "call", "fn": fn})
 
-    async def _call(self, record: dict):
+    async def _call(self, record: dict, stream: RequestStream | None = None):
         if not self.is_running:
-            raise EngineDeadError(self._dead_reason())
+            raise EngineDeadError(self.dead_reason())
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.append((record, future))
-        self._wake.set()
+        self._send(_Command(record, future, stream))
         return await asyncio.wrap_future(future)
 
-    def _dead_reason(self) -> str:
-        if self.error is not None:
-            return f"the engine loop died: {type(self.error).__name__}: {self.error}"
-        return "the engine is shutting down"
+    def _send(self, command: _Command) -> None:
+        self._commands.append(command)
+        self._wake.set()
 
     # ---- the loop thread ------------------------------------------------------------------
 
@@ -174,12 +242,11 @@ class AsyncEngine:
             while True:
                 if self._stopping.is_set():
                     drain_deadline = self._drain_step(drain_deadline)
-                records = list(self._commands)
-                for _ in records:
-                    self._commands.popleft()
+                commands = [self._commands.popleft() for _ in range(len(self._commands))]
+                commands = [c for c in commands if self._admit(c)]
                 if self.multi_process:
-                    distributed.broadcast_object([r for r, _ in records])
-                stop = self._apply(records)
+                    distributed.broadcast_object([c.record for c in commands])
+                stop = self._apply(commands)
                 if stop:
                     break
                 if self._crash_requested:
@@ -196,7 +263,7 @@ class AsyncEngine:
         except BaseException as err:  # noqa: BLE001 - any failure ends the loop; clients must hear of it
             log.exception("engine loop died")
             self.error = err
-            self._fail_everything(EngineDeadError(self._dead_reason()))
+            self._fail_everything(EngineDeadError(self.dead_reason()))
 
     def _drain_step(self, deadline: float | None) -> float:
         """While shutting down: after the drain timeout, abort what is left; once nothing is, stop."""
@@ -205,28 +272,37 @@ class AsyncEngine:
             deadline = now + self.drain_timeout_s
         if now >= deadline:
             for request_id in list(self._streams):
-                self._commands.append(({"op": "abort", "id": request_id}, None))
-            deadline = float("inf")  # aborted once; their final outputs follow
+                self._commands.append(_Command({"op": "abort", "id": request_id}))
+            deadline = float("inf")  # aborted once; their final outputs follow (adds are refused from now on)
         if not self.engine.has_unfinished_requests() and not self._commands:
-            self._commands.append(({"op": "stop"}, None))
+            self._commands.append(_Command({"op": "stop"}))
         return deadline
 
-    def _apply(self, records: list[tuple[dict, concurrent.futures.Future | None]]) -> bool:
-        """Apply the records in order, answering their futures; returns whether one was `stop`."""
+    def _admit(self, command: _Command) -> bool:
+        """Whether to apply (and broadcast) a command: not if its caller has gone (its future was
+        cancelled), nor an add once shutdown has begun (refused with EngineDeadError, a 503)."""
+        if command.future is not None and not command.future.set_running_or_notify_cancel():
+            return False
+        if command.record["op"] == "add" and self._stopping.is_set():
+            _resolve(command.future, error=EngineDeadError("the engine is shutting down"))
+            return False
+        return True
+
+    def _apply(self, commands: list[_Command]) -> bool:
+        """Apply the commands in order, answering their futures; returns whether one was `stop`."""
         stop = False
-        for record, future in records:
+        for command in commands:
+            record = command.record
             try:
                 if record["op"] == "call":
                     result = record["fn"](self.engine)
                 else:
                     result = apply_record(self.engine, record, self.max_waiting_requests)
-                if record["op"] == "add":
-                    self._streams[record["id"]] = self._streams_pending[record["id"]]
-                if future is not None:
-                    future.set_result(result)
+                if command.stream is not None:
+                    self._streams[record["id"]] = command.stream
+                _resolve(command.future, result=result)
             except Exception as err:  # a bad request: its own client gets the error
-                if future is not None:
-                    future.set_exception(err)
+                _resolve(command.future, error=err)
             stop = stop or record["op"] == "stop"
         return stop
 
@@ -237,16 +313,40 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            stream.put_threadsafe(out)
 
     def _fail_everything(self, err: BaseException) -> None:
         while self._commands:
-            _, future = self._commands.popleft()
-            if future is not None and not future.done():
-                future.set_exception(err)
+            command = self._commands.popleft()
+            _resolve(command.future, error=err)
         for stream in self._streams.values():
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, err)
+            stream.put_threadsafe(err)
         self._streams.clear()
+
+
+def _resolve(future: concurrent.futures.Future | None, *, result=None, error: BaseException | None = None) -> None:
+    """Answer a command's future unless nobody waits for it any more (none, cancelled, answered)."""
+    if future is None:
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def refuse_overlong(prompt, tokenizer, max_model_len: int) -> None:
+    """ValueError for a prompt that cannot fit `max_model_len`, judged by its length alone (no per-token
+    work): token ids by their count, a text by its length when the tokenizer bounds the characters per
+    token (`max_chars_per_token`). Anything else is left to the engine's own checks."""
+    per_token = getattr(tokenizer, "max_chars_per_token", None)
+    if isinstance(prompt, str) and per_token is not None and len(prompt) > per_token * max_model_len:
+        raise ValueError(f"prompt ({len(prompt)} characters, so more than {max_model_len} tokens) "
+                         f"exceeds max_model_len ({max_model_len})")
+    if isinstance(prompt, (list, tuple)) and len(prompt) > max_model_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) exceeds max_model_len ({max_model_len})")
 
 
 def params_to_dict(params: SamplingParams) -> dict:
@@ -269,12 +369,24 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "abort":
         return engine.abort(record["id"])
     if op == "reset":
-        return engine.kv.reset_prefix_cache()
+        return reset_prefix_cache(engine)
     if op == "pin":
         return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"])
     if op == "stop":
         return None
     raise ValueError(f"unknown engine command {op!r}")
+
+
+def reset_prefix_cache(engine: Engine) -> bool:
+    """What `/reset_prefix_cache` clears: every cached block of the device pool, then every cached
+    (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
+    cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
+    other engines may share, and its files are only served to an engine with the same identity."""
+    if not engine.kv.reset_prefix_cache():
+        return False
+    if engine.tiers is not None:
+        engine.tiers.host.clear_cached()
+    return True
 
 
 def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:

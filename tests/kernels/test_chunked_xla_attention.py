@@ -30,13 +30,14 @@ def jitted(fn, **static):
     return jax.jit(functools.partial(fn, **static))
 
 
-def reference(*args, max_query_len, sm_scale, **scales):
-    return jitted(ragged_paged_attention_reference, max_query_len=max_query_len, sm_scale=sm_scale)(*args, **scales)
+def reference(*args, max_query_len, sm_scale, sliding_window=None, **scales):
+    return jitted(ragged_paged_attention_reference, max_query_len=max_query_len, sm_scale=sm_scale,
+                  sliding_window=sliding_window)(*args, **scales)
 
 
-def chunked(*args, max_query_len, sm_scale, kv_chunk=None, query_tile=None, **scales):
+def chunked(*args, max_query_len, sm_scale, kv_chunk=None, query_tile=None, sliding_window=None, **scales):
     return jitted(chunked_paged_attention, max_query_len=max_query_len, sm_scale=sm_scale,
-                  kv_chunk=kv_chunk, query_tile=query_tile)(*args, **scales)
+                  kv_chunk=kv_chunk, query_tile=query_tile, sliding_window=sliding_window)(*args, **scales)
 
 
 def assert_matches_reference(batch: Batch, **chunking) -> jax.Array:
@@ -148,3 +149,18 @@ def test_chunking_heuristic_takes_the_largest_chunk_in_budget(num_seqs, group, m
 
     assert chunk == block_size or working_set(chunk) <= CHUNK_BUDGET_BYTES
     assert chunk == MAX_KV_CHUNK or working_set(2 * chunk) > CHUNK_BUDGET_BYTES
+
+
+@pytest.mark.parametrize("window", [1, 7, 8, 9, 24])
+def test_sliding_window_matches_reference_with_blocks_before_the_window_poisoned(window):
+    """Window edges +-1 of the 8-key chunks; decodes and prefill chunks across the window start."""
+    from tests.kernels.test_reference_window import BLOCK, poison_before_window
+
+    batch = poison_before_window(
+        make_batch([1, window, window + 3, 45, 60], [1, 1, 3, 9, 17], block_size=BLOCK, group=2, seed=window),
+        window)
+    expected = batch.run(reference, sliding_window=window)
+    for chunking in ({"kv_chunk": BLOCK, "query_tile": 4}, {}):
+        actual = batch.run(chunked, sliding_window=window, **chunking)
+        assert not jnp.isnan(actual).any()
+        np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), atol=2e-5, rtol=2e-5)

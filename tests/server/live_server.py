@@ -41,3 +41,28 @@ def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:
             logs = "\n---\n".join(p.stdout.read()[-3000:] for p in procs)
             raise RuntimeError(f"server did not start:\n{logs}")
         time.sleep(0.5)
+
+
+def read_metrics(base: str) -> dict[str, float]:
+    """The server's `/metrics`, each sample name summed over its labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=WAIT_S).text):
+        for s in family.samples:
+            values[s.name] = values.get(s.name, 0.0) + s.value
+    return values
+
+
+def wait_idle(base: str, settle_s: float = 0.3) -> dict[str, float]:
+    """Wait until nothing runs or waits and the generated-token counter stands still; returns the metrics."""
+    deadline = time.monotonic() + WAIT_S
+    before = None
+    while True:
+        now = read_metrics(base)
+        idle = now["jaxpaged:num_requests_running"] == 0 and now["jaxpaged:num_requests_waiting"] == 0
+        if idle and before is not None and before == now["jaxpaged:generation_tokens_total"]:
+            return now
+        before = now["jaxpaged:generation_tokens_total"] if idle else None
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the engine did not go idle: {now}")
+        time.sleep(settle_s)

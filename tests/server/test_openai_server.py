@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
-from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
+from tests.server.live_server import WAIT_S, free_port, read_metrics, start_server, wait_healthy
 
 KV_TOKENS = 4096
 
@@ -42,14 +42,6 @@ def reference():
     """`LLM.generate` on the same weights (greedy and seeded outputs do not depend on batching)."""
     llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=512)
     return lambda prompts, params: llm.generate(prompts, params, use_tqdm=False)
-
-
-def _metrics(base: str) -> dict[str, float]:
-    values = {}
-    for family in text_string_to_metric_families(httpx.get(base + "/metrics").text):
-        for s in family.samples:
-            values[s.name] = values.get(s.name, 0.0) + s.value
-    return values
 
 
 @pytest.mark.parametrize("seed,temperature", [(None, 0.0), (7, 0.9)])
@@ -123,7 +115,7 @@ def test_cached_tokens_reported_per_tenant(client):
 
 
 def test_disconnect_mid_stream_frees_the_blocks(server):
-    baseline = _metrics(server)
+    baseline = read_metrics(server)
     body = {"model": "tiny", "prompt": list(range(1, 200)), "max_tokens": 300, "temperature": 0,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server + "/v1/completions", json=body, timeout=WAIT_S) as response:
@@ -132,7 +124,7 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
     assert len(got) == 3  # it was streaming when the client went away
     deadline = time.monotonic() + WAIT_S
     while True:
-        now = _metrics(server)
+        now = read_metrics(server)
         if now["jaxpaged:num_requests_running"] == 0 and now["jaxpaged:kv_cache_usage_perc"] == 0:
             break
         assert time.monotonic() < deadline, f"blocks still held after the disconnect: {now}"

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from jaxpaged.llm import LLM
 from jaxpaged.router import RequestHasher
@@ -151,6 +152,72 @@ def test_index_equals_replica_caches_after_a_run_with_evictions(server, client):
     assert all(r["cached_hashes"] for r in rows)
     assert sum(r["num_evictions"] for r in rows) > 0, "the run should evict cached blocks (BlockRemoved events)"
     assert {r["replica_id"] for r in rows} == {r["replica_id"] for r in _live(server)}
+
+
+def _replica_series(base: str, name: str) -> dict[str, float]:
+    """One engine metric from the ingress's ``/metrics``, by its ``replica`` label."""
+    families = text_string_to_metric_families(httpx.get(base + "/metrics", timeout=30).text)
+    return {s.labels["replica"]: s.value for f in families for s in f.samples if s.name == name}
+
+
+def _replicas_idle(base: str, ids: set[str], last: dict) -> bool:
+    """Nothing in flight per the ingress, nothing running or waiting per each replica's engine, and the
+    generated-token counters unchanged since the previous call (``last`` keeps them)."""
+    rows = _replicas(base)
+    running = _replica_series(base, "jaxpaged:num_requests_running")
+    waiting = _replica_series(base, "jaxpaged:num_requests_waiting")
+    generated = _replica_series(base, "jaxpaged:generation_tokens_total")
+    idle = ({r["replica_id"] for r in rows} == ids == set(running) and all(r["in_flight"] == 0 for r in rows)
+            and not any(running.values()) and not any(waiting.values()) and generated == last.get("generated"))
+    last["generated"] = generated
+    time.sleep(0.3)
+    return idle
+
+
+def test_clients_hanging_up_never_kill_a_replica_or_leak_its_count(server, client, reference):
+    """Both replicas stall (as for a compile) while impatient clients queue requests and give up, then
+    streams disconnect after a chunk or two: the same two replicas live on, the ingress counts nothing in
+    flight, each engine is idle, and the next request is right."""
+    ids = {r["replica_id"] for r in _live(server)}
+    assert len(ids) == 2
+    assert httpx.post(server + "/debug/stall_engine_loop", json={"seconds": 2.0}, timeout=30).status_code == 200
+    impatient = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=1.0)
+
+    def give_up(i):
+        kwargs = dict(model="tiny", prompt=[i + 1, 5, 5], max_tokens=200, extra_body={"ignore_eos": True})
+        with pytest.raises(openai.APITimeoutError):
+            if i % 2:
+                list(impatient.completions.create(stream=True, **kwargs))
+            else:
+                impatient.completions.create(**kwargs)
+
+    def read_then_leave(i):
+        body = {"model": "tiny", "prompt": [i + 30, 6, 6], "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server + "/v1/completions", json=body, timeout=WAIT_S) as response:
+            lines = (line for line in response.iter_lines() if line.startswith("data: "))
+            for _ in range(1 + i % 2):
+                next(lines)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(give_up, range(8)))
+        list(pool.map(read_then_leave, range(16)))
+    last: dict = {}
+    _wait(lambda: _replicas_idle(server, ids, last), what="both replicas to go idle with nothing in flight")
+    assert all(v == 0 for v in _replica_series(server, "jaxpaged:kv_cache_usage_perc").values())
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    assert _complete(client, [4, 4, 2], max_tokens=6).choices[0].text == \
+        reference([[4, 4, 2]], params)[0].outputs[0].text
+    assert {r["replica_id"] for r in _live(server)} == ids  # neither replica was replaced
+
+
+def test_a_refused_multi_prompt_request_leaves_nothing_running(server):
+    before = sum(_replica_series(server, "jaxpaged:generation_tokens_total").values())
+    response = httpx.post(server + "/v1/completions", timeout=WAIT_S, json={
+        "model": "tiny", "prompt": ["hello there", ""], "max_tokens": 300, "ignore_eos": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    ids, last = {r["replica_id"] for r in _live(server)}, {}
+    _wait(lambda: _replicas_idle(server, ids, last), what="both replicas to go idle")
+    assert sum(last["generated"].values()) - before < 300
 
 
 def test_killed_replica_fails_its_requests_and_leaves_the_index(server, client, reference):

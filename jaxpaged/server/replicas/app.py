@@ -30,6 +30,7 @@ import jaxpaged
 from jaxpaged.engine import EngineConfig
 from jaxpaged.router import POLICIES
 from jaxpaged.server.api import build_app
+from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.replicas.messages import ReplicaReport
 from jaxpaged.server.replicas.pool import ReplicaPool
@@ -51,7 +52,8 @@ class Ingress:
     """The HTTP front: the OpenAI-compatible app over a `ReplicaPool` of the replica deployment."""
 
     async def __init__(self, replicas, *, served_model_name: str, model: str, policy: str,
-                       enable_debug_endpoints: bool, liveness_timeout_s: float) -> None:
+                       enable_debug_endpoints: bool, liveness_timeout_s: float,
+                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES) -> None:
         """``replicas``: the `EngineReplica` deployment's handle."""
         info = await replicas.model_info.remote()
         self.pool = ReplicaPool(replicas, info, deployment=REPLICA_DEPLOYMENT, policy=policy,
@@ -59,10 +61,12 @@ class Ingress:
         self._served_model_name = served_model_name
         self._chat_template = ChatTemplate.for_model(model)
         self._debug = enable_debug_endpoints
+        self._max_body = max_request_body_bytes
 
     def __serve_build_asgi_app__(self):
         """The app, built once the pool exists."""
-        app = build_app(self.pool, served_model_name=self._served_model_name, chat_template=self._chat_template)
+        app = build_app(self.pool, served_model_name=self._served_model_name, chat_template=self._chat_template,
+                        enable_debug_endpoints=self._debug, max_request_body_bytes=self._max_body)
         if self._debug:
             add_debug_routes(app, self.pool)
         return app
@@ -106,7 +110,8 @@ def add_debug_routes(app, pool: ReplicaPool) -> None:
 def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_name: str, policy: str = "prefix_aware",
                       max_waiting_requests: int = 1024, enable_debug_endpoints: bool = False,
                       replica_env: dict[str, str] | None = None, liveness_timeout_s: float = 60.0,
-                      report_interval_s: float = 0.05):
+                      report_interval_s: float = 0.05,
+                      max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES):
     """The bound Serve application: ``num_replicas`` engines behind the routing ingress.
 
     ``replica_env``: environment variables of the replica processes (e.g. XLA
@@ -129,7 +134,8 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
     ingress = serve.deployment(Ingress, name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=100_000,
                                ray_actor_options={"num_cpus": 0}, logging_config=QUIET)
     return ingress.bind(replica, served_model_name=served_model_name, model=config.model, policy=policy,
-                        enable_debug_endpoints=enable_debug_endpoints, liveness_timeout_s=liveness_timeout_s)
+                        enable_debug_endpoints=enable_debug_endpoints, liveness_timeout_s=liveness_timeout_s,
+                        max_request_body_bytes=max_request_body_bytes)
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:

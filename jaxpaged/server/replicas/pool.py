@@ -27,9 +27,10 @@ from jaxpaged.cache.events import DEVICE_TIER, KVEvent
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import EngineDeadError
+from jaxpaged.server.async_engine import EngineDeadError, refuse_overlong
 from jaxpaged.server.replicas.messages import (Accepted, ModelInfo, RemoteError, ReplicaCacheView,
                                                ReplicaReport)
+from jaxpaged.server.replicas.metrics import merge_replica_metrics
 from jaxpaged.server.replicas.pinned_router import live_replica_ids
 from jaxpaged.server.replicas.replica import RESYNC
 
@@ -104,7 +105,10 @@ class ReplicaPool:
         replica, or the chosen ones died before taking it; tried on up to every
         live replica).
         """
-        token_ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)  # before any per-token work
+        if isinstance(prompt, str):  # off the event loop (a long prompt would stall every stream); sent as ids
+            prompt = await asyncio.to_thread(self.engine.tokenizer.encode, prompt)
+        token_ids = list(prompt)
         tried: list[str] = []
         while True:
             replica = self._choose(token_ids, cache_salt, exclude=tried)
@@ -116,6 +120,9 @@ class ReplicaPool:
                 self._drop(replica, f"call failed: {type(err).__name__}")
                 tried.append(replica)
                 continue
+            except BaseException:  # the client went away (cancelled) before the replica answered
+                stream.cancel()  # the replica's generator is cancelled, which aborts the request there
+                raise
             if isinstance(first, RemoteError):
                 raise first.exception()
             assert isinstance(first, Accepted), first
@@ -145,11 +152,39 @@ class ReplicaPool:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")
         return all(results)
 
-    async def _ask(self, replica: str, method: str):
-        """Calls ``method`` on one replica."""
-        return await asyncio.wait_for(getattr(self.handle, method).remote(target_replica=replica), _ASK_TIMEOUT_S)
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Pins the prefix on every live replica (any of them may serve it); the blocks cached now, summed.
 
-    async def _ask_each(self, replicas: list[str], method: str) -> list:
+        A bad prompt or TTL is the first replica's ValueError (every replica refuses it alike)."""
+        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt)
+        for r in results:
+            if isinstance(r, ValueError):
+                raise r
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise EngineDeadError(f"a replica did not pin the prefix: {errors[0]!r}")
+        return sum(results)
+
+    async def engine_metrics(self) -> str:
+        """Every live replica's engine metrics (Prometheus text), each sample labelled ``replica``."""
+        replicas = list(self._replicas)
+        texts = await self._ask_each(replicas, "metrics_text")
+        return merge_replica_metrics({r: t for r, t in zip(replicas, texts) if isinstance(t, str)})
+
+    def crash_for_test(self) -> None:
+        """Make every replica's engine loop raise (the debug endpoint); returns before they do."""
+        asyncio.ensure_future(self._ask_each(list(self._replicas), "crash_for_test"))
+
+    async def stall_for_test(self, seconds: float) -> None:
+        """Make every replica's engine loop sleep ``seconds`` between two steps (the debug endpoint)."""
+        await self._ask_each(list(self._replicas), "stall_for_test", seconds)
+
+    async def _ask(self, replica: str, method: str, *args):
+        """Calls ``method`` on one replica."""
+        call = getattr(self.handle, method).remote(*args, target_replica=replica)
+        return await asyncio.wait_for(call, _ASK_TIMEOUT_S)
+
+    async def _ask_each(self, replicas: list[str], method: str, *args) -> list:
         """``method``'s answer (or the error) from each replica, one call at a time.
 
         Never concurrently: Serve gives every call made while handling one HTTP
@@ -160,7 +195,7 @@ class ReplicaPool:
         answers = []
         for replica in replicas:
             try:
-                answers.append(await self._ask(replica, method))
+                answers.append(await self._ask(replica, method, *args))
             except Exception as err:  # noqa: BLE001 - reported per replica
                 answers.append(err)
         return answers
@@ -266,11 +301,15 @@ class _ReplicaStream:
             self._release()
         return output
 
-    async def aclose(self) -> None:
-        """Stops the stream; an unfinished request is aborted on its replica."""
+    def close(self) -> None:
+        """Stops the stream; an unfinished request is aborted on its replica (synchronous: safe under cancellation)."""
         if self._open:
             self._release()
             self._stream.cancel()
+
+    async def aclose(self) -> None:
+        """`close()` (the async-iterator spelling)."""
+        self.close()
 
     def _release(self) -> None:
         if self._open and self._state is not None:

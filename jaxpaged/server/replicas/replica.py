@@ -15,10 +15,12 @@ import logging
 import os
 from typing import AsyncIterator
 
+from prometheus_client import generate_latest
 from ray import serve
 
 from jaxpaged.cache.events import AllBlocksCleared, BlockStored, KVEvent
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.metrics import attach_metrics
 from jaxpaged.router import ReplicaLoad
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
@@ -57,6 +59,7 @@ class EngineReplica:
         self.heartbeat_s = heartbeat_s  # an unchanged replica still reports this often (the ingress's liveness)
         engine = Engine(config)
         engine.kv.enable_events()
+        self.metrics = attach_metrics(engine)
         self.async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests)
         self.async_engine.start()
         self._ingress = serve.get_deployment_handle(ingress_deployment, app_name=context.app_name)
@@ -76,12 +79,32 @@ class EngineReplica:
             yield RemoteError.of(err)
             return
         yield Accepted()
-        async for output in stream:
-            yield output
+        try:
+            async for output in stream:
+                yield output
+        finally:  # cancelled by the ingress (its client went away), or done: abort if unfinished
+            stream.close()
 
     async def reset_prefix_cache(self, target_replica: str | None = None) -> bool:
         """Drops the unreferenced cached blocks; False if some are in use."""
         return await self.async_engine.reset_prefix_cache()
+
+    async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None,
+                         target_replica: str | None = None) -> int:
+        """Pins the prompt's blocks for ``ttl_s`` seconds (`Engine.pin_prefix`); the blocks cached now."""
+        return await self.async_engine.pin_prefix(prompt, ttl_s, cache_salt=cache_salt)
+
+    def metrics_text(self, target_replica: str | None = None) -> str:
+        """This replica's engine metrics (Prometheus text), for the ingress's ``/metrics``."""
+        return generate_latest(self.metrics.registry).decode()
+
+    def crash_for_test(self, target_replica: str | None = None) -> None:
+        """Make the engine loop raise, as an unexpected engine error would (debug endpoint)."""
+        self.async_engine.crash_for_test()
+
+    async def stall_for_test(self, seconds: float, target_replica: str | None = None) -> None:
+        """Make the engine loop sleep ``seconds`` between two steps, as a long compile would (debug endpoint)."""
+        await self.async_engine.stall_for_test(seconds)
 
     def model_info(self, target_replica: str | None = None) -> ModelInfo:
         """Tokenizer, model config and cache geometry, for the ingress."""
@@ -99,7 +122,7 @@ class EngineReplica:
     def check_health(self) -> None:
         """Serve's health check: raises (and Serve replaces the replica) once the engine loop is gone."""
         if not self.async_engine.is_running:
-            raise RuntimeError(f"replica {self.replica_id}: {self.async_engine._dead_reason()}")
+            raise RuntimeError(f"replica {self.replica_id}: {self.async_engine.dead_reason()}")
         if self._reporter.done() and not self._reporter.cancelled() and self._reporter.exception() is not None:
             raise RuntimeError(f"replica {self.replica_id}: event reporting failed: {self._reporter.exception()!r}")
 

@@ -1,0 +1,131 @@
+"""A runner that stands in for an asynchronous device in real time: each step sleeps its predicted time.
+
+`SleepingDeviceRunner` keeps the real persistent batch and lays out every step
+with the real code (`InputBatch`), predicts the step's time with the cost model
+of a device profile, and hands the step to a worker thread that sleeps that
+long and then returns the fixed token, as an asynchronous GPU would. The
+engine's host work (scheduling, layout, output processing) runs for real
+beside it, so the share of wall time the device thread is busy shows whether
+the host keeps such a device fed. The CPU stays free while the "device" runs.
+
+It serves two uses: the host-overhead benchmark (`jaxpaged.bench.host_overhead`)
+and `serve.py --device=simulated`, which runs the whole server over it
+(`jaxpaged.sim.realtime`).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxpaged.runner import InputBatch
+from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.runner import fixed_token
+from jaxpaged.step_input import StepInput
+
+MAX_BUSY_INTERVALS = 1 << 16  # (start, end) pairs kept for `busy_seconds`; a server keeps only the newest
+
+
+class _Timer:
+    """Adds up the wall time of calls to one function."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.total_s = 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.total_s += time.perf_counter() - start
+
+
+class _PendingSleep:
+    def __init__(self, runner: "SleepingDeviceRunner", future: concurrent.futures.Future | None, num_seqs: int):
+        self._runner, self._future, self._num_seqs = runner, future, num_seqs
+
+    def result(self) -> ModelOutput:
+        if self._future is not None:
+            start = time.perf_counter()
+            self._future.result()
+            self._runner.wait_s += time.perf_counter() - start
+        n = self._num_seqs
+        return ModelOutput(token_ids=np.full(n, self._runner.token, np.int32), logprobs=np.zeros(n, np.float32))
+
+
+class SleepingDeviceRunner:
+    """A runner whose device is a worker thread sleeping each step's predicted time (see the module docstring)."""
+
+    num_compiles = 0
+
+    def __init__(self, config, cost_model: CostModel, num_blocks: int, *, sleep: bool = True):
+        self.config = config
+        self.cost_model = cost_model
+        self.block_size = cost_model.block_size
+        self.num_blocks = num_blocks
+        self.sleep = sleep
+        self.token = fixed_token(config)
+        self.input_batch = InputBatch(self.block_size)
+        self.layout = _Timer(self.input_batch.prepare)
+        self.device_s = 0.0  # predicted (slept) seconds of every dispatched step
+        self.wait_s = 0.0  # host seconds spent waiting for the device
+        self.predict_s = 0.0  # host seconds spent predicting step times (the stand-in's own cost)
+        # (start, end) of the newest sleeps, perf_counter; busy_s adds up every one
+        self.busy_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_BUSY_INTERVALS)
+        self.busy_s = 0.0
+        self.num_steps = 0
+        self._busy_lock = threading.Lock()
+        self._device = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulated-device")
+
+    def reset(self) -> None:
+        """Forget every row of the persistent batch."""
+        self.input_batch = InputBatch(self.block_size)
+        self.layout = _Timer(self.input_batch.prepare)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> _PendingSleep:
+        """Apply the changes, lay out the step (timed), and queue its predicted time on the device thread."""
+        self.input_batch.apply(scheduler_output)
+        if not scheduler_output.seqs:
+            return _PendingSleep(self, None, 0)
+        step = self.layout(scheduler_output)
+        start = time.perf_counter()
+        seconds = self.step_time(step)
+        self.predict_s += time.perf_counter() - start
+        self.device_s += seconds
+        future = self._device.submit(self._run_step, seconds) if self.sleep else None
+        return _PendingSleep(self, future, scheduler_output.num_seqs)
+
+    def _run_step(self, seconds: float) -> None:
+        start = time.perf_counter()
+        time.sleep(seconds)
+        end = time.perf_counter()
+        with self._busy_lock:
+            self.busy_intervals.append((start, end))
+            self.busy_s += end - start
+            self.num_steps += 1
+
+    def busy_seconds(self, begin: float, end: float) -> float:
+        """Seconds within `[begin, end]` during which the device thread was running a step."""
+        with self._busy_lock:
+            intervals = list(self.busy_intervals)
+        return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in intervals)
+
+    def step_time(self, step: StepInput) -> float:
+        """The cost model's time for the laid-out step (O(1) numpy for a decode-only step)."""
+        real = step.query_lens > 0
+        lens, context = step.query_lens[real], step.context_lens[real]
+        if np.all(lens == 1):
+            before = context - 1
+            return self.cost_model.decode_step_time(len(before), int(before.sum()), int(before.max()))
+        return self.cost_model.step_time(zip(lens.tolist(), (context - lens).tolist()))
+
+    def close(self) -> None:
+        """Wait for the step in flight, then stop the device thread."""
+        self._device.shutdown(wait=True)
