@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
 from jaxpaged.buckets import pow2_bucket
+from jaxpaged.logit_controls import LogitControls
 from jaxpaged.mathutils import cdiv
 
 MIN_PREFILL_TOKENS = 16
@@ -68,6 +69,12 @@ class StepInput:
     layout: StepLayout
     order: np.ndarray  # [num_seqs]: batch row of the caller's i-th sequence
     num_seqs: int  # real (unpadded) sequences
+    # logit bias / min_tokens / penalties of the rows that use them (None: no row does)
+    logit_controls: LogitControls | None = None
+    # prompt logprobs: token rows whose next-token logprob is returned, and that next token (padded)
+    prompt_logprob_rows: np.ndarray | None = None  # [P] int32
+    prompt_logprob_targets: np.ndarray | None = None  # [P] int32
+    num_prompt_top_logprobs: int = 0
 
     def check_shapes(self) -> None:
         """Assert the arrays agree with each other (the host -> device boundary)."""

@@ -67,7 +67,24 @@ class InputProcessor:
         request.fork_pending = width > 1 and len(token_ids) > 1
         copies = 1 if request.fork_pending else width
         request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        if params.bad_words:
+            request.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         return request
+
+    def _bad_words_token_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's token ids, with and without a leading space (vLLM's rule), deduplicated."""
+        ids = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                tokens = self.tokenizer.encode(text)
+                if tokens and tokens[0] == self.tokenizer.bos_token_id:
+                    tokens = tokens[1:]  # the tokenizer's post-processor added BOS
+                tokens = tuple(tokens)
+                if tokens:
+                    ids[tokens] = None
+        return tuple(ids)
 
     def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
         """Raise ValueError if `process` would reject this prompt (changes nothing)."""
@@ -125,6 +142,9 @@ class InputProcessor:
         vocab = self.model_config.vocab_size
         if params.top_k > vocab:
             raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")
+        bad_bias = [t for t in (params.logit_bias or ()) if t >= vocab]
+        if bad_bias:
+            raise ValueError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary [0, {vocab})")
         if params.use_beam_search and pow2_bucket(2 * params.beam_width) > vocab:
             raise ValueError(f"beam_width {params.beam_width} is too large for the vocabulary ({vocab}): "
                              f"at most {max_beam_width(vocab)}")

@@ -13,7 +13,9 @@ import operator
 
 import numpy as np
 
+from jaxpaged.buckets import pow2_bucket
 from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.runner.logit_rows import LogitRows
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
 
@@ -36,6 +38,7 @@ class InputBatch:
         self.top_p = np.ones(rows, np.float32)
         self.seeds = np.zeros(rows, np.uint32)
         self._row_of: dict[int, int] = {}
+        self.logit_rows = LogitRows()  # bias / min_tokens / penalty state of the rows that use them
         self._free_rows = list(range(rows - 1, -1, -1))  # a stack: the lowest row is handed out first
 
     @property
@@ -60,7 +63,9 @@ class InputBatch:
     def apply(self, out: SchedulerOutput) -> None:
         """Free rows, add rows, then apply block-table updates, as the scheduler lists them."""
         for seq_id in out.freed_seq_ids:
-            self._free_rows.append(self._row_of.pop(seq_id))
+            row = self._row_of.pop(seq_id)
+            self._free_rows.append(row)
+            self.logit_rows.remove(row)
         for new in out.new_rows:
             if new.seq_id in self._row_of:
                 raise ValueError(f"sequence {new.seq_id} already has row {self._row_of[new.seq_id]}")
@@ -74,6 +79,7 @@ class InputBatch:
             self.top_k[row] = new.top_k
             self.top_p[row] = new.top_p
             self.seeds[row] = new.seed
+            self.logit_rows.add(row, new.controls)
         for seq_id, start, block_ids in out.block_updates:
             end = start + len(block_ids)
             self._ensure_columns(end)
@@ -157,4 +163,22 @@ class InputBatch:
         step.counters[batch_row] = context - self.num_prompt_tokens[rows]
         step.sample_rows[batch_row] = rows
         step.order[:] = batch_row
+        step.logit_controls = self.logit_rows.build(rows, batch_row, context, self.num_prompt_tokens[rows],
+                                                    out.samples, out.seqs)
+        if out.prompt_logprob_spans:
+            _lay_out_prompt_logprobs(step, out, first_token)
         return step
+
+
+def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:
+    """The token rows of the spans' positions and the prompt token each one predicts."""
+    total = sum(n for _, _, n in out.prompt_logprob_spans)
+    size = pow2_bucket(total, 16)
+    rows, targets = np.zeros(size, np.int32), np.zeros(size, np.int32)
+    at = 0
+    for i, start, n in out.prompt_logprob_spans:  # a span starts where its sequence's chunk does
+        rows[at:at + n] = np.arange(first_token[i], first_token[i] + n)
+        targets[at:at + n] = out.seqs[i].token_ids[start + 1:start + 1 + n]
+        at += n
+    step.prompt_logprob_rows, step.prompt_logprob_targets = rows, targets
+    step.num_prompt_top_logprobs = out.num_prompt_top_logprobs

@@ -42,6 +42,7 @@ from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gathe
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
+from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
@@ -57,6 +58,9 @@ class DeviceStepInput(NamedTuple):
     logits_indices: jax.Array
     sampling: SamplingBatch
     sample_rows: jax.Array
+    controls: LogitControls
+    prompt_logprob_rows: jax.Array
+    prompt_logprob_targets: jax.Array
 
 
 class PendingStep:
@@ -76,7 +80,23 @@ class PendingStep:
             top_ids=host["top_ids"][rows] if "top_ids" in host else None,
             top_logprobs=host["top_logprobs"][rows] if "top_logprobs" in host else None,
             logits=host["logits"][rows] if "logits" in host else None,
+            prompt_logprobs=host.get("prompt_logprobs"),  # span order, not row order
+            prompt_top_ids=host.get("prompt_top_ids"),
+            prompt_top_logprobs=host.get("prompt_top_logprobs"),
         )
+
+
+def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str, jax.Array]:
+    """Each listed token row's log-probability of the prompt token after it (and its top k), raw logits."""
+    logprobs = jax.nn.log_softmax(model.logits(hidden[inputs.prompt_logprob_rows]).astype(jnp.float32), axis=-1)
+    out = {"prompt_logprobs": jnp.take_along_axis(logprobs, inputs.prompt_logprob_targets[:, None], axis=-1)[:, 0]}
+    if k:
+        out["prompt_top_logprobs"], out["prompt_top_ids"] = jax.lax.top_k(logprobs, k)
+    return out
+
+
+def _or_empty(array: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, np.int32) if array is None else array
 
 
 def _local_copy(array: jax.Array) -> jax.Array:
@@ -146,8 +166,8 @@ class ModelRunner:
             param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
             shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
                              out_shardings=(replicated, pool_shardings, replicated))
-        # static arguments are positional (4, 5, 6): jit takes no keyword arguments with in_shardings
-        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6), **shardings)
+        # static arguments are positional (4 to 7): jit takes no keyword arguments with in_shardings
+        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6, 7), **shardings)
 
     def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
         if self.tp is None:
@@ -184,14 +204,18 @@ class ModelRunner:
         return self._trace_count
 
     def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
-                 layout: StepLayout, return_logits: bool, num_top_logprobs: int):
+                 layout: StepLayout, return_logits: bool, num_top_logprobs: int, num_prompt_top_logprobs: int):
         self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
         model = nnx.merge(self.graphdef, params)
         src = inputs.token_src_rows
         token_ids = jnp.where(src >= 0, last_tokens[jnp.maximum(src, 0)], inputs.token_ids)
         hidden, pool = model(token_ids, inputs.positions, pool, inputs.attention, layout, self.backend)
         logits = model.logits(hidden[inputs.logits_indices])
-        tokens, logprobs = sample(logits, inputs.sampling)
+        processed = None
+        if inputs.controls.bias_rows.shape[0] or inputs.controls.penalty_rows.shape[0]:
+            processed = apply_logit_controls(logits.astype(jnp.float32), inputs.controls,
+                                             token_ids[inputs.logits_indices])
+        tokens, logprobs = sample(logits, inputs.sampling, processed)
         keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
         last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
         out = {"token_ids": tokens, "logprobs": logprobs}
@@ -200,6 +224,8 @@ class ModelRunner:
         if num_top_logprobs:
             top_lp, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), num_top_logprobs)
             out["top_logprobs"], out["top_ids"] = top_lp, top_ids
+        if inputs.prompt_logprob_rows.shape[0]:
+            out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
         return out, pool, last_tokens
 
     # ---- the engine's entry point -------------------------------------------------------------
@@ -232,7 +258,8 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("dispatch_step"):
             inputs = self._put(inputs)
             out, self._pool, self._last_tokens = self._step(
-                self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs)
+                self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs,
+                step.num_prompt_top_logprobs)
         return PendingStep(out, step.order)
 
     def execute(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> ModelOutput:
@@ -242,7 +269,7 @@ class ModelRunner:
     def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
         """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
         return self._step.lower(self.params, self._pool, self._last_tokens, self._put(self._device_inputs(step)),
-                                step.layout, return_logits, num_top_logprobs)
+                                step.layout, return_logits, num_top_logprobs, step.num_prompt_top_logprobs)
 
     def _fit_last_tokens(self) -> None:
         """Grow the device copy of each row's last sample with the persistent batch (old rows kept)."""
@@ -262,6 +289,9 @@ class ModelRunner:
             logits_indices=step.logits_indices,
             sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters),
             sample_rows=step.sample_rows,
+            controls=step.logit_controls if step.logit_controls is not None else empty_controls(),
+            prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
+            prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
         )
 
     # ---- the pool -------------------------------------------------------------------------------

@@ -242,3 +242,21 @@ def test_family_logits_match_single_device(tmp_path, name, n):
         ref, got = (r.execute(step, return_logits=True) for r in runners)
         np.testing.assert_allclose(got.logits, ref.logits, atol=2e-5, rtol=1e-5)
         np.testing.assert_array_equal(got.token_ids, ref.token_ids)
+
+
+def test_prompt_logprobs_at_two_devices_equal_the_dense_forward(models):
+    import jax.numpy as jnp
+    from tests.paged_driver import dense_logits
+    model = models[TINY.name]
+    prompt = list(range(40, 60))  # 20 tokens: three 8-token chunks
+    engine = Engine(EngineConfig(model="tiny", block_size=BS, num_blocks=40, max_num_batched_tokens=8,
+                                 tensor_parallel_size=2), model=model)
+    engine.add_request("r", prompt, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2))
+    final = None
+    while engine.has_unfinished_requests():
+        final = next((o for o in engine.step() if o.finished), final)
+    ref = np.asarray(jax.nn.log_softmax(jnp.asarray(dense_logits(model, prompt)), axis=-1))
+    for i in range(1, len(prompt)):
+        entry = final.prompt_logprobs[i]
+        assert entry[prompt[i]] == pytest.approx(ref[i - 1, prompt[i]], abs=1e-4)
+        assert set(np.argsort(-ref[i - 1])[:2].tolist()) <= set(entry)
