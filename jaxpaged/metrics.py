@@ -13,9 +13,12 @@ engine's own numbers. Token counts for the prefix cache are in tokens, as vLLM's
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
+
+import numpy as np
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -27,6 +30,62 @@ PREFIX = "jaxpaged:"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# block residency spans seconds to hours (vLLM's kv_block_* buckets, to 1 h)
+_RESIDENCY_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+                      1800.0, 3600.0)
+HIT_RATE_WINDOW_S = 60.0
+TIERS = ("device", "host", "disk")
+
+
+class WindowedHitRate:
+    """Prefix-cache hit rate (tokens) over the last ``window_s`` seconds of a clock, from cumulative counts."""
+
+    def __init__(self, window_s: float = HIT_RATE_WINDOW_S) -> None:
+        """``window_s``: how far back the rate looks."""
+        self.window_s = window_s
+        # (time, queries, hits) whenever the totals change; the first point is always at or before
+        # the window's start, so it is the base the window's counts are taken from
+        self._points: collections.deque[tuple[float, int, int]] = collections.deque([(-np.inf, 0, 0)])
+
+    def update(self, now: float, queries_total: int, hits_total: int) -> float:
+        """Record the totals at ``now``; returns hits / queries over the window (0 with no queries)."""
+        points = self._points
+        if points[-1][1:] != (queries_total, hits_total):
+            points.append((now, queries_total, hits_total))
+        start = now - self.window_s
+        while len(points) > 1 and points[1][0] <= start:
+            points.popleft()
+        _, q0, h0 = points[0]
+        queries = queries_total - q0
+        return (hits_total - h0) / queries if queries > 0 else 0.0
+
+
+def tier_hit_tokens(engine: Engine) -> dict[str, int]:
+    """Prompt tokens served by each KV tier so far: the device prefix cache, the host and disk tiers."""
+    hits = {"device": engine.kv.stats.prefix_hits_tokens, "host": 0, "disk": 0}
+    tiers = getattr(engine, "tiers", None)
+    if tiers is not None:
+        hits["host"] = tiers.stats.host_hits * engine.block_size
+        hits["disk"] = tiers.stats.disk_hits * engine.block_size
+    return hits
+
+
+def kv_residency_summary(engine: Engine) -> dict:
+    """The KV residency numbers for a benchmark report: eviction policy, evictions by reason, pinned
+    blocks, per-tier hit tokens, and the median / p90 / count of each sampled residency histogram."""
+    kv = engine.kv
+    stats = kv.stats
+    out = {"eviction_policy": getattr(kv, "eviction_policy", "none"),
+           "evictions_by_reason": dict(stats.evictions_by_reason), "pinned_blocks": stats.num_pinned_blocks,
+           "tier_hit_tokens": tier_hit_tokens(engine)}
+    tracker = getattr(kv, "residency", None)
+    if tracker is not None:
+        for name, values in tracker.samples().items():
+            arr = np.asarray(values, dtype=float)
+            out[f"{name}_s"] = {"count": int(arr.size),
+                                "p50": float(np.median(arr)) if arr.size else None,
+                                "p90": float(np.percentile(arr, 90)) if arr.size else None}
+    return out
 
 
 class EngineMetrics:
@@ -61,6 +120,32 @@ class EngineMetrics:
         self.device_busy_seconds = counter(
             "device_busy_seconds", "Seconds the (simulated) device spent in steps; only runners that count it.")
         self.iteration_tokens = histogram("iteration_tokens", "Tokens computed per engine step.", _TOKEN_BUCKETS)
+        self.hit_rate_window = gauge("prefix_cache_hit_rate",
+                                     f"Prefix-cache hit rate (tokens) over the last {HIT_RATE_WINDOW_S:g} s.")
+        self.pinned_blocks = gauge("kv_cache_pinned_blocks",
+                                   "Free cached KV blocks a pinned prefix keeps from eviction.")
+        self.evictions_by_reason = Counter(PREFIX + "kv_cache_evictions_by_reason",
+                                           "Cached KV blocks dropped, by reason (capacity, pinned, reset).",
+                                           ["reason"], registry=r)
+        self.tier_hits = Counter(PREFIX + "prefix_cache_tier_hits",
+                                 "Prompt tokens served from a KV tier (device prefix cache, host, disk).",
+                                 ["tier"], registry=r)
+        self.residency = {
+            "lifetime": histogram("kv_block_lifetime_seconds",
+                                  "Cached KV block lifetime, cached to evicted (sampled).", _RESIDENCY_BUCKETS),
+            "idle_before_evict": histogram("kv_block_idle_before_evict_seconds",
+                                           "Time from a cached block's last release to its eviction (sampled).",
+                                           _RESIDENCY_BUCKETS),
+            "reuse_gap": histogram("kv_block_reuse_gap_seconds",
+                                   "Time between consecutive reuses of a cached block (sampled).",
+                                   _RESIDENCY_BUCKETS),
+        }
+        for reason in ("capacity", "pinned", "reset"):
+            self.evictions_by_reason.labels(reason)
+        for tier in TIERS:
+            self.tier_hits.labels(tier)
+        self._window = WindowedHitRate()
+        self._seen: dict[str, int] = {}
         self._last: dict[str, int] = {}
         self._last_step = 0
 
@@ -86,6 +171,7 @@ class EngineMetrics:
             if delta > 0:
                 getattr(self, name).inc(delta)
             self._last[name] = total
+        self._update_residency(engine, kv)
         if engine.stats.num_steps > self._last_step:  # a step that ran on the device
             self._last_step = engine.stats.num_steps
             self.iteration_tokens.observe(engine.stats.last_step_tokens)
@@ -99,6 +185,25 @@ class EngineMetrics:
                 self.e2e.observe(m.e2e_latency)
             for gap in m.inter_token_latencies:
                 self.itl.observe(gap)
+
+    def _update_residency(self, engine: Engine, kv) -> None:
+        self.hit_rate_window.set(self._window.update(engine.clock(), kv.prefix_queries_tokens,
+                                                     kv.prefix_hits_tokens))
+        self.pinned_blocks.set(kv.num_pinned_blocks)
+        labeled = [(self.evictions_by_reason, f"reason:{k}", k, v) for k, v in kv.evictions_by_reason.items()]
+        labeled += [(self.tier_hits, f"tier:{k}", k, v) for k, v in tier_hit_tokens(engine).items()]
+        for metric, key, label, total in labeled:
+            delta = total - self._last.get(key, 0)
+            if delta > 0:
+                metric.labels(label).inc(delta)
+            self._last[key] = total
+        tracker = getattr(engine.kv, "residency", None)
+        if tracker is not None:
+            for name, values in tracker.samples().items():
+                seen = self._seen.get(name, 0)
+                for value in values[seen:]:
+                    self.residency[name].observe(value)
+                self._seen[name] = len(values)
 
     def snapshot(self) -> dict[str, float]:
         """Every sample now, keyed by its exposition name (``..._total``, ``..._sum``, ``..._count``,

@@ -1,7 +1,8 @@
 """Benchmarks the host-side KV cache manager (no JAX, no device).
 
-Measures allocate / free / match throughput in blocks per second and the host
-time to admit a prompt cold and fully cached, per hash algorithm. Prints a
+Measures allocate / free / match throughput in blocks per second, the host
+time to admit a prompt cold and fully cached, per hash algorithm, and each
+eviction policy's cost per block evicted, released and hit. Prints a
 Markdown table and writes JSON.
 
     .venv/bin/python scripts/bench_block_manager.py --json_out=out/bench_block_manager.json
@@ -15,6 +16,7 @@ import os
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
 from jaxpaged.bench.block_manager import BenchConfig, markdown_table, run_benchmarks
 
@@ -23,10 +25,13 @@ _BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per block.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 1024, "Prompt length in tokens.")
 _REPEATS = flags.DEFINE_integer("repeats", 2000, "Timed calls per measurement (median reported).")
 _HASH_ALGO = flags.DEFINE_list("hash_algo", ["sha256", "xxh3_128"], "Hash algorithms to compare.")
+_POLICIES = flags.DEFINE_list("eviction_policy", list(EVICTION_POLICIES),
+                              "Eviction policies whose per-block cost is measured.")
 _JSON_OUT = flags.DEFINE_string("json_out", "out/bench_block_manager.json", "Where to write the JSON results.")
 
 flag_checks.positive("num_blocks", "block_size", "prompt_len", "repeats")
 flag_checks.list_of("hash_algo", choices=HASH_ALGOS)
+flag_checks.list_of("eviction_policy", choices=EVICTION_POLICIES)
 
 
 def main(argv: list[str]) -> None:
@@ -37,6 +42,7 @@ def main(argv: list[str]) -> None:
         prompt_len=_PROMPT_LEN.value,
         repeats=_REPEATS.value,
         hash_algos=tuple(_HASH_ALGO.value),
+        eviction_policies=tuple(_POLICIES.value),
     )
     results = run_benchmarks(cfg)
     print(markdown_table(results))

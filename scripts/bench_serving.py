@@ -9,6 +9,13 @@ async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online.py):
     python scripts/bench_serving.py --backend=http --base_url=http://127.0.0.1:8000 \
         --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
 
+With ``--trace`` (a Mooncake-format JSONL trace) the requests and their arrivals
+come from the trace, offline and over HTTP alike (timestamps times ``--trace_time_scale``; prompts longer than
+``--max_model_len`` keep their shared head), instead of ``--workload``:
+
+    python scripts/bench_serving.py --model=small --trace=data/traces/mooncake_conversation_trace.jsonl \
+        --trace_limit=32 --trace_time_scale=0.01 --max_model_len=1024 --eviction_policy=slru
+
 Latencies and throughput exclude compile time (reported separately); see
 jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
 """
@@ -26,8 +33,9 @@ from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.report import markdown_table
 from jaxpaged.bench.results_io import write_outputs
 from jaxpaged.bench.serving import MODES, compare_modes
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.checkpoint import load_model
-from jaxpaged.metrics import attach_metrics
+from jaxpaged.metrics import attach_metrics, kv_residency_summary
 from jaxpaged.workloads import WORKLOADS
 
 BACKEND = flags.DEFINE_enum("backend", "offline", ["offline", "http"],
@@ -41,12 +49,17 @@ MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
 METRICS_PORT = flags.DEFINE_integer("metrics_port", None, "serve Prometheus metrics of the running engine here")
 LOG_INTERVAL = flags.DEFINE_float("log_interval_s", None, "log a one-line engine summary this often")
 PROGRESS = flags.DEFINE_boolean("progress", True, "show a progress bar")
+POLICY = flags.DEFINE_enum("eviction_policy", "lru", list(EVICTION_POLICIES), "which cached block is evicted first")
+METRICS_SAMPLE = flags.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose "
+                                    "residency (lifetime, idle before evict, reuse gaps) is measured")
 
 flag_checks.positive("block_size", "repeats")
 flag_checks.list_of("modes", choices=list(MODES))
 flag_checks.at_least(1, "metrics_port")
 flags.register_validator("metrics_port", lambda v: v is None or v <= 65535, "--metrics_port must be <= 65535")
 flag_checks.at_least(1e-3, "log_interval_s")
+flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
+                         message="--kv_cache_metrics_sample must be in [0, 1]")
 
 
 def main(argv):
@@ -57,24 +70,53 @@ def main(argv):
         return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     bench_flags.enable_compile_cache()
-    requests = bench_flags.workload_from_flags(WORKLOAD.value)
-    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
+    if bench_flags.TRACE.value:
+        requests = bench_flags.trace_from_flags()
+    else:
+        requests = bench_flags.workload_from_flags(WORKLOAD.value)
+    setup = dataclasses.replace(bench_flags.setup_from_flags(BLOCK_SIZE.value, requests),
+                                eviction_policy=POLICY.value, kv_cache_metrics_sample=METRICS_SAMPLE.value)
     model = load_model(bench_flags.MODEL.value)
     bar = tqdm(total=len(requests) * len(MODES_FLAG.value) * REPEATS.value, desc="requests",
                disable=not PROGRESS.value)
     port = iter([METRICS_PORT.value])  # the HTTP server can bind once; it serves the first engine's registry
 
+    last_engine = {}  # mode -> its engine in the last run, for the KV residency report
+
     def hook(engine):
         attach_metrics(engine, port=next(port, None), log_interval_s=LOG_INTERVAL.value)
+        last_engine[_mode_of(engine)] = engine
 
     result = compare_modes(model, setup, requests, modes=MODES_FLAG.value, repeats=REPEATS.value,
                            on_finish=lambda _: bar.update(), engine_hook=hook)
     bar.close()
-    table = markdown_table(result["median"], result["ratios"])
+    result["kv_residency"] = {mode: kv_residency_summary(e) for mode, e in last_engine.items()}
+    table = markdown_table(result["median"], result["ratios"]) + "\n\n" + residency_table(result["kv_residency"])
     print(table)
-    meta = {"model": bench_flags.MODEL.value, "workload": WORKLOAD.value, "num_requests": len(requests),
+    meta = {"model": bench_flags.MODEL.value, "workload": bench_flags.TRACE.value or WORKLOAD.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
     write_outputs(meta | result, table, JSON_OUT.value, MD_OUT.value)
+
+
+def _mode_of(engine) -> str:
+    config = engine.config
+    return next(name for name, overrides in MODES.items()
+                if all(getattr(config, key) == value for key, value in overrides.items()))
+
+
+def residency_table(residency: dict) -> str:
+    """KV residency of each mode's last run: evictions by reason, pinned blocks, tier hits, sampled lifetimes."""
+    lines = ["| KV residency (last run) | policy | evictions capacity/pinned/reset | pinned blocks "
+             "| hit tokens device/host/disk | lifetime p50 (s) | idle before evict p50 (s) | reuse gap p50 (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for mode, r in residency.items():
+        ev, hits = r["evictions_by_reason"], r["tier_hit_tokens"]
+        cells = [f"{r[k]['p50']:.3f}" if r.get(k, {}).get("count") else "-"
+                 for k in ("lifetime_s", "idle_before_evict_s", "reuse_gap_s")]
+        lines.append(f"| {mode} | {r['eviction_policy']} | {ev.get('capacity', 0)}/{ev.get('pinned', 0)}/"
+                     f"{ev.get('reset', 0)} | {r['pinned_blocks']} | {hits['device']}/{hits['host']}/{hits['disk']} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from absl import app, flags
 
 from jaxpaged import distributed
 from jaxpaged.bench import flag_checks
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.server.api import build_app
@@ -72,6 +73,10 @@ MAX_BODY = flags.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BO
 DRAIN = flags.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
 DEBUG = flags.DEFINE_boolean("enable_debug_endpoints", False,
                              "expose /debug/* (crash the engine loop; with replicas: their caches, the policy)")
+EVICTION = flags.DEFINE_enum("eviction_policy", "lru", list(EVICTION_POLICIES),
+                             "which cached block at ref count 0 is evicted first")
+METRICS_SAMPLE = flags.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose residency "
+                                    "(lifetime, idle before evict, reuse gaps) /metrics reports (0 = off)")
 DEVICE = flags.DEFINE_enum("device", "real", ["real", "simulated"],
                            "real: run the model on JAX's devices; simulated: steps sleep the cost model's time "
                            "on --device_profile (no model is built)")
@@ -86,6 +91,8 @@ flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
                      "max_waiting_requests", "data_parallel_size", "max_request_body_bytes")
 flag_checks.non_negative("seed", "drain_timeout_s")
+flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
+                         message="--kv_cache_metrics_sample must be in [0, 1]")
 flags.register_multi_flags_validator(
     ["data_parallel_size", "tensor_parallel_size", "num_processes"],
     lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
@@ -112,7 +119,8 @@ def engine_config() -> EngineConfig:
         max_num_batched_tokens=MAX_BATCHED.value, max_model_len=MAX_MODEL_LEN.value,
         host_cache_bytes=HOST_CACHE.value, disk_cache_dir=DISK_DIR.value, prefix_cache_snapshot=SNAPSHOT.value,
         save_prefix_cache_on_shutdown=SAVE_SNAPSHOT.value, kv_cache_dtype=KV_DTYPE.value,
-        tensor_parallel_size=TP.value, attention_backend=ATTENTION.value, seed=SEED.value)
+        tensor_parallel_size=TP.value, attention_backend=ATTENTION.value, seed=SEED.value,
+        eviction_policy=EVICTION.value, kv_cache_metrics_sample=METRICS_SAMPLE.value)
 
 
 def main(argv):

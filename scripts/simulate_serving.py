@@ -8,6 +8,16 @@ For each prefix-caching mode: serve the workload at each offered Poisson rate
 (rate 0 = every request at once, the saturated throughput), report p50/p99
 TTFT, throughput, hit rate and preemptions, then bisect for the highest rate
 whose p99 TTFT stays under `--ttft_p99_bound_s`. All times are simulated.
+
+With `--trace` (a Mooncake-format JSONL trace, e.g. data/traces/mooncake_conversation_trace.jsonl) the
+requests and their arrivals come from the trace instead (timestamps times `--trace_time_scale`; `--rates`
+and `--workload` are not used), served once per `--eviction_policies` entry; the report gives hit rate,
+TTFT p50/p99, TPOT, goodput (requests meeting `--goodput_ttft_s` and `--goodput_tpot_ms`) and the KV
+residency numbers (evictions by reason, sampled block lifetimes).
+
+    python scripts/simulate_serving.py --model=llama3-8b --profile=h200-141gb \
+        --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
+        --eviction_policies=lru,lfu,sieve,slru
 """
 
 from __future__ import annotations
@@ -18,7 +28,9 @@ import json
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.sim import scenario
+from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import WORKLOADS, make_workload
 
 MODEL = flags.DEFINE_string("model", "llama3-8b", "model config name or path")
@@ -42,6 +54,14 @@ REFINE = flags.DEFINE_integer("refine", 4, "bisection steps between the last pas
 SEED = flags.DEFINE_integer("seed", 0, "workload and arrival seed")
 FAST_FORWARD = flags.DEFINE_bool("decode_fast_forward", True, "jump over predictable decode steps (same "
                                   "results; --nodecode_fast_forward steps through every one)")
+TRACE = flags.DEFINE_string("trace", None, "Mooncake-format JSONL trace to replay instead of --workload")
+TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "replay only the trace's first N requests")
+TRACE_SCALE = flags.DEFINE_float("trace_time_scale", 1.0, "multiply the trace's timestamps (2 = half the rate)")
+POLICIES = flags.DEFINE_list("eviction_policies", ["lru"], "eviction policies to run (with --trace)")
+GOOD_TTFT = flags.DEFINE_float("goodput_ttft_s", 2.0, "goodput SLO: time to first token (s)")
+GOOD_TPOT = flags.DEFINE_float("goodput_tpot_ms", 100.0, "goodput SLO: time per output token (ms)")
+METRICS_SAMPLE = flags.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose "
+                                    "residency (lifetime, idle before evict, reuse gaps) is measured")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write every run's summary here")
 PLOT = flags.DEFINE_string("plot", None, "write the rate sweep (p99 TTFT vs rate) as a PNG here")
 
@@ -53,10 +73,19 @@ flag_checks.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv
 flag_checks.list_of("prefix_caching", choices=["off", "on"])
 flag_checks.list_of("rates", number_at_least=0)
 flag_checks.key_values("scales")
+flag_checks.positive("trace_limit")
+flag_checks.existing_file("trace")
+flag_checks.at_least(1e-6, "trace_time_scale", "goodput_ttft_s", "goodput_tpot_ms")
+flag_checks.list_of("eviction_policies", choices=EVICTION_POLICIES)
+flags.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
+                         message="--kv_cache_metrics_sample must be in [0, 1]")
 
 
 def main(argv):
     del argv
+    if TRACE.value:
+        run_trace()
+        return
     requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **flag_checks.parse_key_values(SCALES.value))
     base = scenario.Deployment(
         model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
@@ -103,6 +132,49 @@ def main(argv):
         from jaxpaged.sim.plots import plot_sweep
         plot_sweep(curves, PLOT.value, bound_s=BOUND.value,
                    title=f"{base.model} on {base.profile}, {WORKLOAD.value} ({NUM_REQUESTS.value} requests)")
+
+
+def run_trace() -> None:
+    """--trace: the trace at its own (time-scaled) arrivals, once per eviction policy."""
+    base = scenario.Deployment(
+        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
+        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
+        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
+        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value,
+        kv_cache_metrics_sample=METRICS_SAMPLE.value)
+    trace = load_trace(TRACE.value, limit=TRACE_LIMIT.value)
+    max_len = min(base.model_config.max_position_embeddings, base.num_blocks() * base.block_size)
+    requests = trace_workload(trace, time_scale=TRACE_SCALE.value, max_model_len=max_len)
+    print(f"{len(requests)} trace requests over {requests[-1].arrival_time:.0f} s (time scale "
+          f"{TRACE_SCALE.value:g}); {base.model} on {base.profile}: {base.num_blocks()} KV blocks of "
+          f"{base.block_size} tokens ({base.num_blocks() * base.block_size:,} tokens)")
+    print("| policy | hit rate | p50 TTFT (s) | p99 TTFT (s) | p50 TPOT (ms) | throughput (req/s) "
+          "| goodput (req/s) | preemptions | evictions | wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    points = []
+    for policy in POLICIES.value:
+        deployment = dataclasses.replace(base, eviction_policy=policy)
+        result = scenario.run_with_arrivals(deployment, requests, decode_fast_forward=FAST_FORWARD.value)
+        p = scenario.summarize_trace(policy, result, ttft_slo_s=GOOD_TTFT.value,
+                                     tpot_slo_s=GOOD_TPOT.value / 1e3)
+        points.append(p)
+        evictions = sum(p.kv_residency["evictions_by_reason"].values())
+        print(f"| {policy} | {p.prefix_hit_rate:.1%} | {p.ttft_p50:.3f} | {p.ttft_p99:.3f} | "
+              f"{p.tpot_p50 * 1e3:.1f} | {p.throughput_rps:.2f} | {p.goodput_rps:.2f} | {p.num_preemptions} | "
+              f"{evictions} | {p.wall_s:.0f} |", flush=True)
+    print("\nKV residency (sampled; simulated seconds): policy, lifetime p50/p90, idle before evict p50/p90, "
+          "reuse gap p50/p90")
+    for p in points:
+        r = p.kv_residency
+        cells = [f"{r[k]['p50']:.1f}/{r[k]['p90']:.1f}" if r.get(k, {}).get("count") else "-"
+                 for k in ("lifetime_s", "idle_before_evict_s", "reuse_gap_s")]
+        print(f"  {p.eviction_policy}: " + ", ".join(cells))
+    if JSON_OUT.value:
+        with open(JSON_OUT.value, "w") as f:
+            json.dump({"deployment": dataclasses.asdict(base), "trace": TRACE.value, "num_requests": len(requests),
+                       "trace_time_scale": TRACE_SCALE.value, "goodput_ttft_s": GOOD_TTFT.value,
+                       "goodput_tpot_ms": GOOD_TPOT.value,
+                       "results": [dataclasses.asdict(p) for p in points]}, f, indent=1)
 
 
 def _row(mode: str, p: scenario.SweepPoint) -> None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from jaxpaged.cache.block_pool import BlockPool
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.mathutils import cdiv
@@ -32,6 +34,7 @@ class BenchConfig:
     repeats: int = 2000
     hash_algos: tuple[str, ...] = ("sha256", "xxh3_128")
     seed: int = 0
+    eviction_policies: tuple[str, ...] = EVICTION_POLICIES
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,44 @@ def _block_cases(cfg: BenchConfig, prompt: list[int]) -> dict[str, Case]:
     }
 
 
+def _policy_cases(cfg: BenchConfig, policy: str) -> dict[str, Case]:
+    """The eviction policy's own cost on a pool whose every free block is cached: evict a prompt's worth of
+    blocks (``allocate``), free them cached (``release``), and revive cached blocks with a prefix hit."""
+    pool = BlockPool(cfg.num_blocks, eviction_policy=policy)
+    n = cdiv(cfg.prompt_len, cfg.block_size)
+    serial = iter(range(1 << 62))
+
+    def cache_and_release(blocks) -> None:
+        for block in blocks:
+            pool.cache_block(block, next(serial).to_bytes(32, "little"), None, (), ())
+        pool.release(blocks[::-1])
+
+    cache_and_release(pool.allocate(cfg.num_blocks))  # every block cached and free
+    held: list = []
+    hits: list = []
+
+    def take_hit(i: int) -> None:
+        hits[:] = list(pool.policy)[-n:] if i % 64 == 0 or len(hits) != n else hits
+
+    return {
+        f"evict/{policy}": Case(lambda i: held.extend(pool.allocate(n)),
+                                teardown=lambda i: (cache_and_release(held), held.clear())),
+        f"release/{policy}": Case(lambda i: pool.release(held[::-1]),
+                                  setup=lambda i: held.extend(_cached(pool, n, serial)),
+                                  teardown=lambda i: held.clear()),
+        f"hit/{policy}": Case(lambda i: pool.take(hits), setup=take_hit,
+                              teardown=lambda i: pool.release(hits[::-1])),
+    }
+
+
+def _cached(pool: BlockPool, n: int, serial) -> list:
+    """``n`` blocks allocated (evicting) and cached under fresh hashes, still held."""
+    blocks = pool.allocate(n)
+    for block in blocks:
+        pool.cache_block(block, next(serial).to_bytes(32, "little"), None, (), ())
+    return blocks
+
+
 def run_benchmarks(cfg: BenchConfig) -> dict:
     """Runs everything; returns a JSON-ready dict with the config and results."""
     rng = random.Random(cfg.seed)
@@ -133,6 +174,8 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
     for algo in cfg.hash_algos:
         cases.update(_hash_cases(cfg, algo, prompt, cold))
     cases.update(_block_cases(cfg, prompt))
+    for policy in cfg.eviction_policies:
+        cases.update(_policy_cases(cfg, policy))
     median_us = time_interleaved(cases, cfg.repeats)
 
     prompt_blocks = cdiv(cfg.prompt_len, cfg.block_size)
@@ -155,6 +198,10 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
         "per_hash_algo": per_algo,
         "allocate_blocks_per_s": per_second("allocate"),
         "free_blocks_per_s": per_second("free"),
+        "per_eviction_policy_ns_per_block": {
+            policy: {op: median_us[f"{op}/{policy}"] * 1e3 / prompt_blocks for op in ("evict", "release", "hit")}
+            for policy in cfg.eviction_policies
+        },
     }
 
 
@@ -185,4 +232,10 @@ def markdown_table(results: dict) -> str:
         f"| decode step allocate_slots(seq, 1) (µs) | {us['decode_allocate_slots']:.2f} |",
         f"| bare hashlib SHA-256 chain, no framing (µs) | {us['raw_sha256_chain']:.1f} |",
     ]
+    policies = results.get("per_eviction_policy_ns_per_block", {})
+    if policies:
+        lines += ["", "| eviction policy (ns per block, median) | evict | release cached | prefix hit |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {name} | {c['evict']:.0f} | {c['release']:.0f} | {c['hit']:.0f} |"
+                  for name, c in policies.items()]
     return "\n".join(lines)

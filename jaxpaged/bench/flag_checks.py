@@ -22,6 +22,13 @@ def at_least(low: float, *names: str) -> None:
             message=f"--{name} must be a finite number >= {low}")
 
 
+def existing_file(*names: str) -> None:
+    """Each path flag in `names` must name an existing file (or be unset / empty)."""
+    for name in names:
+        flags.register_validator(name, lambda v: not v or Path(v).is_file(),
+                                 message=f"--{name} must be an existing file")
+
+
 def positive(*names: str) -> None:
     """Each integer flag in `names` must be >= 1."""
     at_least(1, *names)

@@ -8,6 +8,7 @@ from absl import flags
 from jaxpaged.bench import flag_checks
 from jaxpaged.bench.serving import ServingSetup
 from jaxpaged.mathutils import cdiv
+from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
                                 max_context_len)
 
@@ -34,7 +35,14 @@ _SCALES = {
     "max_prompt_len": flags.DEFINE_integer("max_prompt_len", None, "longest prompt (mixed)"),
     "max_output_len": flags.DEFINE_integer("max_output_len", None, "longest output (mixed)"),
 }
+TRACE = flags.DEFINE_string("trace", None, "Mooncake-format JSONL trace to serve instead of --workload "
+                            "(its requests and arrivals; e.g. data/traces/mooncake_conversation_trace.jsonl)")
+TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "serve only the trace's first N requests")
+TRACE_SCALE = flags.DEFINE_float("trace_time_scale", 1.0, "multiply the trace's timestamps (0.01 = 100x faster)")
 flag_checks.model_name("model")
+flag_checks.existing_file("trace")
+flag_checks.positive("trace_limit")
+flag_checks.at_least(1e-9, "trace_time_scale")
 flag_checks.positive("num_requests", "kv_budget_tokens", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                      *_SCALES)
 flag_checks.non_negative("seed")
@@ -59,6 +67,13 @@ def workload_from_flags(name: str) -> list[WorkloadRequest]:
         scales.setdefault("min_output_len", min(8, scales.get("max_output_len", 8)))
     requests = make_workload(name, num_requests=NUM_REQUESTS.value, seed=SEED.value, **scales)
     return assign_arrivals(requests, REQUEST_RATE.value, seed=SEED.value)
+
+
+def trace_from_flags() -> list[WorkloadRequest]:
+    """``--trace`` as a workload: its first ``--trace_limit`` requests at their timestamps times
+    ``--trace_time_scale``, prompts cut to ``--max_model_len`` (their shared heads kept)."""
+    return trace_workload(load_trace(TRACE.value, limit=TRACE_LIMIT.value), time_scale=TRACE_SCALE.value,
+                          max_model_len=MAX_MODEL_LEN.value)
 
 
 def enable_compile_cache() -> None:

@@ -33,6 +33,7 @@ from jaxpaged.bench.online_client import fetch_metric, fetch_model_name, run_req
 from jaxpaged.bench.online_metrics import compute_metrics, parse_goodput
 from jaxpaged.bench.online_report import online_markdown_table
 from jaxpaged.bench.results_io import write_outputs
+from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
@@ -82,7 +83,9 @@ def requests_from_flags(workload: str) -> list[BenchRequest]:
     tokenizer = None
     if name == "sharegpt" or PROMPT_FORMAT.value is not None:
         tokenizer = load_bench_tokenizer(TOKENIZER.value or bench_flags.MODEL.value)
-    if name == "workload":
+    if bench_flags.TRACE.value:
+        requests = from_workload(bench_flags.trace_from_flags())
+    elif name == "workload":
         requests = from_workload(bench_flags.workload_from_flags(workload))
     elif name == "random":
         requests = random_requests(num, input_len=RANDOM_INPUT.value, output_len=RANDOM_OUTPUT.value,
@@ -123,13 +126,18 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     model = SERVED_MODEL.value or fetch_model_name(BASE_URL.value)
     requests = requests_from_flags(workload)
-    offsets = offsets_from_flags(len(requests))
+    if bench_flags.TRACE.value:  # the trace's own (time-scaled) arrivals
+        offsets = [r.arrival_time for r in bench_flags.trace_from_flags()]
+    else:
+        offsets = offsets_from_flags(len(requests))
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    kv_before = scrape_kv_metrics(BASE_URL.value)
     busy_before = fetch_metric(BASE_URL.value, DEVICE_BUSY_METRIC)
     results, duration = run_requests(BASE_URL.value, model, requests, offsets,
                                      max_concurrency=MAX_CONCURRENCY.value, ignore_eos=IGNORE_EOS.value,
                                      timeout_s=TIMEOUT.value, on_done=lambda _: bar.update())
     bar.close()
+    kv_residency = residency_delta(kv_before, scrape_kv_metrics(BASE_URL.value))
     busy_after = fetch_metric(BASE_URL.value, DEVICE_BUSY_METRIC)
     metrics = compute_metrics(results, duration, goodput_slos=slos)
     if busy_before is not None and busy_after is not None and duration > 0:
@@ -137,13 +145,17 @@ def run_from_flags(workload: str, *, extra_args: Sequence[str] = (), json_out: s
         metrics["device_busy_fraction"] = (busy_after - busy_before) / duration
     table = online_markdown_table({"http": metrics})
     print(table)
+    if kv_residency is not None:
+        print(f"server KV residency over the run: {kv_residency}")
     for r in results:
         if not r.success:
             print(f"failed: {r.request_id}: {r.error}")
-    result = {"backend": "http", "base_url": BASE_URL.value, "model": model, "dataset_name": DATASET.value,
+    result = {"backend": "http", "base_url": BASE_URL.value, "model": model, "dataset_name": "trace" if bench_flags.TRACE.value else DATASET.value,
+              "trace": bench_flags.TRACE.value,
               "workload": workload if DATASET.value == "workload" else None, "num_requests": len(requests),
               "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": BURSTINESS.value,
               "max_concurrency": MAX_CONCURRENCY.value, "goodput_slos_ms": slos, "metrics": metrics,
+              "kv_residency": kv_residency,
               "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}
     write_outputs(result, table, json_out, md_out)
     return result

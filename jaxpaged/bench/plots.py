@@ -33,3 +33,30 @@ def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, 
 def plot_all(rows: Sequence[dict], metrics: Sequence[str], out_dir: Path, prefix: str = "block_size_") -> list[Path]:
     """One PNG per metric under ``out_dir`` named ``<prefix><metric>.png``."""
     return [plot_metric_vs_block_size(rows, m, Path(out_dir) / f"{prefix}{m}.png") for m in metrics]
+
+
+def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = "",
+                              note: str = "") -> Path:
+    """Hit rate against cache capacity in tokens (log axis), a line per policy, the unbounded hit rate
+    dashed; ``rows`` are replay results (``policy``, ``capacity_tokens``, ``hit_rate``) of one block size."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "unbounded"):
+        points = sorted((r["capacity_tokens"], r["hit_rate"]) for r in rows if r["policy"] == policy)
+        ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=policy,
+                linestyle=("-", "--", ":", "-.")[len(ax.lines) % 4])  # coinciding curves stay visible
+    for r in rows:
+        if r["policy"] == "unbounded":
+            ax.axhline(100 * r["hit_rate"], color="gray", linestyle="--", label="unbounded")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (tokens)")
+    ax.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    ax.set_title(title or "hit rate vs capacity")
+    if note:
+        ax.text(0.01, 0.90, note, transform=ax.transAxes, va="top", fontsize=8)
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -37,6 +37,8 @@ class ServingSetup:
     max_model_len: int = 1024
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    eviction_policy: str = "lru"
+    kv_cache_metrics_sample: float = 0.0
 
 
 def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConfig:
@@ -45,7 +47,9 @@ def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConf
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     return EngineConfig(model=model_name, block_size=setup.block_size, num_blocks=setup.num_blocks,
                         max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
-                        max_num_batched_tokens=setup.max_num_batched_tokens, **MODES[mode])
+                        max_num_batched_tokens=setup.max_num_batched_tokens,
+                        eviction_policy=setup.eviction_policy,
+                        kv_cache_metrics_sample=setup.kv_cache_metrics_sample, **MODES[mode])
 
 
 def make_runner(model, setup: ServingSetup) -> TimedRunner:

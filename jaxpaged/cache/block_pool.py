@@ -1,145 +1,85 @@
-"""Physical KV blocks, their O(1) free queue, and the hash -> block prefix-cache map.
+"""Physical KV blocks: ref counts, the free blocks, eviction, pins and the hash -> block prefix-cache map.
 
-The free queue is a doubly linked list threaded through the :class:`KVBlock`
-objects themselves (``prev_free`` / ``next_free``), with two sentinel nodes.
-Popping blocks off the head, appending at either end and unlinking a block
-from the middle (a prefix-cache hit reviving an evictable block) are O(1)
-pointer updates per block; no list is searched or shifted.
+A free block (``ref_count == 0``) is in exactly one of three places, each an
+O(1) structure threaded through the blocks (``jaxpaged.cache.blocks``):
 
-Queue order is the eviction order. Blocks that hold no cached content are put at
-the head, so they are reused before any cached block is evicted; cached blocks
-whose last reference is dropped join the tail, so the head of the cached part is
-the least recently used. A sequence releases its blocks deepest first, which
-puts its deepest block nearest the head: among blocks freed together the one
-with the longest prefix is evicted first, and a parent is never evicted while a
-child released at the same time is still resident.
+* ``empty``: blocks that hold no cached content. Reused first, before any
+  cached block is evicted; a block freed uncached goes to its head.
+* ``policy``: cached blocks nobody holds, not pinned. The eviction policy
+  (``jaxpaged.cache.eviction``; LRU by default) picks victims among them.
+* ``pinned``: cached blocks nobody holds whose hash is pinned
+  (``jaxpaged.cache.pins``); evicted, least recently freed first, only when
+  the policy holds nothing.
+
+A sequence releases its blocks deepest first, so every policy that keeps
+arrival order among equals evicts the deepest of blocks freed together first,
+and a parent is never evicted while a child released at the same time is
+still resident.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 
+from jaxpaged.cache.blocks import FreeBlockQueue, KVBlock
+from jaxpaged.cache.eviction import EvictionPolicy, make_policy
 from jaxpaged.cache.events import AllBlocksCleared, KVEventLog
+from jaxpaged.cache.pins import PinTable
+from jaxpaged.cache.residency import ResidencyTracker
+
+__all__ = ["BlockPool", "EvictCallback", "FreeBlockQueue", "FreeBlocks", "KVBlock", "EVICTION_REASONS"]
 
 # on_evict(block_id, block_hash, token_ids, parent_hash): a cached block is being reused
 EvictCallback = Callable[[int, bytes, tuple[int, ...], bytes | None], None]
+# why a cached block lost its content: the policy's victim, a pinned block (nothing unpinned was
+# left), or a prefix-cache reset
+EVICTION_REASONS = ("capacity", "pinned", "reset")
 
 
-class KVBlock:
-    """One physical block of the device KV pool, as the host sees it.
+class FreeBlocks:
+    """Every free block, in the order the pool would reuse them: empty, then policy order, then pinned."""
 
-    ``block_hash`` is set only while the prefix-cache map points at this block;
-    ``parent_hash``, ``token_ids`` and ``extra_keys`` are the hash's inputs, kept
-    so the hash can be re-derived (invariant checks) and handed to ``on_evict``.
-    """
-
-    __slots__ = (
-        "block_id",
-        "ref_count",
-        "block_hash",
-        "parent_hash",
-        "token_ids",
-        "extra_keys",
-        "prev_free",
-        "next_free",
-    )
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.block_hash: bytes | None = None
-        self.parent_hash: bytes | None = None
-        self.token_ids: tuple[int, ...] = ()
-        self.extra_keys: tuple = ()
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-
-    def clear_hash(self) -> None:
-        """Forgets the cached content (the block's data is now meaningless)."""
-        self.block_hash = None
-        self.parent_hash = None
-        self.token_ids = ()
-        self.extra_keys = ()
-
-    def __repr__(self) -> str:
-        return f"KVBlock(id={self.block_id}, ref={self.ref_count}, cached={self.block_hash is not None})"
-
-
-class FreeBlockQueue:
-    """Doubly linked list of free blocks; every operation is O(1) per block it moves."""
-
-    def __init__(self, blocks: Sequence[KVBlock]) -> None:
-        self._head = KVBlock(-1)  # sentinels: never handed out
-        self._tail = KVBlock(-1)
-        self._head.next_free = self._tail
-        self._tail.prev_free = self._head
-        self._len = 0
-        for block in blocks:
-            self.append(block)
+    def __init__(self, pool: "BlockPool") -> None:
+        self._pool = pool
 
     def __len__(self) -> int:
-        return self._len
+        pool = self._pool
+        return len(pool.empty) + len(pool.policy) + len(pool.pinned)
 
     def __iter__(self) -> Iterator[KVBlock]:
-        """Blocks from head (next to be reused) to tail."""
-        node = self._head.next_free
-        while node is not self._tail:
-            yield node
-            node = node.next_free
-
-    def _link(self, block: KVBlock, prev: KVBlock, nxt: KVBlock) -> None:
-        block.prev_free = prev
-        block.next_free = nxt
-        prev.next_free = block
-        nxt.prev_free = block
-        self._len += 1
-
-    def append(self, block: KVBlock) -> None:
-        """Adds ``block`` at the tail (reused last)."""
-        self._link(block, self._tail.prev_free, self._tail)
-
-    def appendleft(self, block: KVBlock) -> None:
-        """Adds ``block`` at the head (reused first)."""
-        self._link(block, self._head, self._head.next_free)
-
-    def remove(self, block: KVBlock) -> None:
-        """Unlinks ``block``, which must be in the queue."""
-        prev, nxt = block.prev_free, block.next_free
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        block.prev_free = block.next_free = None
-        self._len -= 1
-
-    def popleft_many(self, count: int) -> list[KVBlock]:
-        """Removes and returns the ``count`` head blocks in queue order: O(count), one relink."""
-        if not 0 <= count <= self._len:
-            raise IndexError(f"cannot pop {count} blocks from a FreeBlockQueue of {self._len}")
-        taken = []
-        node = self._head.next_free
-        for _ in range(count):
-            taken.append(node)
-            nxt = node.next_free
-            node.prev_free = node.next_free = None
-            node = nxt
-        self._head.next_free = node
-        node.prev_free = self._head
-        self._len -= count
-        return taken
+        pool = self._pool
+        yield from pool.empty
+        yield from pool.policy
+        yield from pool.pinned
 
 
 class BlockPool:
-    """Owns the physical blocks: ref counts, the free queue and the prefix-cache map.
+    """Owns the physical blocks: ref counts, the free blocks, eviction and the prefix-cache map.
 
     A block is *used* when ``ref_count > 0`` and *free* otherwise; every free
-    block is in the free queue, whether or not it still holds cached content.
+    block is in ``empty``, ``policy`` or ``pinned`` (see the module docstring),
+    whether or not it still holds cached content; ``free_queue`` iterates them all.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, *, eviction_policy: str | EvictionPolicy = "lru",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``eviction_policy``: a name from ``EVICTION_POLICIES`` or a policy object; ``clock``:
+        seconds, for pin deadlines and residency metrics."""
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.empty = FreeBlockQueue(self.blocks)
+        for block in self.blocks:
+            block.free_in = self.empty
+        self.policy = make_policy(eviction_policy, num_blocks)
+        self.pinned = FreeBlockQueue()
+        self.pins = PinTable(clock)
+        self.clock = clock
+        self.free_queue = FreeBlocks(self)
         self.cached: dict[bytes, KVBlock] = {}
         self.num_used = 0
         self.num_evictions = 0
+        self.evictions_by_reason = dict.fromkeys(EVICTION_REASONS, 0)
+        self.residency: ResidencyTracker | None = None
         # Bumped whenever a hash entry disappears, so a PrefixMatch taken earlier
         # can tell in O(1) that none of its blocks can have been reassigned.
         self.cache_epoch = 0
@@ -147,6 +87,11 @@ class BlockPool:
         self._events: KVEventLog | None = None
         # on_evict and the event log's hook, joined, so an eviction checks one attribute
         self._evict_hook: EvictCallback | None = None
+
+    def track_residency(self, sample: float) -> ResidencyTracker:
+        """Starts following one cached block in ``round(1 / sample)`` (see ``jaxpaged.cache.residency``)."""
+        self.residency = ResidencyTracker(sample, self.clock)
+        return self.residency
 
     @property
     def on_evict(self) -> EvictCallback | None:
@@ -184,61 +129,128 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        """Free blocks, cached-evictable ones included."""
-        return len(self.free_queue)
+        """Free blocks, cached-evictable and pinned ones included."""
+        return len(self.empty) + len(self.policy) + len(self.pinned)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Free cached blocks a pin keeps from the eviction policy (O(1))."""
+        return len(self.pinned)
 
     def allocate(self, count: int) -> list[KVBlock]:
-        """Takes ``count`` blocks from the head of the free queue, evicting cached ones.
+        """Takes ``count`` free blocks: empty ones first, then the policy's victims, then pinned ones.
 
         The caller must have checked ``count <= num_free``.
         """
-        taken = self.free_queue.popleft_many(count)
+        empty = self.empty
+        from_empty = min(count, len(empty))
+        taken = empty.popleft_many(from_empty)
+        if count > from_empty:
+            if self.pins.deadlines:
+                self._expire_pins()
+            policy, pinned = self.policy, self.pinned
+            for _ in range(count - from_empty):
+                if len(policy):
+                    block = policy.pop()
+                    self._evict(block, "capacity")
+                else:
+                    block = pinned.popleft()
+                    self._evict(block, "pinned")
+                taken.append(block)
         for block in taken:
-            if block.block_hash is not None:
-                self._evict(block)
+            block.free_in = None
             block.ref_count = 1
         self.num_used += count
         return taken
 
-    def _evict(self, block: KVBlock) -> None:
+    def _evict(self, block: KVBlock, reason: str) -> None:
         block_hash, token_ids, parent_hash = block.block_hash, block.token_ids, block.parent_hash
+        if block.sampled:
+            self.residency.evicted(block)
         del self.cached[block_hash]
         block.clear_hash()
         self.num_evictions += 1
+        self.evictions_by_reason[reason] += 1
         self.cache_epoch += 1
         if self._evict_hook is not None:
             self._evict_hook(block.block_id, block_hash, token_ids, parent_hash)
 
     def take(self, blocks: Sequence[KVBlock]) -> None:
-        """Adds one reference to each block; a free one leaves the free queue (a "touch")."""
+        """Adds one reference to each block; a free one leaves its list (a "touch"), a cached one counts a hit."""
         revived = 0
         for block in blocks:
             if block.ref_count == 0:
-                # FreeBlockQueue.remove, inlined: this loop is the cost of a cache hit.
-                prev, nxt = block.prev_free, block.next_free
-                prev.next_free = nxt
-                nxt.prev_free = prev
-                block.prev_free = block.next_free = None
+                home = block.free_in
+                if home.__class__ is FreeBlockQueue:  # FreeBlockQueue.remove, inlined: the cost of a hit
+                    prev, nxt = block.prev_free, block.next_free
+                    prev.next_free = nxt
+                    nxt.prev_free = prev
+                    block.prev_free = block.next_free = None
+                    home._len -= 1  # same package: the queue's friend
+                else:
+                    home.remove(block)
+                block.free_in = None
                 revived += 1
+            if block.block_hash is not None:
+                block.hits += 1
+                if block.sampled:
+                    self.residency.referenced(block)
             block.ref_count += 1
-        self.free_queue._len -= revived  # same module: the queue's friend
         self.num_used += revived
 
     def release(self, blocks: Sequence[KVBlock]) -> None:
         """Drops one reference from each block, in the order given.
 
-        A block reaching zero becomes free: at the tail if it is cached (evictable,
-        least recently used first), at the head if not (nothing to keep).
+        A block reaching zero becomes free: at the head of ``empty`` if it holds
+        nothing, in the pinned list if its hash is pinned, else with the policy.
         """
-        queue = self.free_queue
+        empty, policy, pins, home = self.empty, self.policy, self.pins, self.policy.home
         for block in blocks:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.num_used -= 1
                 if block.block_hash is None:
-                    queue.appendleft(block)
+                    empty.appendleft(block)
+                    block.free_in = empty
+                    continue
+                if block.sampled:
+                    self.residency.freed(block)
+                if pins.deadlines and block.block_hash in pins:
+                    self.pinned.append(block)
+                    block.free_in = self.pinned
                 else:
-                    queue.append(block)
+                    policy.add(block)
+                    block.free_in = home
+
+    def pin(self, hashes: Sequence[bytes], ttl_s: float) -> int:
+        """Pins these block hashes for ``ttl_s`` seconds (``<= 0``: unpins them); returns how many are cached.
+
+        A free cached block moves between the policy and the pinned list now;
+        the others follow when their last reference is dropped.
+        """
+        if self.pins.deadlines:
+            self._expire_pins()  # so deadlines of pins nobody evicts under do not pile up
+        for block_hash in self.pins.pin(hashes, ttl_s):
+            self._unpin(block_hash)
+        cached = [self.cached[h] for h in hashes if h in self.cached]
+        if ttl_s > 0:
+            for block in cached:
+                if block.free_in is self.policy.home:
+                    self.policy.remove(block)
+                    self.pinned.append(block)
+                    block.free_in = self.pinned
+        return len(cached)
+
+    def _unpin(self, block_hash: bytes) -> None:
+        block = self.cached.get(block_hash)
+        if block is not None and block.free_in is self.pinned:
+            self.pinned.remove(block)
+            self.policy.add(block)
+            block.free_in = self.policy.home
+
+    def _expire_pins(self) -> None:
+        for block_hash in self.pins.expired():
+            self._unpin(block_hash)
 
     def cache_block(
         self,
@@ -260,14 +272,23 @@ class BlockPool:
         block.parent_hash = parent_hash
         block.token_ids = token_ids
         block.extra_keys = extra_keys
+        if self.residency is not None:
+            self.residency.cached(block)
         return True
 
     def reset_cache(self) -> bool:
-        """Drops every hash entry; refused (False) while any block is in use."""
+        """Drops every hash entry (pins stay); refused (False) while any block is in use."""
         if self.num_used > 0:
             return False
-        for block in self.cached.values():
-            block.clear_hash()
+        for queue in (self.policy, self.pinned):
+            while len(queue):
+                block = queue.pop() if queue is self.policy else queue.popleft()
+                if block.sampled:
+                    self.residency.dropped(block)
+                block.clear_hash()
+                self.empty.append(block)
+                block.free_in = self.empty
+        self.evictions_by_reason["reset"] += len(self.cached)
         self.cached.clear()
         self.cache_epoch += 1
         if self._events is not None:

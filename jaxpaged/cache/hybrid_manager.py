@@ -27,10 +27,12 @@ Rules, per group, as vLLM v1's ``SlidingWindowManager`` and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.eviction import EvictionPolicy
 from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_chain_order
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
 from jaxpaged.cache.in_flight import InFlightHashes
@@ -91,6 +93,8 @@ class HybridKVCacheManager:
         enable_prefix_caching: bool = True,
         hash_algo: str = "sha256",
         max_chunk_tokens: int | None = None,
+        eviction_policy: str | EvictionPolicy = "lru",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -104,7 +108,7 @@ class HybridKVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_algo = hash_algo
         self.max_chunk_tokens = max_chunk_tokens
-        self._pool = BlockPool(num_blocks)
+        self._pool = BlockPool(num_blocks, eviction_policy=eviction_policy, clock=clock)
         self._seqs: dict[Hashable, HybridSequenceState] = {}
         self._in_flight = InFlightHashes()
         self._queries_tokens = 0

@@ -36,17 +36,29 @@ def _check_ref_counts(pool, holders: Counter) -> None:
 def _check_free_queue(pool) -> None:
     queued = list(pool.free_queue)
     ids = [block.block_id for block in queued]
-    assert len(ids) == len(set(ids)) == len(pool.free_queue), f"free queue has duplicates: {ids}"
+    assert len(ids) == len(set(ids)) == len(pool.free_queue), f"free lists have duplicates: {ids}"
     free = {block.block_id for block in pool.blocks if block.ref_count == 0}
     assert set(ids) == free, (
-        f"free queue {sorted(ids)} != blocks with ref 0 {sorted(free)} (free and used must partition the pool)"
+        f"free lists {sorted(ids)} != blocks with ref 0 {sorted(free)} (free and used must partition the pool)"
     )
-    node = pool.free_queue._head
-    for block in queued:  # back links agree with forward links
-        assert block.prev_free is node, f"block {block.block_id}: broken prev link"
-        node = block
-    cached_flags = [block.block_hash is not None for block in queued]
-    assert cached_flags == sorted(cached_flags), "an uncached free block sits behind a cached one"
+    pool.empty.check_links()
+    pool.pinned.check_links()
+    pool.policy.check()
+    assert all(block.block_hash is None and block.free_in is pool.empty for block in pool.empty), (
+        "a block in the empty list holds cached content"
+    )
+    for block in pool.policy:
+        assert block.block_hash is not None and block.free_in is pool.policy.home, (
+            f"block {block.block_id} in the eviction policy is uncached or says it is elsewhere"
+        )
+    for block in pool.pinned:
+        assert block.block_hash is not None and block.free_in is pool.pinned, (
+            f"block {block.block_id} in the pinned list is uncached or says it is elsewhere"
+        )
+        assert block.block_hash in pool.pins.deadlines, f"block {block.block_id} is pinned without a pin"
+    for block in pool.blocks:
+        if block.ref_count > 0:
+            assert block.free_in is None, f"block {block.block_id} is held and in a free list"
 
 
 def _check_prefix_cache(pool, hash_algo: str) -> None:

@@ -24,9 +24,11 @@ where copy-on-write happens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 
 from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.eviction import EvictionPolicy
 from jaxpaged.cache.events import (
     DEVICE_TIER,
     BlockStored,
@@ -41,6 +43,7 @@ from jaxpaged.cache.hashing import (
     request_extra_keys,
 )
 from jaxpaged.cache.in_flight import InFlightHashes
+from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.cache.invariants import check_manager
 from jaxpaged.cache.records import (
     NO_CHANGE,
@@ -72,6 +75,8 @@ class KVCacheManager:
         *,
         enable_prefix_caching: bool = True,
         hash_algo: str = "sha256",
+        eviction_policy: str | EvictionPolicy = "lru",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _check_positive_int("num_blocks", num_blocks)
         _check_positive_int("block_size", block_size)
@@ -81,7 +86,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.hash_algo = hash_algo
         self._hash_next_block = next_block_hasher(block_size, hash_algo)
-        self._pool = BlockPool(num_blocks)
+        self._pool = BlockPool(num_blocks, eviction_policy=eviction_policy, clock=clock)
         self._seqs: dict[Hashable, SequenceState] = {}
         self._in_flight = InFlightHashes()
         self._queries_tokens = 0
@@ -104,6 +109,20 @@ class KVCacheManager:
     @on_evict.setter
     def on_evict(self, callback: EvictCallback | None) -> None:
         self._pool.on_evict = callback
+
+    @property
+    def residency(self) -> ResidencyTracker | None:
+        """The sampled block-residency tracker, once :meth:`track_residency` started it."""
+        return self._pool.residency
+
+    def track_residency(self, sample: float) -> ResidencyTracker:
+        """Follows one cached block in ``round(1 / sample)``: lifetimes, idle-before-evict, reuse gaps."""
+        return self._pool.track_residency(sample)
+
+    @property
+    def eviction_policy(self) -> str:
+        """The name of the policy choosing among cached blocks at ref count 0."""
+        return self._pool.policy.name
 
     def can_fit(self, num_tokens: int) -> bool:
         """Whether a sequence of ``num_tokens`` tokens could ever fit the pool."""
@@ -147,6 +166,8 @@ class KVCacheManager:
             prefix_hits_tokens=self._hits_tokens,
             num_evictions=pool.num_evictions,
             num_cow_copies=self._cow_copies,
+            num_pinned_blocks=pool.num_pinned_blocks,
+            evictions_by_reason=dict(pool.evictions_by_reason),
         )
 
     def cached_blocks(self) -> list[CachedBlockInfo]:
@@ -543,6 +564,14 @@ class KVCacheManager:
         """Events recorded since the last call, oldest first ([] when events are off)."""
         log = self._pool.events
         return log.take() if log is not None else []
+
+    def pin_prefix(self, token_ids: Sequence[int], ttl_s: float, *, cache_salt: str | None = None,
+                   extra_keys: tuple = ()) -> int:
+        """Keeps the full blocks of ``token_ids`` (cached now or later) for ``ttl_s`` seconds: they are
+        evicted only after every unpinned block. ``ttl_s <= 0`` unpins. Returns the blocks cached now."""
+        hashes = chain_block_hashes(None, token_ids, self.block_size,
+                                    request_extra_keys(cache_salt, extra_keys), self.hash_algo)
+        return self._pool.pin(hashes, ttl_s)
 
     def reset_prefix_cache(self) -> bool:
         """Drops every prefix-cache entry. Refused (False) while any block is in use."""

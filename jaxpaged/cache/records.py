@@ -54,6 +54,9 @@ class CacheStats:
     prefix_hits_tokens: int
     num_evictions: int
     num_cow_copies: int
+    num_pinned_blocks: int = 0  # free cached blocks a pin keeps from the eviction policy
+    # evictions by reason (``jaxpaged.cache.block_pool.EVICTION_REASONS``); resets count every block dropped
+    evictions_by_reason: dict = field(default_factory=dict)
 
     @property
     def prefix_hit_rate(self) -> float:

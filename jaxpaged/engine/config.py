@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
 from jaxpaged.offload.setup import validate_tier_options
@@ -54,6 +55,10 @@ class EngineConfig:
     # num_blocks / kv_cache_bytes keep meaning the whole (logical) pool: each device holds 1/N of it
     # (1/num_kv_heads when N exceeds the KV heads and they are replicated)
     tensor_parallel_size: int = 1
+    # which cached block at ref count 0 is evicted first: lru, lfu, sieve, slru (jaxpaged.cache.eviction)
+    eviction_policy: str = "lru"
+    # fraction of cached blocks whose lifetime / idle-before-evict / reuse gaps are measured (0 = off)
+    kv_cache_metrics_sample: float = 0.0
 
     def __post_init__(self):
         """Check every field's type and range; ValueError naming the field."""
@@ -64,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         validate_tier_options(self)
@@ -80,10 +87,12 @@ class EngineConfig:
         check_int("disk_cache_bytes", self.disk_cache_bytes, low=1)
         check_float("pool_fill_value", self.pool_fill_value, allow_nan=True)
         check_float("kv_scale_margin", self.kv_scale_margin, low=1.0)
+        check_float("kv_cache_metrics_sample", self.kv_cache_metrics_sample, low=0.0, high=1.0)
         for name in ("enable_prefix_caching", "save_prefix_cache_on_shutdown", "async_scheduling",
                      "pallas_interpret"):
             check_bool(name, getattr(self, name))
-        for name in ("attention_backend", "kv_cache_dtype", "hash_algo", "kv_layout", "preemption_mode"):
+        for name in ("attention_backend", "kv_cache_dtype", "hash_algo", "kv_layout", "preemption_mode",
+                     "eviction_policy"):
             check_str(name, getattr(self, name))
         check_optional_str("dtype", self.dtype)
         check_optional_str("prefix_cache_snapshot", self.prefix_cache_snapshot)

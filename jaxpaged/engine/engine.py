@@ -43,6 +43,8 @@ from jaxpaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, Sche
 from jaxpaged.sequence import Request
 from jaxpaged.validation import check_float, check_str
 
+MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
+
 
 class Engine:
     """Continuous-batching engine over one model and one paged KV pool."""
@@ -142,10 +144,15 @@ class Engine:
             return HybridKVCacheManager(self.num_blocks, self.block_size, layout,
                                         enable_prefix_caching=self.config.enable_prefix_caching,
                                         hash_algo=self.config.hash_algo,
-                                        max_chunk_tokens=self.config.max_num_batched_tokens)
-        return KVCacheManager(self.num_blocks, self.block_size,
-                              enable_prefix_caching=self.config.enable_prefix_caching,
-                              hash_algo=self.config.hash_algo)
+                                        max_chunk_tokens=self.config.max_num_batched_tokens,
+                                        eviction_policy=self.config.eviction_policy, clock=self.clock)
+        kv = KVCacheManager(self.num_blocks, self.block_size,
+                            enable_prefix_caching=self.config.enable_prefix_caching,
+                            hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
+                            clock=self.clock)
+        if self.config.kv_cache_metrics_sample > 0:
+            kv.track_residency(self.config.kv_cache_metrics_sample)
+        return kv
 
     def _hybrid_max_model_len(self, limit: int) -> int:
         """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
@@ -160,7 +167,8 @@ class Engine:
         config = self.config
         for name, on in (("host_cache_bytes", config.host_cache_bytes is not None),
                          ("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
-                         ("kv_layout='contiguous'", config.kv_layout == "contiguous")):
+                         ("kv_layout='contiguous'", config.kv_layout == "contiguous"),
+                         ("kv_cache_metrics_sample", config.kv_cache_metrics_sample > 0)):
             if on:
                 raise ValueError(f"{name} is not supported for models with sliding-window layers yet "
                                  f"(layer_types / sliding_window in the model config)")
@@ -215,6 +223,18 @@ class Engine:
             arrival_order=next(self._arrivals))
         self._requests[request_id] = request
         self.scheduler.add_request(request)
+
+    def pin_prefix(self, prompt: str | Seq[int] | dict, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Keep the full blocks of `prompt` (under `cache_salt`) for `ttl_s` seconds: they are evicted only
+        after every unpinned block, whether cached now or once computed. `ttl_s` 0 unpins. Returns how many
+        of its blocks are cached now; ValueError on a bad prompt or TTL (nothing changes)."""
+        ttl_s = check_float("ttl_s", ttl_s, low=0.0, high=MAX_PIN_TTL_S)
+        _, token_ids, cache_salt = self.input_processor._parse_prompt(prompt, cache_salt)
+        if not token_ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if not isinstance(self.kv, KVCacheManager) or not self.kv.enable_prefix_caching:
+            raise ValueError("pinning needs the paged KV layout with enable_prefix_caching")
+        return self.kv.pin_prefix(token_ids, ttl_s, cache_salt=cache_salt)
 
     def validate_prompt(self, prompt: str | Seq[int] | dict, params: SamplingParams | None = None) -> None:
         """Raise ValueError if `add_request` would reject this prompt (changes nothing)."""

@@ -35,7 +35,7 @@ from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.errors import error_body, error_response as _error, status_of
 from jaxpaged.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest)
+                                      PinRequest, TokenizeRequest)
 
 RETRY_AFTER_S = 1
 
@@ -143,14 +143,18 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
             text += (await engine_metrics()).encode()
         return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def prompt_or_messages(body, what: str):
+        """The body's `prompt`, or its `messages` rendered by the chat template (exactly one must be set)."""
         check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
-            raise ValueError("tokenize needs exactly one of 'prompt' and 'messages'")
-        text = body.prompt if body.prompt is not None else chat_template.render(
+            raise ValueError(f"{what} needs exactly one of 'prompt' and 'messages'")
+        return body.prompt if body.prompt is not None else chat_template.render(
             [{"role": m.role, "content": m.text()} for m in body.messages],
             add_generation_prompt=body.add_generation_prompt)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        text = prompt_or_messages(body, "tokenize")
         tokens = await asyncio.to_thread(engine.tokenizer.encode, text)  # off the event loop: prompts can be huge
         return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.max_model_len}
 
@@ -168,6 +172,18 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         if not await async_engine.reset_prefix_cache():
             return _error(409, "some cached blocks are in use; nothing was reset", "ConflictError")
         return PlainTextResponse("")
+
+    @app.post("/v1/cache/pin")
+    async def pin_prefix(body: PinRequest):
+        prompt = prompt_or_messages(body, "pin")
+        cached = await async_engine.pin_prefix(prompt, body.ttl_s, cache_salt=body.cache_salt)
+        return {"cached_blocks": cached, "ttl_s": body.ttl_s}
+
+    async def pin_prompts(body, prompts) -> None:
+        """The request's `pin_ttl_s`: pin each prompt's blocks before it is queued."""
+        if body.pin_ttl_s is not None:
+            for prompt in prompts:
+                await async_engine.pin_prefix(prompt, body.pin_ttl_s, cache_salt=body.cache_salt)
 
     if enable_debug_endpoints:
         @app.post("/debug/crash_engine_loop")
@@ -208,6 +224,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         check_model(body.model)
         params = body.completion_params(default_max_tokens=16)
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        await pin_prompts(body, body.prompts())
         streams = await submit(request_id, body.prompts(), params, body.cache_salt)
         created = int(time.time())
         head = {"id": request_id, "object": "text_completion", "created": created, "model": served_model_name}
@@ -257,6 +274,7 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         default_max = max(engine.max_model_len - num_prompt_tokens, 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        await pin_prompts(body, [prompt])
         streams = await submit(request_id, [prompt], params, body.cache_salt)
         created = int(time.time())
         tokenizer = engine.tokenizer
@@ -452,5 +470,6 @@ def _prompt_logprobs_field(body, out: RequestOutput, tokenizer) -> dict:
 def _field_named(message: str) -> str | None:
     """The request field an engine error message starts with ("top_p must be ..."), if any."""
     first = message.split(" ", 1)[0].rstrip(":")
-    fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"prompt"}
+    fields = (set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+              | set(PinRequest.model_fields) | {"prompt"})
     return first if first in fields else None

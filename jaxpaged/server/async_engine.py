@@ -207,6 +207,10 @@ class AsyncEngine:
         False if some are still in use."""
         return await self._call({"op": "reset"})
 
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`); blocks cached now."""
+        return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt})
+
     async def call_in_loop(self, fn):
         """Run `fn(engine)` on the loop thread between two steps and return its result.
 
@@ -366,6 +370,8 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
         return engine.abort(record["id"])
     if op == "reset":
         return reset_prefix_cache(engine)
+    if op == "pin":
+        return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"])
     if op == "stop":
         return None
     raise ValueError(f"unknown engine command {op!r}")

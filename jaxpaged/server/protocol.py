@@ -59,6 +59,7 @@ class _SamplingFields(BaseModel):
     guided_choice: list[StrictStr] | None = None
     guided_grammar: StrictStr | None = None
     response_format: dict | None = None
+    pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
 
     def sampling_params(self, *, default_max_tokens: int, logprobs: int | None,
                         max_tokens: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
@@ -176,6 +177,18 @@ class TokenizeRequest(BaseModel):
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: StrictBool = True
+
+
+class PinRequest(BaseModel):
+    """`POST /v1/cache/pin`: keep a prefix's blocks for `ttl_s` seconds (0 unpins); a prompt or messages."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    prompt: StrictStr | TokenIds | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: StrictBool = True
+    cache_salt: StrictStr | None = None
+    ttl_s: Number
 
 
 class DetokenizeRequest(BaseModel):

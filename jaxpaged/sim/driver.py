@@ -19,6 +19,7 @@ import time
 
 from jaxpaged.config import ModelConfig
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.metrics import kv_residency_summary
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
@@ -61,6 +62,7 @@ class SimResult:
     prefix_hit_rate: float  # prompt tokens served from the cache / prompt tokens looked up
     output_tokens: int
     wall_s: float  # real seconds the simulation took
+    kv_residency: dict = dataclasses.field(default_factory=dict)  # jaxpaged.metrics.kv_residency_summary
 
     @property
     def throughput_rps(self) -> float:
@@ -163,4 +165,5 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
         prefix_hit_rate=stats.prefix_hits_tokens / stats.prefix_queries_tokens if stats.prefix_queries_tokens else 0.0,
         output_tokens=output_tokens,
         wall_s=time.perf_counter() - wall_start,
+        kv_residency=kv_residency_summary(engine),
     )

@@ -43,6 +43,8 @@ class Deployment:
     max_num_batched_tokens: int = 2048
     hash_algo: str = "xxh3_128"
     tensor_parallel_size: int = 1
+    eviction_policy: str = "lru"
+    kv_cache_metrics_sample: float = 0.0
 
     @property
     def model_config(self) -> ModelConfig:
@@ -95,15 +97,48 @@ class Deployment:
         """The engine settings the simulated engine runs with."""
         return EngineConfig(model=self.model, block_size=self.block_size, num_blocks=self.num_blocks(),
                             enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
-                            max_num_batched_tokens=self.max_num_batched_tokens, hash_algo=self.hash_algo)
+                            max_num_batched_tokens=self.max_num_batched_tokens, hash_algo=self.hash_algo,
+                            eviction_policy=self.eviction_policy,
+                            kv_cache_metrics_sample=self.kv_cache_metrics_sample)
 
 
 def run_at_rate(deployment: Deployment, requests: list[WorkloadRequest], rate: float, seed: int = 0, *,
                 decode_fast_forward: bool = True) -> SimResult:
     """Serve `requests` with Poisson arrivals at `rate` requests/s (<= 0: all at once) in simulated time."""
     requests = assign_arrivals([dataclasses.replace(r) for r in requests], rate, seed)
+    return run_with_arrivals(deployment, requests, decode_fast_forward=decode_fast_forward)
+
+
+def run_with_arrivals(deployment: Deployment, requests: list[WorkloadRequest], *,
+                      decode_fast_forward: bool = True) -> SimResult:
+    """Serve `requests` at their own `arrival_time`s (a trace's timestamps) in simulated time."""
     engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
     return simulate(engine, clock, requests, decode_fast_forward=decode_fast_forward)
+
+
+@dataclasses.dataclass(frozen=True)
+class TracePoint:
+    """One simulated trace replay: latency, goodput, hit rate and KV residency (simulated seconds)."""
+
+    eviction_policy: str
+    throughput_rps: float
+    goodput_rps: float  # finished requests per second that met both SLOs
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    prefix_hit_rate: float
+    num_preemptions: int
+    kv_residency: dict
+    wall_s: float
+
+
+def summarize_trace(policy: str, result: SimResult, *, ttft_slo_s: float, tpot_slo_s: float) -> TracePoint:
+    """Percentiles and goodput of one trace run (a request counts when TTFT <= ttft_slo_s and TPOT <= tpot_slo_s)."""
+    point = summarize(0.0, result)
+    good = sum(1 for r in result.records if r.ttft <= ttft_slo_s and (r.tpot is None or r.tpot <= tpot_slo_s))
+    goodput = good / result.duration_s if result.duration_s > 0 else 0.0
+    return TracePoint(policy, point.throughput_rps, goodput, point.ttft_p50, point.ttft_p99, point.tpot_p50,
+                      point.prefix_hit_rate, point.num_preemptions, result.kv_residency, result.wall_s)
 
 
 @dataclasses.dataclass(frozen=True)

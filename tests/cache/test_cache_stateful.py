@@ -10,6 +10,7 @@ up as corrupted content, independently of the manager's own bookkeeping.
 
 import numpy as np
 from cache_test_helpers import snapshot
+from eviction_models import CheckedPolicy
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -31,12 +32,17 @@ class CacheMachine(RuleBasedStateMachine):
 
     hash_algo = "sha256"
     enable_prefix_caching = True
+    eviction_policy = "lru"
 
     def __init__(self):
         super().__init__()
+        self.now = 0.0
+        self.policy = CheckedPolicy(self.eviction_policy, NUM_BLOCKS)
         self.mgr = KVCacheManager(
-            NUM_BLOCKS, BS, enable_prefix_caching=self.enable_prefix_caching, hash_algo=self.hash_algo
+            NUM_BLOCKS, BS, enable_prefix_caching=self.enable_prefix_caching, hash_algo=self.hash_algo,
+            eviction_policy=self.policy, clock=lambda: self.now,
         )
+        self.policy.pinned = lambda block_hash: block_hash in self.mgr._pool.pins
         self.mgr.on_evict = self._on_evict
         self.device = np.full((NUM_BLOCKS, BS), -1, dtype=np.int64)
         self.tokens: dict[int, list[int]] = {}
@@ -48,6 +54,11 @@ class CacheMachine(RuleBasedStateMachine):
         held = {b for sid in self.tokens for b in self.mgr.block_table(sid)}
         assert block_id not in held, f"evicted block {block_id} is in a live block table"
         assert tuple(self.device[block_id]) == token_ids
+        pins = self.mgr._pool.pins
+        if block_hash in pins:  # a pinned block goes only when every other evictable one is pinned too
+            unpinned = [b.block_id for b in self.mgr._pool.blocks
+                        if b.ref_count == 0 and b.block_hash is not None and b.block_hash not in pins]
+            assert not unpinned, f"pinned block {block_id} evicted while {unpinned} were not pinned"
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -148,6 +159,16 @@ class CacheMachine(RuleBasedStateMachine):
         self.tokens[sid] = prompt
         self._run_step(sid, 0, length)
 
+    @rule(prompt=prompts, salt=st.sampled_from([None, "tenant"]), ttl=st.sampled_from([0.0, 1.0, 5.0]))
+    def pin_prefix(self, prompt, salt, ttl):
+        cached_before = len(self.mgr._pool.cached)
+        num = self.mgr.pin_prefix(prompt, ttl, cache_salt=salt)
+        assert 0 <= num <= min(len(prompt) // BS, cached_before)
+
+    @rule(seconds=st.sampled_from([0.5, 2.0]))
+    def clock_advances(self, seconds):
+        self.now += seconds
+
     @rule()
     def reset_prefix_cache(self):
         if self.mgr.reset_prefix_cache():
@@ -190,12 +211,27 @@ class NoPrefixCachingMachine(CacheMachine):
     enable_prefix_caching = False
 
 
-def _test_case(machine, max_examples):
+class LFUCacheMachine(CacheMachine):
+    eviction_policy = "lfu"
+
+
+class SieveCacheMachine(CacheMachine):
+    eviction_policy = "sieve"
+
+
+class SLRUCacheMachine(CacheMachine):
+    eviction_policy = "slru"
+
+
+def _test_case(machine, max_examples, steps=40):
     case = machine.TestCase
-    case.settings = settings(max_examples=max_examples, stateful_step_count=40, deadline=None)
+    case.settings = settings(max_examples=max_examples, stateful_step_count=steps, deadline=None)
     return case
 
 
 TestCacheMachine = _test_case(CacheMachine, 60)
 TestXxhCacheMachine = _test_case(XxhCacheMachine, 25)
 TestNoPrefixCachingMachine = _test_case(NoPrefixCachingMachine, 15)
+TestLFUCacheMachine = _test_case(LFUCacheMachine, 100, steps=60)
+TestSieveCacheMachine = _test_case(SieveCacheMachine, 100, steps=60)
+TestSLRUCacheMachine = _test_case(SLRUCacheMachine, 100, steps=60)

@@ -44,6 +44,8 @@ BAD = [
     ("bench_replicas.py", "--replicas=2,0", "replicas"),
     ("bench_replicas.py", "--policies=prefix_aware,random", "policies"),
     ("bench_tensor_parallel.py", "--sizes=1,0", "sizes"),
+    ("replay_cache.py", "--trace=no/such/trace.jsonl", "trace"),
+    ("check_dashboard.py", "--traffic_s=0", "traffic_s"),
     ("run_lm_eval.py", "--num_concurrent=0", "num_concurrent"),
     ("bench_logit_controls.py", "--prefill_len=1", "prefill_len"),
 ]

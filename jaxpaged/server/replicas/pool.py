@@ -152,6 +152,19 @@ class ReplicaPool:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")
         return all(results)
 
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Pins the prefix on every live replica (any of them may serve it); the blocks cached now, summed.
+
+        A bad prompt or TTL is the first replica's ValueError (every replica refuses it alike)."""
+        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt)
+        for r in results:
+            if isinstance(r, ValueError):
+                raise r
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise EngineDeadError(f"a replica did not pin the prefix: {errors[0]!r}")
+        return sum(results)
+
     async def engine_metrics(self) -> str:
         """Every live replica's engine metrics (Prometheus text), each sample labelled ``replica``."""
         replicas = list(self._replicas)

@@ -89,6 +89,11 @@ class EngineReplica:
         """Drops the unreferenced cached blocks; False if some are in use."""
         return await self.async_engine.reset_prefix_cache()
 
+    async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None,
+                         target_replica: str | None = None) -> int:
+        """Pins the prompt's blocks for ``ttl_s`` seconds (`Engine.pin_prefix`); the blocks cached now."""
+        return await self.async_engine.pin_prefix(prompt, ttl_s, cache_salt=cache_salt)
+
     def metrics_text(self, target_replica: str | None = None) -> str:
         """This replica's engine metrics (Prometheus text), for the ingress's ``/metrics``."""
         return generate_latest(self.metrics.registry).decode()
