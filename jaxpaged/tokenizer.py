@@ -30,8 +30,11 @@ class Tokenizer(Protocol):
     stop_token_ids: frozenset[int]  # generation stops on any of these (EOS may be several ids)
     vocab_size: int
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; with `add_special_tokens`, whatever the tokenizer adds around a text (BOS).
+
+        Chat prompts are encoded without them: the chat template writes its own (vLLM's default).
+        """
         ...
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
@@ -52,9 +55,9 @@ class ByteTokenizer:
         self.stop_token_ids = frozenset({eos_token_id})
         self.vocab_size = vocab_size
 
-    def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        """The UTF-8 bytes of `text`, preceded by BOS when `add_bos`."""
-        return ([self.bos_token_id] if add_bos else []) + list(text.encode("utf-8"))
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The UTF-8 bytes of `text`, preceded by BOS only when asked (`add_special_tokens`)."""
+        return ([self.bos_token_id] if add_special_tokens else []) + list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Bytes decoded as UTF-8 (invalid sequences become U+FFFD).
@@ -165,7 +168,7 @@ class IdsOnlyTokenizer:
         self.stop_token_ids = frozenset(stops)
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Always a ValueError: there is no tokenizer to encode text with."""
         raise ValueError("this model has no tokenizer (no tokenizer.json or tokenizer.model): "
                          "pass prompt token ids instead of text")

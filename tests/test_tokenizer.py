@@ -47,7 +47,7 @@ def test_byte_tokenizer_round_trip_and_specials():
     tok = ByteTokenizer()
     ids = tok.encode(TEXT)
     assert ids == list(TEXT.encode("utf-8")) and len(ids) > len(TEXT)
-    assert tok.encode("a", add_bos=True) == [256, 97]
+    assert tok.encode("a", add_special_tokens=True) == [256, 97]
     assert tok.decode(ids) == TEXT
     assert tok.decode([256, 104, 105, 257]) == "hi"
     assert tok.decode([256, 104, 105, 257, 300], skip_special_tokens=False) == "<|bos|>hi<|eos|><|300|>"

@@ -270,12 +270,13 @@ def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_templat
         prompt = chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
                                       add_generation_prompt=body.add_generation_prompt)
         refuse_overlong(prompt, engine.tokenizer, engine.max_model_len)  # before tokenizing it
-        num_prompt_tokens = len(await asyncio.to_thread(engine.tokenizer.encode, prompt))
-        default_max = max(engine.max_model_len - num_prompt_tokens, 1)
+        # The template writes its own special tokens (BOS): adding the tokenizer's would double them.
+        prompt_ids = await asyncio.to_thread(engine.tokenizer.encode, prompt, add_special_tokens=False)
+        default_max = max(engine.max_model_len - len(prompt_ids), 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        await pin_prompts(body, [prompt])
-        streams = await submit(request_id, [prompt], params, body.cache_salt)
+        await pin_prompts(body, [prompt_ids])
+        streams = await submit(request_id, [prompt_ids], params, body.cache_salt)
         created = int(time.time())
         tokenizer = engine.tokenizer
         if body.stream:

@@ -78,21 +78,27 @@ CHATML_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] 
                    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_chatml_tokenizer(path: Path) -> None:
+def write_chatml_tokenizer(path: Path, *, bos: bool = False) -> None:
     """A byte-level `tokenizer.json` (256 byte tokens, then <|im_start|> = 256 and <|im_end|> = 257) and a
-    `tokenizer_config.json` with Qwen's ChatML template, as a Qwen checkpoint directory carries them."""
+    `tokenizer_config.json` with Qwen's ChatML template, as a Qwen checkpoint directory carries them.
+
+    With `bos`, also a BOS token `<s>` = 258 that the tokenizer adds to every text and the template
+    writes first (`{{ bos_token }}`), as Llama 3 and Gemma checkpoints do."""
     import json
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"] + (["<s>"] if bos else []))
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 258)])
     tok.save(str(path / "tokenizer.json"))
+    template = ("{{ bos_token }}" if bos else "") + CHATML_TEMPLATE
     (path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}))
+        {"chat_template": template, "eos_token": "<|im_end|>", "bos_token": "<s>" if bos else None}))
 
 
 def save_multimodal_gemma3(path: Path, seed: int = 0):

@@ -2,7 +2,10 @@
 
 The server loads the directory as a user's `--model=` would; its reply must be
 what `LLM.generate` gives in this process on the prompt the directory's own
-template renders (not the default template).
+template renders (not the default template). The directory's tokenizer adds a
+BOS to every text and its template writes one too (as Llama 3's and Gemma's
+do): a chat prompt must carry it once, as vLLM encodes chat prompts without
+the tokenizer's special tokens.
 """
 
 import openai
@@ -24,7 +27,7 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3") / "tiny-qwen3-chat"
     save_hf_checkpoint(init_model(load_config("tiny-qwen3"), seed=2), path)
-    write_chatml_tokenizer(path)
+    write_chatml_tokenizer(path, bos=True)
     return path
 
 
@@ -39,10 +42,13 @@ def test_chat_reply_uses_the_directory_template_and_matches_llm(checkpoint, serv
     reply = client.chat.completions.create(model=str(checkpoint), messages=MESSAGES, max_tokens=8,
                                            temperature=0, extra_body={"ignore_eos": True})
     prompt = ChatTemplate.for_model(str(checkpoint)).render(MESSAGES)
-    assert prompt.startswith("<|im_start|>system\nbe brief<|im_end|>")
+    assert prompt.startswith("<s><|im_start|>system\nbe brief<|im_end|>")
     llm = LLM(model=str(checkpoint), num_blocks=64, block_size=16, max_model_len=256)
-    ref = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)[0]
-    assert ref.prompt_token_ids[0] == 256 and ref.prompt_token_ids.count(257) == 2  # ChatML specials
+    assert llm.engine.tokenizer.encode("a")[0] == 258  # the tokenizer adds BOS to a plain text
+    prompt_ids = llm.engine.tokenizer.encode(prompt, add_special_tokens=False)
+    ref = llm.generate([prompt_ids], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert ref.prompt_token_ids[:2] == [258, 256] and ref.prompt_token_ids.count(257) == 2  # one BOS, ChatML
     assert reply.usage.prompt_tokens == len(ref.prompt_token_ids)
     assert reply.choices[0].message.content == ref.outputs[0].text
     assert reply.usage.completion_tokens == 8
