@@ -107,7 +107,8 @@ class Engine:
         self.input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=lambda: self._load_tokenizer(tokenizer), seed=config.seed,
-            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None))
+            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None),
+            computes_logits=getattr(runner, "computes_logits", True))
         self.output_processor = OutputProcessor(lambda: self.input_processor.tokenizer)
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []

@@ -27,13 +27,17 @@ class InputProcessor:
 
     def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
                  load_tokenizer: Callable[[], object], seed: int = 0,
-                 blocks_for_tokens: Callable[[int], int] | None = None):
+                 blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True):
         """`load_tokenizer()` is called once, when the first string prompt or text output needs it.
+
+        `computes_logits=False` (a simulated device, which samples a fixed token) refuses what needs
+        real logits: prompt logprobs and beam search.
 
         `blocks_for_tokens(n)`: the most blocks one sequence of n tokens holds at once, when
         that is not `cdiv(n, block_size)` (KV cache groups: the hybrid manager's `max_blocks_for`).
         """
         self.blocks_for_tokens = blocks_for_tokens
+        self.computes_logits = computes_logits
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.num_blocks = num_blocks
@@ -145,6 +149,12 @@ class InputProcessor:
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
                              f"exceeds max_model_len ({self.max_model_len})")
+        if not self.computes_logits:
+            for field, asked in (("prompt_logprobs", params.prompt_logprobs is not None),
+                                 ("beam_width", params.beam_width > 1)):
+                if asked:
+                    raise ValueError(f"{field} needs a device that computes logits; this engine's simulated "
+                                     "device samples a fixed token")
         vocab = self.model_config.vocab_size
         if params.top_k > vocab:
             raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")

@@ -65,6 +65,7 @@ class SimulatedRunner:
     """Engine runner whose steps cost time on a `SimClock` instead of running a model."""
 
     num_compiles = 0
+    computes_logits = False  # a fixed token: no prompt logprobs, no beam search
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, clock: SimClock, *, num_blocks: int):
         """A pool of `num_blocks` blocks of `cost_model.block_size` tokens (nothing is allocated)."""

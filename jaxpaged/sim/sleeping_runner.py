@@ -64,6 +64,7 @@ class SleepingDeviceRunner:
     """A runner whose device is a worker thread sleeping each step's predicted time (see the module docstring)."""
 
     num_compiles = 0
+    computes_logits = False  # a fixed token: no prompt logprobs, no beam search
 
     def __init__(self, config, cost_model: CostModel, num_blocks: int, *, sleep: bool = True):
         self.config = config

@@ -80,3 +80,15 @@ def test_server_streams_at_the_simulated_device_and_exports_its_busy_time():
     cost = CostModel(load_config(MODEL), get_profile(PROFILE), block_size=16)
     predicted = cost.step_time([(prompt_len, 0)]) + sum(cost.step_time([(1, prompt_len + i)]) for i in range(15))
     assert busy >= predicted
+
+
+@pytest.mark.parametrize("params, field", [
+    (SamplingParams(max_tokens=2, prompt_logprobs=1), "prompt_logprobs"),
+    (SamplingParams(max_tokens=2, beam_width=2), "beam_width"),
+])
+def test_what_needs_real_logits_is_refused_on_a_simulated_device(params, field):
+    engine = simulated_device_engine(EngineConfig(model=MODEL), PROFILE)
+    with pytest.raises(ValueError, match=field):
+        engine.add_request("r", [1, 2, 3], params)
+    assert not engine.has_unfinished_requests()
+    engine.runner.close()
