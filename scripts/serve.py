@@ -22,6 +22,12 @@ Simulated device: --device=simulated serves a shape-only model (e.g.
 whole server at GPU step rates on a CPU, with no model built
 (jaxpaged/sim/realtime.py; /metrics counts the device's busy seconds).
 
+Engine core process: --engine_core=process runs the engine core (scheduler,
+KV manager, runner, tiers) in its own process and --api_server_count API
+server processes (HTTP, tokenization, detokenization, stop strings) on the
+one port, talking to it over ZeroMQ (jaxpaged/server/core/). The default,
+--engine_core=thread, runs the engine loop in the HTTP server's process.
+
 Multi-host: start one process per host with the same flags plus
 --coordinator_address, --num_processes and --process_id; process 0 serves
 HTTP and broadcasts every engine command to the others, which step in
