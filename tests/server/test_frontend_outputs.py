@@ -27,8 +27,9 @@ def engine(tiny_model):
 
 
 def _view(outs):
+    """A step's outputs as plain data, by request id (their order within a step is no promise)."""
     return sorted([(o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
-                                         c.logprobs) for c in o.outputs]) for o in outs])  # order within a step is no promise
+                                                c.logprobs) for c in o.outputs]) for o in outs])
 
 
 def _direct(engine, params):

@@ -115,7 +115,7 @@ class EngineCore:
             return 0
         except BaseException as err:  # noqa: BLE001 - every API server must hear of it
             log.exception("engine core died")
-            self._tell_everyone(M.Dead(f"the engine core died: {type(err).__name__}: {err}"))
+            self._tell_everyone(M.Dead(f"the engine loop died (engine core process): {type(err).__name__}: {err}"))
             return 1
         finally:
             self._sock.close(linger=1000)
