@@ -52,8 +52,8 @@ def _wait_gone(pids: list[int]) -> None:
         time.sleep(0.1)
 
 
-def _long_stream(client: openai.OpenAI):
-    return client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=900, temperature=0, stream=True,
+def _long_stream(client: openai.OpenAI, max_tokens: int = 900):
+    return client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=max_tokens, temperature=0, stream=True,
                                      extra_body={"ignore_eos": True})
 
 
@@ -74,8 +74,8 @@ def test_api_server_death_then_sigterm_drains_and_saves(tmp_path):
         assert _alive(core) and _alive(apis[1]) and proc.poll() is None
         assert httpx.get(base + "/health").status_code == 200
 
-        stream = _long_stream(client)
-        first = next(stream)  # it is running when SIGTERM arrives
+        stream = _long_stream(client, 200)
+        next(stream)  # it is running when SIGTERM arrives
         proc.send_signal(signal.SIGTERM)
         rest = list(stream)  # drained to its end, not cut
         assert rest[-1].choices[0].finish_reason == "length"

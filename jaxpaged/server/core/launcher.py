@@ -47,7 +47,7 @@ class ApiSpec:
     drain_timeout_s: float = 30.0
 
 
-def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 5.0) -> int:
+def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0) -> int:
     """Run the processes until SIGTERM or the core's end; returns the exit status."""
     from jaxpaged.server.core.process import run_core
     ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
