@@ -24,6 +24,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -51,7 +52,8 @@ def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_deat
     """Run the processes until SIGTERM or the core's end; returns the exit status."""
     from jaxpaged.server.core.process import run_core
     ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
-    address = f"ipc://{tempfile.mkdtemp(prefix='jaxpaged-core-')}/core.sock"
+    socket_dir = tempfile.mkdtemp(prefix="jaxpaged-core-")
+    address = f"ipc://{socket_dir}/core.sock"
     core = ctx.Process(target=_child, args=(run_core, core_spec, address), name="jaxpaged-engine-core")
     core.start()
     servers = [ctx.Process(target=_child, args=(run_api_server, api, address, core.pid), name=f"jaxpaged-api-{i}")
@@ -79,6 +81,7 @@ def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_deat
             break
     _stop(live, api.drain_timeout_s)
     _stop([core], api.drain_timeout_s)
+    shutil.rmtree(socket_dir, ignore_errors=True)
     return status
 
 
