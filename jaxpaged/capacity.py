@@ -93,3 +93,75 @@ def format_capacity(cap: KVCapacity) -> str:
         f"weights: {cap.num_params / 1e9:.1f}e9 params x {dtype_itemsize(cap.weight_dtype)} bytes "
         f"({cap.weight_dtype}) = {cap.weight_bytes / 1e9:.1f} GB",
     ])
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridCapacity:
+    """KV bytes per sequence and concurrent sequences with KV cache groups vs every layer treated as full.
+
+    Hybrid: ``num_groups`` groups of ``group_size`` layers share one block-id space; a
+    block is ``group_size`` layers' page (``bytes_per_block``), a full group holds every
+    block of the context and a sliding group only its window's (``blocks_for_context``).
+    All-full: the usual pool, one page per layer per block.
+    """
+
+    config_name: str
+    kv_dtype: str
+    context_len: int
+    block_size: int
+    budget_bytes: int
+    num_groups: int
+    group_size: int
+    hybrid_bytes_per_block: int
+    hybrid_num_blocks: int
+    hybrid_blocks_per_seq: int
+    hybrid_bytes_per_seq: int
+    hybrid_max_concurrent_seqs: int
+    full_bytes_per_block: int
+    full_num_blocks: int
+    full_blocks_per_seq: int
+    full_bytes_per_seq: int
+    full_max_concurrent_seqs: int
+
+    @property
+    def kv_saving(self) -> float:
+        """Fraction of an all-full sequence's KV bytes the hybrid layout does not hold."""
+        return 1.0 - self.hybrid_bytes_per_seq / self.full_bytes_per_seq
+
+
+def hybrid_kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = 16, context_len: int = 2048,
+                       kv_dtype: str | None = None) -> HybridCapacity:
+    """Capacity of ``budget_bytes`` with the hybrid KV cache manager vs all layers as full attention.
+
+    A sequence is counted at ``context_len`` tokens after its last step, holding
+    what the hybrid manager keeps then (vLLM counts the same way); no sharing.
+    """
+    from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
+
+    if budget_bytes < 0 or block_size <= 0 or context_len <= 0:
+        raise ValueError("budget_bytes must be >= 0, block_size and context_len positive")
+    kv_dtype = kv_dtype or config.dtype
+    layout = kv_cache_layout(config.layer_windows)
+    per_layer_token = config.kv_bytes_per_token(kv_dtype) // config.num_layers
+    hybrid_block = per_layer_token * layout.num_tensors * block_size
+    hybrid_blocks = sum(blocks_for_context(w, context_len, block_size) for w in layout.windows)
+    full_block = per_layer_token * config.num_layers * block_size
+    full_blocks = cdiv(context_len, block_size)
+    hybrid_pool, full_pool = budget_bytes // hybrid_block, budget_bytes // full_block
+    return HybridCapacity(
+        config_name=config.name, kv_dtype=kv_dtype, context_len=context_len, block_size=block_size,
+        budget_bytes=budget_bytes, num_groups=layout.num_groups, group_size=layout.num_tensors,
+        hybrid_bytes_per_block=hybrid_block, hybrid_num_blocks=hybrid_pool, hybrid_blocks_per_seq=hybrid_blocks,
+        hybrid_bytes_per_seq=hybrid_blocks * hybrid_block, hybrid_max_concurrent_seqs=hybrid_pool // hybrid_blocks,
+        full_bytes_per_block=full_block, full_num_blocks=full_pool, full_blocks_per_seq=full_blocks,
+        full_bytes_per_seq=full_blocks * full_block, full_max_concurrent_seqs=full_pool // full_blocks)
+
+
+def format_hybrid_capacity(cap: HybridCapacity) -> str:
+    """One summary line per layout (hybrid KV cache groups, all layers full)."""
+    return "\n".join([
+        f"KV cache groups: {cap.num_groups} of {cap.group_size} layers (block {cap.hybrid_bytes_per_block:,} bytes)",
+        f"context {cap.context_len:,}: hybrid {cap.hybrid_bytes_per_seq / 1e9:.3f} GB per sequence, "
+        f"{cap.hybrid_max_concurrent_seqs:,} concurrent; all-full {cap.full_bytes_per_seq / 1e9:.3f} GB, "
+        f"{cap.full_max_concurrent_seqs:,} concurrent ({cap.kv_saving:.1%} of the KV bytes saved)",
+    ])

@@ -1,8 +1,13 @@
 """Model configuration: a frozen dataclass loaded from `configs/<name>.json`.
 
 Configs are files so that benchmarks, tests and capacity math all read the same
-numbers. `llama3-8b` and `llama3-70b` are shape-only: they carry the real
-architecture for capacity planning and random-weight GPU runs.
+numbers. `llama3-8b`, `llama3-70b`, `qwen3-8b`, `mistral-7b` and `gemma-3-27b`
+are shape-only: they carry the real architecture for capacity planning and
+random-weight GPU runs.
+
+One decoder serves every family (Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 3 text);
+what differs between them is a field here, named after the Hugging Face option
+it mirrors, never a separate model class.
 """
 
 from __future__ import annotations
@@ -17,26 +22,41 @@ import numpy as np
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+ROPE_SCALING_TYPES = ("llama3", "linear")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style RoPE frequency scaling (`rope_scaling.rope_type == "llama3"` in HF)."""
+    """RoPE frequency scaling, as HF's `rope_scaling`: `llama3` (three wavelength bands) or `linear`.
+
+    `linear` (Gemma 3's global layers) divides every frequency by `factor`; the
+    band fields are then unused.
+    """
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
 
     def __post_init__(self):
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise ValueError(f"rope_scaling.rope_type {self.rope_type!r} is not implemented; "
+                             f"use one of {ROPE_SCALING_TYPES}")
         if self.factor <= 0:
             raise ValueError(f"rope_scaling.factor must be positive, got {self.factor}")
-        if self.high_freq_factor <= self.low_freq_factor:
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
                              f"low_freq_factor ({self.low_freq_factor})")
 
 
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh", "gelu")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama-family decoder."""
+    """Architecture of a decoder of the Llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text)."""
 
     name: str
     vocab_size: int
@@ -60,6 +80,19 @@ class ModelConfig:
     # makes every layer sliding (Mistral); neither means every layer is full (Llama).
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
+    # Per-family differences (defaults: Llama). `model_type` is the HF name the
+    # checkpoint writer emits; the fields below decide the math.
+    model_type: str = "llama"
+    qkv_bias: bool = False  # q/k/v projections have biases (Qwen2; Llama/Qwen3 `attention_bias`)
+    o_bias: bool = False  # the output projection has a bias (Llama/Qwen3 `attention_bias`)
+    qk_norm: bool = False  # RMSNorm over head_dim on each q and k head, before RoPE (Qwen3, Gemma 3)
+    norm_unit_offset: bool = False  # every RMSNorm scales by (1 + w), computed in float32 (Gemma)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in the weights' dtype (Gemma)
+    hidden_act: str = "silu"  # the gate's activation: SwiGLU (silu) or GeGLU (gelu_pytorch_tanh, gelu)
+    sandwich_norms: bool = False  # norms after attention and around the MLP (Gemma's four per layer)
+    query_pre_attn_scalar: float | None = None  # softmax scale is its -1/2 power (Gemma); else head_dim's
+    final_logit_softcapping: float | None = None  # logits become cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3); None: rope_theta
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -79,6 +112,14 @@ class ModelConfig:
                 raise ValueError(f"layer_types: unsupported attention type(s) {unknown}; use {LAYER_TYPES}")
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not implemented; use one of {MODEL_TYPES}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not implemented; use one of {HIDDEN_ACTS}")
+        for field in ("query_pre_attn_scalar", "final_logit_softcapping", "rope_local_theta"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"{field} must be positive or None, got {value}")
 
     def layer_window(self, layer: int) -> int | None:
         """Sliding window of layer `layer` in tokens, or None for full attention."""
@@ -87,6 +128,11 @@ class ModelConfig:
         if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
             return self.sliding_window
         return None
+
+    @property
+    def attn_scale(self) -> float:
+        """Softmax scale of the attention scores: `query_pre_attn_scalar ** -0.5`, else `head_dim ** -0.5`."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
@@ -139,11 +185,12 @@ class ModelConfig:
         return min(tensor_parallel_size, self.num_kv_heads)
 
     def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = h * self.num_heads * self.head_dim * 2 + h * kv * 2
+        """Parameter count (embeddings counted once when tied; biases and every norm included)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = h * q * 2 + h * kv * 2
+        attn += (q + 2 * kv) * self.qkv_bias + h * self.o_bias + 2 * self.head_dim * self.qk_norm
         mlp = 3 * h * self.intermediate_size
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + (4 if self.sandwich_norms else 2) * h
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         return self.num_layers * per_layer + embed + h
 
@@ -153,8 +200,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build from a plain dict (as stored in configs/*.json)."""
+        """Build from a plain dict (as stored in configs/*.json); an unknown key is a ValueError naming it."""
         d = dict(d)
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {unknown}: not implemented")
         if d.get("rope_scaling") is not None:
             d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
         if d.get("layer_types") is not None:

@@ -83,3 +83,5 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     metrics: RequestMetrics | None  # on the final output; None on the outputs streamed before it
+    # SamplingParams.prompt_logprobs: per prompt token {token id: logprob}, the first None (DELTA: the new ones)
+    prompt_logprobs: list[dict[int, float] | None] | None = None

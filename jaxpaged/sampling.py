@@ -27,8 +27,13 @@ class SamplingBatch(NamedTuple):
     counters: Int[Array, "S"]  # index of the token being sampled, folded into the key
 
 
-def sample(logits: Float[Array, "S V"], params: SamplingBatch) -> tuple[Int[Array, "S"], Float[Array, "S"]]:
+def sample(logits: Float[Array, "S V"], params: SamplingBatch,
+           processed: Float[Array, "S V"] | None = None) -> tuple[Int[Array, "S"], Float[Array, "S"]]:
     """Sample one token per row; returns ids and their log-probabilities under the raw logits.
+
+    `processed` (the logits after bias and penalties, `jaxpaged.logit_controls`)
+    is what tokens are chosen from when given; the log-probabilities stay the
+    raw logits', as vLLM's default.
 
     The step picks the cheapest of three paths at run time (`lax.cond` runs one
     branch): all rows greedy (an argmax), sampling without top-k/top-p (Gumbel-max
@@ -41,6 +46,8 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch) -> tuple[Int[Arra
     """
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
+    if processed is not None:
+        logits = processed.astype(jnp.float32)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     vocab = logits.shape[-1]
     sampling = params.temperature > 0

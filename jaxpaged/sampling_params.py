@@ -11,6 +11,8 @@ from jaxpaged.validation import INT32_MAX, check_bool, check_float, check_int, c
 MAX_SEED = 2**64 - 1  # seeds are 64-bit; distinct seeds give distinct sample streams
 
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for per token (vLLM's default cap)
+MAX_LOGIT_BIAS = 1024  # the most `logit_bias` entries one request may give
+MAX_LOGIT_BIAS_VALUE = 100.0  # |bias| at most this (OpenAI's range)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,23 @@ class SamplingParams:
     everything so far after every step (CUMULATIVE, the default), only what is
     new (DELTA), or one output at the end (FINAL_ONLY). Beam search returns its
     beams only at the end, whatever the kind.
+
+    `prompt_logprobs=k` returns, for every prompt token after the first, its
+    log-probability given the tokens before it and the k most likely ones
+    (vLLM's meaning; the first entry is None). Such a request computes its
+    whole prompt: it looks up no prefix-cache hit (a cached block has no logits).
+
+    Logit controls, applied to the logits the token is chosen from (the
+    returned logprobs stay those of the raw logits), in vLLM's order:
+    `logit_bias` adds a bias (in [-100, 100]) to the given token ids;
+    `min_tokens` masks the stop ids and EOS (and defers stop strings) until
+    that many tokens are out; then `repetition_penalty` (> 0; 1 = off) divides
+    positive and multiplies negative logits of every token seen in the prompt
+    or the output, `frequency_penalty` (in [-2, 2]) subtracts itself once per
+    occurrence of a token in the output, and `presence_penalty` (in [-2, 2])
+    once per token present in the output. `bad_words` (strings, tokenized with
+    and without a leading space, as vLLM) never appear in the output: a word's
+    last token is masked whenever the output ends with the rest of it.
     """
 
     n: int = 1
@@ -52,6 +71,13 @@ class SamplingParams:
     stop: Sequence[str] = ()
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = dataclasses.field(default=None, hash=False)
+    min_tokens: int = 0
+    bad_words: Sequence[str] = ()
 
     def __post_init__(self):
         """Check every field's type and range (ValueError naming the field); store them normalised."""
@@ -77,6 +103,32 @@ class SamplingParams:
         for name, value in fields.items():
             object.__setattr__(self, name, value)
         self._check_stop_strings_and_logprobs()
+        self._check_logit_controls()
+
+    def _check_logit_controls(self) -> None:
+        fields = {
+            "presence_penalty": check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0),
+            "frequency_penalty": check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0),
+            "repetition_penalty": check_float("repetition_penalty", self.repetition_penalty, low=0.0,
+                                              low_open=True),
+            "min_tokens": check_int("min_tokens", self.min_tokens, low=0, high=self.max_tokens),
+            "logit_bias": _logit_bias(self.logit_bias),
+            "bad_words": _bad_words(self.bad_words),
+        }
+        if self.prompt_logprobs is not None:
+            check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS)
+        if self.beam_width > 1 and (fields["presence_penalty"] or fields["frequency_penalty"]
+                                    or fields["repetition_penalty"] != 1.0 or fields["logit_bias"]
+                                    or fields["min_tokens"] or fields["bad_words"]):
+            raise ValueError("penalties, logit_bias, min_tokens and bad_words are not supported with beam search "
+                             "(beam_width > 1)")
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether the sampler needs this request's prompt and output tokens."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     def _check_stop_strings_and_logprobs(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -108,6 +160,37 @@ def _stop_token_ids(values) -> tuple[int, ...]:
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
         raise ValueError(f"stop_token_ids must be a list of token ids, got {values!r}")
     return tuple(check_int("stop_token_ids entry", t, low=0, high=INT32_MAX) for t in values)
+
+
+def _logit_bias(bias) -> dict[int, float] | None:
+    """`logit_bias` as {token id: float}; ValueError naming the field on a bad id, value or size.
+
+    Keys may be ints or decimal strings (JSON object keys are strings).
+    The ids are checked against the vocabulary when the request is added.
+    """
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, got {type(bias).__name__}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias may have at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key)
+        token = check_int("logit_bias token id", key, low=0, high=INT32_MAX)
+        out[token] = check_float(f"logit_bias (token {token})", value, low=-MAX_LOGIT_BIAS_VALUE,
+                                 high=MAX_LOGIT_BIAS_VALUE)
+    return out or None
+
+
+def _bad_words(words) -> tuple[str, ...]:
+    if isinstance(words, str) or not isinstance(words, (list, tuple)):
+        raise ValueError(f"bad_words must be a list of strings, got {words!r}")
+    for w in words:
+        if not isinstance(w, str) or not w.strip():
+            raise ValueError(f"bad_words must be a list of non-blank strings, got {w!r}")
+    return tuple(words)
 
 
 _MASK64 = (1 << 64) - 1

@@ -118,6 +118,9 @@ class Request:
     peak_blocks_unshared: int = 0  # what the same sequences would hold without sharing
     num_preemptions: int = 0
     token_times: list[float] = dataclasses.field(default_factory=list)  # when each output token arrived
+    # SamplingParams.prompt_logprobs: per prompt token, {token id: logprob}; the first entry is None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # SamplingParams.bad_words, tokenized
 
     @property
     def finished(self) -> bool:

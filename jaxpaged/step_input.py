@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
 from jaxpaged.buckets import pow2_bucket
+from jaxpaged.logit_controls import LogitControls
 from jaxpaged.mathutils import cdiv
 
 MIN_PREFILL_TOKENS = 16
@@ -52,8 +53,8 @@ class StepInput:
 
     token_ids: np.ndarray  # [T] int32
     positions: np.ndarray  # [T] int32
-    slot_mapping: np.ndarray  # [T] int32, -1 = padding
-    block_tables: np.ndarray  # [S, M] int32
+    slot_mapping: np.ndarray  # [T] int32, -1 = padding ([G, T] with several KV cache groups)
+    block_tables: np.ndarray  # [S, M] int32 ([G, S, M] with several KV cache groups)
     context_lens: np.ndarray  # [S] int32
     query_start: np.ndarray  # [S] int32
     query_lens: np.ndarray  # [S] int32
@@ -68,16 +69,23 @@ class StepInput:
     layout: StepLayout
     order: np.ndarray  # [num_seqs]: batch row of the caller's i-th sequence
     num_seqs: int  # real (unpadded) sequences
+    # logit bias / min_tokens / penalties of the rows that use them (None: no row does)
+    logit_controls: LogitControls | None = None
+    # prompt logprobs: token rows whose next-token logprob is returned, and that next token (padded)
+    prompt_logprob_rows: np.ndarray | None = None  # [P] int32
+    prompt_logprob_targets: np.ndarray | None = None  # [P] int32
+    num_prompt_top_logprobs: int = 0
 
     def check_shapes(self) -> None:
         """Assert the arrays agree with each other (the host -> device boundary)."""
         num_tokens = self.token_ids.shape[0]
-        num_rows = self.block_tables.shape[0]
-        chex.assert_shape([self.token_ids, self.positions, self.slot_mapping, self.token_src_rows], (num_tokens,))
+        grouped = self.block_tables.ndim == 3
+        num_rows = self.block_tables.shape[grouped]
+        chex.assert_shape([self.token_ids, self.positions, self.token_src_rows], (num_tokens,))
+        chex.assert_shape(self.slot_mapping, self.block_tables.shape[:1] * grouped + (num_tokens,))
         chex.assert_shape([self.context_lens, self.query_start, self.query_lens, self.logits_indices,
                            self.temperature, self.top_k, self.top_p, self.seeds, self.counters,
                            self.sample_rows], (num_rows,))
-        chex.assert_rank(self.block_tables, 2)
         if self.layout.num_decode_seqs > num_rows or self.layout.num_decode_seqs > num_tokens:
             raise ValueError(f"layout claims {self.layout.num_decode_seqs} decode rows; "
                              f"the step has {num_rows} sequences and {num_tokens} tokens")
@@ -146,8 +154,20 @@ def empty_step_input(buckets: StepBuckets, num_seqs: int) -> StepInput:
     )
 
 
-def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int) -> StepInput:
-    """Lay out one step's sequences into bucketed arrays, one sequence at a time."""
+def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int, num_groups: int = 1) -> StepInput:
+    """Lay out one step's sequences into bucketed arrays, one sequence at a time.
+
+    With `num_groups` KV cache groups each `block_table` is the flat interleaved table
+    (entry `j * G + g` is group `g`'s `j`-th block) and the step gets `[G, T]` slots
+    and `[G, S, M]` tables.
+    """
+    if num_groups > 1:
+        per_group = [build_step_input([dataclasses.replace(s, block_table=list(s.block_table)[g::num_groups])
+                                       for s in seqs], block_size) for g in range(num_groups)]
+        step = per_group[0]
+        step.slot_mapping = np.stack([p.slot_mapping for p in per_group])
+        step.block_tables = np.stack([p.block_tables for p in per_group])
+        return step
     if not seqs:
         raise ValueError("a step needs at least one sequence")
     for s in seqs:

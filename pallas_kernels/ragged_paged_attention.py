@@ -16,7 +16,9 @@ How the work is cut:
   pages straight out of the pool (no contiguous copy) and running an online softmax
   in float32. It stops at the last key the tile can see (context length, causality),
   so padding blocks and the pool beyond each context are never used; NaN there is
-  masked out of both the scores and V.
+  masked out of both the scores and V. With a sliding window it also starts at the
+  first compute block holding a key the tile can see, so pages that slid out (freed by
+  the hybrid KV cache manager, possibly reused) are never loaded.
 - Each split writes its normalised output with its running max and sum; a small jnp
   merge (flash-decoding) combines the splits stably, then the wrapper scatters the
   rows back to `[T, num_q_heads, head_dim]` (padding rows zero).
@@ -49,7 +51,7 @@ MASK_VALUE = -1e30
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "max_query_len", "sm_scale", "interpret", "queries_per_block",
+        "max_query_len", "sm_scale", "sliding_window", "interpret", "queries_per_block",
         "pages_per_compute_block", "num_splits", "num_warps", "num_stages",
     ),
 )
@@ -87,6 +89,9 @@ def ragged_paged_attention(
       max_query_len: static bound on `query_lens` (a bucket); 1 for a decode batch.
       sm_scale: softmax scale, usually `head_dim ** -0.5`.
       k_scale, v_scale: `[num_kv_heads]` float32 dequantisation scales for fp8 pools.
+      sliding_window: static window W: the query at position p sees keys p - W + 1 .. p
+        only, and each program starts at the first page its rows can see (pages before
+        it, which the host may have freed and reused, are never loaded). None: full.
       interpret: run the kernel in Pallas interpret mode (CPU tests).
       queries_per_block, pages_per_compute_block, num_splits, num_warps, num_stages:
         launch overrides; None picks them with `tuning.choose_launch_params`.
@@ -94,9 +99,8 @@ def ragged_paged_attention(
     Returns:
       `[T, num_q_heads, head_dim]` in `q.dtype`; padding rows are zero.
     """
-    if sliding_window is not None:
-        raise NotImplementedError("the Triton paged-attention kernel has no sliding window yet; "
-                                  "use attention_backend='xla' for sliding-window models")
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, _, block_size, _ = k_pages.shape
     num_seqs, blocks_per_seq = block_tables.shape
@@ -130,7 +134,7 @@ def ragged_paged_attention(
     out, row_max, row_sum = _paged_attention_call(
         q_tiles, k_pages, v_pages, tables, seq_info, logit_scale[:, None],
         params=params, block_size=block_size, query_tiles=query_tiles,
-        padded_group=q_tiles.shape[2] // query_slots, interpret=interpret,
+        padded_group=q_tiles.shape[2] // query_slots, interpret=interpret, sliding_window=sliding_window,
     )
     out = merge_splits(out, row_max, row_sum)  # [Hkv, S, slots * Gp, D]
     if v_scale is not None:
@@ -196,6 +200,7 @@ def _split_block_table(block_tables: Int[Array, "S M"], params: LaunchParams) ->
 def _paged_attention_call(
     q_tiles, k_pages, v_pages, tables, seq_info, logit_scale, *,
     params: LaunchParams, block_size: int, query_tiles: int, padded_group: int, interpret: bool,
+    sliding_window: int | None = None,
 ):
     """The `pallas_call`: per-split normalised output `[splits, Hkv, S, slots*Gp, D]` f32,
     plus running max and sum `[splits, Hkv, S, slots*Gp]`."""
@@ -220,6 +225,7 @@ def _paged_attention_call(
         pages_per_compute_block=params.pages_per_compute_block,
         blocks_per_split=blocks_per_split,
         block_size=block_size,
+        sliding_window=sliding_window,
     )
     pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda h, i, k: (h, 0, 0, 0))
     in_specs = [
@@ -258,6 +264,7 @@ def _attention_kernel(
     seq_ref, scale_ref, table_ref, q_ref, k_ref, v_ref,  # inputs
     o_ref, max_ref, sum_ref,  # outputs
     *, group, queries_per_block, query_tiles, pages_per_compute_block, blocks_per_split, block_size,
+    sliding_window=None,
 ):
     """One (KV head, query tile, split): online softmax over the split's pages.
 
@@ -280,6 +287,14 @@ def _attention_kernel(
     kv_end = jnp.where(first_query < query_len, context_len - query_len + last_query, 0)
     end_block = jnp.minimum(first_block + blocks_per_split, pl.cdiv(kv_end, block_size))
     num_steps = pl.cdiv(jnp.maximum(end_block - first_block, 0), pages_per_compute_block)
+    # With a window, keys before kv_start are visible to no row of this tile: start at the
+    # compute block holding kv_start (aligned, so every page slice stays in the split's table).
+    kv_start = 0
+    first_step = 0
+    if sliding_window is not None:
+        kv_start = jnp.maximum(context_len - query_len + first_query - sliding_window + 1, 0)
+        first_step = jnp.maximum(kv_start // block_size - first_block, 0) // pages_per_compute_block
+        first_step = jnp.minimum(first_step, num_steps)
 
     q = q_ref[...]
     logit_scale = scale_ref[0]
@@ -294,12 +309,15 @@ def _attention_kernel(
 
         scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         visible = (key_pos[None, :] <= query_pos[:, None]) & row_valid[:, None]
+        if sliding_window is not None:
+            visible = visible & (key_pos[None, :] > query_pos[:, None] - sliding_window)
         scores = jnp.where(visible, scores * logit_scale, MASK_VALUE)
         new_max = jnp.maximum(row_max, scores.max(axis=1))
         probs = jnp.where(visible, jnp.exp(scores - new_max[:, None]), 0.0)
         correction = jnp.exp(row_max - new_max)
         # Slots past the context may hold NaN; 0 * NaN would leak into the sum.
-        v = jnp.where((key_pos < context_len)[:, None], v, jnp.zeros_like(v))
+        # So may pages before the window (freed, or block 0 standing in for them).
+        v = jnp.where(((key_pos < context_len) & (key_pos >= kv_start))[:, None], v, jnp.zeros_like(v))
         pv = lax.dot(probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return out * correction[:, None] + pv, new_max, row_sum * correction + probs.sum(axis=1)
 
@@ -308,7 +326,7 @@ def _attention_kernel(
         jnp.full((tile_rows,), MASK_VALUE, jnp.float32),
         jnp.zeros((tile_rows,), jnp.float32),
     )
-    out, row_max, row_sum = lax.fori_loop(0, num_steps, step, init)
+    out, row_max, row_sum = lax.fori_loop(first_step, num_steps, step, init)
     o_ref[...] = out / jnp.where(row_sum > 0, row_sum, 1.0)[:, None]
     max_ref[...] = row_max
     sum_ref[...] = row_sum

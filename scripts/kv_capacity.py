@@ -4,6 +4,10 @@
 
 Reproduces the reference figures: Llama-3-70B fp16 = 327,680 bytes per token,
 a 16-token block ~5.2 MB, ~8,600 blocks in 45 GB (and weights ~141 GB in fp16).
+
+A model with sliding-window layers (e.g. ``--model=gemma-3-27b``) also gets the
+hybrid KV cache manager's figures at each ``--context_lens`` entry: KV bytes per
+sequence and concurrent sequences, hybrid vs every layer treated as full.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 from absl import app, flags
 
 from jaxpaged.bench import flag_checks
-from jaxpaged.capacity import format_capacity, kv_capacity
+from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
 from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
 
 MODEL = flags.DEFINE_string("model", "llama3-70b", "a shipped model config name or a config JSON")
@@ -25,6 +29,8 @@ BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
 CONTEXT_LEN = flags.DEFINE_integer("context_len", 2048, "tokens per sequence")
 TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over; --budget_gb is then "
                           "each device's KV budget")
+CONTEXT_LENS = flags.DEFINE_list("context_lens", [], "sliding-window models: contexts to compare the hybrid "
+                                  "and all-full layouts at (default: --context_len)")
 JSON_OUT = flags.DEFINE_string("json_out", None, "also write the figures here as JSON")
 
 KV_DTYPE_NAMES = list(SUPPORTED_DTYPES) + list(DTYPE_ALIASES) + ["fp8"]
@@ -38,13 +44,22 @@ flag_checks.positive("block_size", "context_len")
 def main(argv):
     """Print the capacity figures (and write JSON if asked)."""
     del argv
-    cap = kv_capacity(load_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
+    config = load_config(MODEL.value)
+    cap = kv_capacity(config, budget_bytes=int(BUDGET_GB.value * 1e9),
                       block_size=BLOCK_SIZE.value, context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
                       weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value, tensor_parallel_size=TP.value)
     print(format_capacity(cap))
+    result = dataclasses.asdict(cap)
+    if any(w is not None for w in config.layer_windows):
+        hybrid = [hybrid_kv_capacity(config, budget_bytes=int(BUDGET_GB.value * 1e9), block_size=BLOCK_SIZE.value,
+                                     context_len=int(n), kv_dtype=KV_DTYPE.value)
+                  for n in CONTEXT_LENS.value or [CONTEXT_LEN.value]]
+        for h in hybrid:
+            print(format_hybrid_capacity(h))
+        result["hybrid"] = [dataclasses.asdict(h) for h in hybrid]
     if JSON_OUT.value:
         with open(JSON_OUT.value, "w") as f:
-            json.dump(dataclasses.asdict(cap), f, indent=2)
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

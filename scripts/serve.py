@@ -69,7 +69,8 @@ SNAPSHOT = flags.DEFINE_string("prefix_cache_snapshot", None, "prefix-cache snap
 SAVE_SNAPSHOT = flags.DEFINE_boolean("save_prefix_cache_on_shutdown", False, "write the snapshot at shutdown")
 KV_DTYPE = flags.DEFINE_enum("kv_cache_dtype", "auto", ["auto", "float32", "bfloat16", "fp8_e4m3"], "KV dtype")
 TP = flags.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over")
-ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas"], "attention backend")
+ATTENTION = flags.DEFINE_enum("attention_backend", "auto", ["auto", "xla", "xla_reference", "pallas", "pallas_mosaic"],
+                              "attention backend")
 SEED = flags.DEFINE_integer("seed", 0, "weights seed for shipped configs, and unseeded sampling")
 MAX_WAITING = flags.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
 MAX_BODY = flags.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES,

@@ -47,7 +47,7 @@ def drive(runner: ModelRunner, prompts, max_new: int, chunk: int, rng: np.random
     perm = list(rng.permutation(runner.pool.num_blocks))
     seqs = []
     for p in prompts:
-        need = -(-(len(p) + max_new) // bs)
+        need = -(-(len(p) + max_new) // bs) * runner.kv_layout.num_groups  # a table per KV cache group
         seqs.append(DrivenSeq(list(p), max_new, [int(perm.pop()) for _ in range(need)]))
     step = 0
     while not all(s.done for s in seqs):
@@ -59,7 +59,7 @@ def drive(runner: ModelRunner, prompts, max_new: int, chunk: int, rng: np.random
         for s in live:
             todo = s.tokens[s.computed:s.computed + chunk]
             scheduled.append(ScheduledSeq(todo, s.computed, s.blocks))
-        out = runner.execute(build_step_input(scheduled, bs), return_logits=True)
+        out = runner.execute(build_step_input(scheduled, bs, runner.kv_layout.num_groups), return_logits=True)
         for s, sched, tok, logit in zip(live, scheduled, out.token_ids, out.logits):
             s.computed += len(sched.token_ids)
             s.logits[s.computed - 1] = logit

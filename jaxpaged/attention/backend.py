@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ from jaxpaged.parallel.tensor_parallel import TP_AXIS
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
-BACKENDS = ("auto", "xla", "xla_reference", "pallas")
+BACKENDS = ("auto", "xla", "xla_reference", "pallas", "pallas_mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +28,12 @@ class AttentionBackend:
     `xla` is the chunked online-softmax attention in plain XLA (the CPU path);
     `xla_reference` is the pure-JAX reference it is tested against (it gathers
     every sequence's whole context: slow on long contexts, kept for comparisons);
-    `pallas` is the GPU kernel, which `interpret=True` runs through the Pallas
-    interpreter on any device (slow; tests).
+    `pallas` is the GPU kernel on Pallas' Triton backend, which `interpret=True` runs
+    through the Pallas interpreter on any device (slow; tests); `pallas_mosaic` is
+    the Hopper kernel on Pallas' Mosaic GPU backend (`interpret=True`: Mosaic GPU
+    interpret mode, race detector on), which hands the shapes it does not take
+    (float32 queries, head_dim other than 64 or 128, more than 64 query heads per
+    KV head) to the Triton kernel.
     With a `mesh` (tensor parallelism), each layer's K/V write and attention run
     under `shard_map` over its `tp` axis: every device writes and attends over its
     own KV heads and their query heads, so the kernel sees local heads only.
@@ -44,14 +49,38 @@ class AttentionBackend:
 
 
 def resolve_backend(name: str = "auto", *, interpret: bool = False) -> AttentionBackend:
-    """Pick a backend: `auto` means pallas on GPU, xla elsewhere."""
+    """Pick a backend. `auto` means `$JAXPAGED_ATTENTION_BACKEND` when set (as vLLM's
+    `VLLM_ATTENTION_BACKEND`), else pallas_mosaic on Hopper-class GPUs (compute
+    capability 9.x), pallas (Triton) on other GPUs, and xla elsewhere."""
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "pallas" if jax.default_backend() == "gpu" else "xla"
-    if name == "pallas" and not interpret and jax.default_backend() != "gpu":
-        raise ValueError("attention_backend='pallas' needs a GPU; pass interpret=True to run it on CPU")
+        name = os.environ.get(BACKEND_ENV) or (_gpu_default() if jax.default_backend() == "gpu" else "xla")
+        if name not in BACKENDS[1:]:
+            raise ValueError(f"${BACKEND_ENV} must be one of {BACKENDS[1:]}, got {name!r}")
+    if name in ("pallas", "pallas_mosaic") and not interpret and jax.default_backend() != "gpu":
+        raise ValueError(f"attention_backend={name!r} needs a GPU; pass interpret=True to run it on CPU")
+    if name == "pallas_mosaic" and not mosaic_gpu_available():
+        raise ValueError(f"attention_backend='pallas_mosaic' needs jax.experimental.pallas.mosaic_gpu "
+                         f"(JAX {jax.__version__} lacks it)")
     return AttentionBackend(name, interpret)
+
+
+BACKEND_ENV = "JAXPAGED_ATTENTION_BACKEND"
+
+
+def mosaic_gpu_available() -> bool:
+    """Whether this JAX has Pallas' Mosaic GPU backend (0.11.2 and 0.12 do; the kernel's
+    interpret-mode tests and sm_90 lowering pass on both)."""
+    from pallas_kernels import ragged_paged_attention_mgpu as mgpu
+
+    return mgpu.plgpu is not None
+
+
+def _gpu_default() -> str:
+    """pallas_mosaic on compute capability 9.x (H100/H200) when available, else pallas."""
+    capability = str(getattr(jax.devices()[0], "compute_capability", ""))
+    return "pallas_mosaic" if capability.startswith("9.") and mosaic_gpu_available() else "pallas"
 
 
 def paged_attention(
@@ -64,13 +93,16 @@ def paged_attention(
     v_scale: Float[Array, "Hkv"],
     backend: AttentionBackend,
     sliding_window: int | None = None,
+    sm_scale: float | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention for every row of a step: decode group and prefill group, each in one call.
 
     `sliding_window` (static) limits each query to its last W keys (None: full attention).
+    `sm_scale` (static) multiplies the scores: the model's own (Gemma's
+    `query_pre_attn_scalar ** -0.5`); None means `head_dim ** -0.5`.
     """
     kernel = _kernel(backend)
-    sm_scale = q.shape[-1] ** -0.5
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
     if sliding_window is not None:
         options["sliding_window"] = sliding_window
@@ -101,10 +133,12 @@ def write_and_attend(
     layout: StepLayout,
     backend: AttentionBackend,
     sliding_window: int | None = None,
+    sm_scale: float | None = None,
 ) -> tuple[Float[Array, "T Hq D"], Array, Array]:
     """Scatter this step's K/V into one layer's pages, then attend; returns (output, k_pages', v_pages').
 
-    `sliding_window` is the layer's window (static; None for full attention).
+    `sliding_window` is the layer's window (static; None for full attention);
+    `sm_scale` the softmax scale (static; None for `head_dim ** -0.5`).
 
     Under a mesh the heads axis of q, k, v, the pages and the scales is split
     over `tp` and the batch metadata is replicated; nothing crosses devices.
@@ -112,7 +146,8 @@ def write_and_attend(
 
     def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
         k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
-        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window)
+        out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window,
+                              sm_scale)
         return out, k_pages, v_pages
 
     if backend.mesh is None:
@@ -137,4 +172,18 @@ def _kernel(backend: AttentionBackend):
             return ragged_paged_attention(*args, interpret=backend.interpret, **kwargs)
 
         return pallas
+    if backend.name == "pallas_mosaic":
+        return functools.partial(_mosaic_or_triton, interpret=backend.interpret)
     raise ValueError(f"unknown attention backend {backend.name!r}")
+
+
+def _mosaic_or_triton(q, k_pages, *args, interpret: bool, **kwargs):
+    """The Mosaic GPU kernel where it applies to these shapes, else the Triton kernel."""
+    from pallas_kernels import ragged_paged_attention_mgpu as mgpu
+
+    if mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
+        return mgpu.ragged_paged_attention_mgpu(
+            q, k_pages, *args, interpret=mgpu.interpret_params() if interpret else None, **kwargs)
+    from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+
+    return ragged_paged_attention(q, k_pages, *args, interpret=interpret, **kwargs)

@@ -16,13 +16,24 @@ from jaxtyping import Array, Int
 
 
 class AttentionBatch(NamedTuple):
-    """Per-step attention metadata (device arrays, padded to bucket sizes)."""
+    """Per-step attention metadata (device arrays, padded to bucket sizes).
 
-    slot_mapping: Int[Array, "T"]  # flat pool slot of each new token; -1 = padding
-    block_tables: Int[Array, "S M"]  # physical block of each logical block
+    With several KV cache groups, `slot_mapping` and `block_tables` have a
+    leading group axis (`[G, T]`, `[G, S, M]`) and each layer reads its group's
+    slice (`for_group`); a single group keeps them 2-D and 1-D, as before.
+    """
+
+    slot_mapping: Int[Array, "T"] | Int[Array, "G T"]  # flat pool slot of each new token; -1 = padding
+    block_tables: Int[Array, "S M"] | Int[Array, "G S M"]  # physical block of each logical block
     context_lens: Int[Array, "S"]  # tokens in context after this step; 0 = padding seq
     query_start: Int[Array, "S"]  # first row of each sequence's queries
     query_lens: Int[Array, "S"]  # rows of each sequence this step; 0 = padding seq
+
+    def for_group(self, group: int) -> "AttentionBatch":
+        """The batch as one KV cache group's layers see it (itself when there is one group)."""
+        if self.block_tables.ndim == 2:
+            return self
+        return self._replace(slot_mapping=self.slot_mapping[group], block_tables=self.block_tables[group])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,7 +145,7 @@ class ContiguousKVCacheManager:
 
     def allocate_new(self, seq_id: Hashable, token_ids: Sequence[int], num_new_tokens: int,
                      match: PrefixMatch | None = None, *, cache_salt: str | None = None,
-                     extra_keys: tuple = ()) -> bool:
+                     extra_keys: tuple = (), count_query: bool = True) -> bool:
         """Reserve a whole region for a new sequence; False, changing nothing, when none is free.
 
         Raises:

@@ -223,13 +223,16 @@ class KVCacheManager:
         *,
         cache_salt: str | None = None,
         extra_keys: tuple = (),
+        count_query: bool = True,
     ) -> bool:
         """Admits a new (or resumed) sequence, all or nothing.
 
         Takes the matched blocks (a cached free block is revived from the free
         queue) and enough fresh blocks for ``match.num_cached_tokens +
         num_new_tokens`` tokens. Returns False, changing nothing, when the pool has
-        too few free blocks now. ``match=None`` skips the prefix cache lookup.
+        too few free blocks now. ``match=None`` skips the prefix cache lookup;
+        ``count_query=False`` leaves the hit-rate counters alone (a sequence
+        that must not use hits, e.g. one that needs its prompt's logits).
 
         Raises:
           ValueError: the sequence exists already, could never fit the pool,
@@ -275,7 +278,7 @@ class KVCacheManager:
         )
         self._seqs[seq_id] = seq
         self._sync_in_flight(seq)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and count_query:
             self._queries_tokens += num_tokens
             self._hits_tokens += num_cached
         return True

@@ -31,8 +31,11 @@ class KVManager(Protocol):
         ...
 
     def allocate_new(self, seq_id: Hashable, token_ids: Sequence[int], num_new_tokens: int,
-                     match: PrefixMatch | None, *, cache_salt: str | None = None) -> bool:
-        """Admit a sequence with its matched prefix and `num_new_tokens` more slots; False if it does not fit now."""
+                     match: PrefixMatch | None, *, cache_salt: str | None = None,
+                     count_query: bool = True) -> bool:
+        """Admit a sequence with its matched prefix and `num_new_tokens` more slots; False if it does not fit now.
+
+        `count_query=False`: the sequence skipped the lookup; the hit-rate counters leave it out."""
         ...
 
     def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:

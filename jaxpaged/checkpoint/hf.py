@@ -1,4 +1,4 @@
-"""Load and save Hugging Face Llama checkpoints (config.json + safetensors, single or sharded)."""
+"""Load and save Hugging Face checkpoints of every supported family (config.json + safetensors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxpaged.checkpoint.hf_config import hf_config_to_model_config, model_config_to_hf_config
-from jaxpaged.checkpoint.hf_names import TensorMapping, is_ignored, tensor_mappings
+from jaxpaged.checkpoint.hf_names import TensorMapping, is_ignored, locate_language_model, tensor_mappings
 from jaxpaged.checkpoint.safetensors_io import (INDEX_FILE, SINGLE_FILE, TensorReader,
                                                 weight_files, write_safetensors)
 from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_params, assemble_model, model_params
@@ -34,7 +34,7 @@ def read_hf_config(path: str | Path) -> ModelConfig:
 
 
 def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
-    """Load a Hugging Face Llama checkpoint directory into a `LlamaModel`.
+    """Load a Hugging Face checkpoint directory (any supported `model_type`) into a `LlamaModel`.
 
     `dtype` (e.g. "bfloat16") overrides the checkpoint's `torch_dtype`; weights
     are cast to it. Raises `ValueError` naming any missing, unexpected or
@@ -47,17 +47,17 @@ def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | N
                          f"or {INDEX_FILE})")
     config = read_hf_config(path)
     dtype = dtype or config.dtype
-    mappings = tensor_mappings(config)
     expected = abstract_params(config, dtype)
     with TensorReader(weight_files(path)) as reader:
-        _check_tensors(path, config, mappings, expected, reader)
+        mappings, multimodal = locate_language_model(tensor_mappings(config), reader.names())
+        _check_tensors(path, config, mappings, expected, reader, multimodal)
         params = {m.path: _to_flax(reader.get(m.hf_name), m) for m in mappings}
     return assemble_model(config, params, dtype, sharding_of)
 
 
 def save_hf_checkpoint(model: LlamaModel, path: str | Path, *,
                        shard_size_bytes: int | None = None) -> None:
-    """Write `model` as a Hugging Face Llama checkpoint (HF names, `[out, in]` Linear weights).
+    """Write `model` as a Hugging Face checkpoint of its `model_type` (HF names, `[out, in]` Linear weights).
 
     With `shard_size_bytes`, weights are split over several files plus
     `model.safetensors.index.json`, as transformers does for large models.
@@ -78,14 +78,15 @@ def _to_flax(tensor: np.ndarray, mapping: TensorMapping) -> np.ndarray:
 
 
 def _check_tensors(path: Path, config: ModelConfig, mappings: list[TensorMapping],
-                   expected: dict, reader: TensorReader) -> None:
-    """Raise `ValueError` unless the checkpoint holds exactly the tensors `config` needs."""
+                   expected: dict, reader: TensorReader, multimodal: bool = False) -> None:
+    """Raise `ValueError` unless the checkpoint holds exactly the tensors `config` needs
+    (beside a vision tower, in a `multimodal` checkpoint)."""
     present = reader.names()
     wanted = {m.hf_name for m in mappings}
     missing = sorted(wanted - present)
     if missing:
         raise ValueError(f"checkpoint {path} is missing tensors: {missing}")
-    unexpected = sorted(n for n in present - wanted if not is_ignored(n, config))
+    unexpected = sorted(n for n in present - wanted if not is_ignored(n, config, multimodal))
     if unexpected:
         raise ValueError(f"checkpoint {path} has unexpected tensors: {unexpected}")
     for m in mappings:

@@ -95,7 +95,8 @@ class EngineConfig:
         if self.num_blocks is not None:
             return self.num_blocks
         budget = self.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
-        per_block = self.block_size * model_config.kv_bytes_per_token(np.dtype(kv_dtype).name)
+        from jaxpaged.kv.pool import pool_bytes  # a block spans the pool tensors (fewer with KV cache groups)
+        per_block = pool_bytes(model_config, 1, self.block_size, np.dtype(kv_dtype))
         if budget < per_block:
             raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")
         return budget // per_block

@@ -27,6 +27,8 @@ import numpy as np
 
 from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
+from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
@@ -91,6 +93,9 @@ class Engine:
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
         self.kv: KVManager = self._make_kv_manager()
+        if isinstance(self.kv, HybridKVCacheManager):  # a sliding group holds ~W tokens, not the whole context
+            self.max_model_len = self._hybrid_max_model_len(
+                config.max_model_len or self.model_config.max_position_embeddings)
         self.tiers = build_tiers(config, self.kv, runner)
         if not self._calibrate_kv_scales:
             self._tie_disk_tier_to_identity()
@@ -99,7 +104,8 @@ class Engine:
             self.kv, self.tiers, clock=clock)
         self.input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
-            block_size=self.block_size, load_tokenizer=lambda: self._load_tokenizer(tokenizer), seed=config.seed)
+            block_size=self.block_size, load_tokenizer=lambda: self._load_tokenizer(tokenizer), seed=config.seed,
+            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None))
         self.output_processor = OutputProcessor(lambda: self.input_processor.tokenizer)
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
@@ -127,12 +133,37 @@ class Engine:
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self) -> KVManager:
-        if self.config.kv_layout == "contiguous":
+        if self.config.kv_layout == "contiguous" and not kv_cache_layout(self.model_config.layer_windows).is_hybrid:
             from jaxpaged.cache.contiguous import ContiguousKVCacheManager
             return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len)
+        layout = kv_cache_layout(self.model_config.layer_windows)
+        if layout.is_hybrid:
+            self._check_hybrid_features()
+            return HybridKVCacheManager(self.num_blocks, self.block_size, layout,
+                                        enable_prefix_caching=self.config.enable_prefix_caching,
+                                        hash_algo=self.config.hash_algo,
+                                        max_chunk_tokens=self.config.max_num_batched_tokens)
         return KVCacheManager(self.num_blocks, self.block_size,
                               enable_prefix_caching=self.config.enable_prefix_caching,
                               hash_algo=self.config.hash_algo)
+
+    def _hybrid_max_model_len(self, limit: int) -> int:
+        """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
+        low, high = 0, limit  # can_fit(low) holds; find the largest such length by bisection
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
+        return low
+
+    def _check_hybrid_features(self) -> None:
+        """Features the sliding-window (hybrid) KV cache manager does not support yet: ValueError."""
+        config = self.config
+        for name, on in (("host_cache_bytes", config.host_cache_bytes is not None),
+                         ("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
+                         ("kv_layout='contiguous'", config.kv_layout == "contiguous")):
+            if on:
+                raise ValueError(f"{name} is not supported for models with sliding-window layers yet "
+                                 f"(layer_types / sliding_window in the model config)")
 
     def _tie_disk_tier_to_identity(self) -> None:
         """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""

@@ -26,8 +26,14 @@ class InputProcessor:
     """Parses, tokenizes and validates prompts; builds requests with their sequences and stop ids."""
 
     def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
-                 load_tokenizer: Callable[[], object], seed: int = 0):
-        """`load_tokenizer()` is called once, when the first string prompt or text output needs it."""
+                 load_tokenizer: Callable[[], object], seed: int = 0,
+                 blocks_for_tokens: Callable[[int], int] | None = None):
+        """`load_tokenizer()` is called once, when the first string prompt or text output needs it.
+
+        `blocks_for_tokens(n)`: the most blocks one sequence of n tokens holds at once, when
+        that is not `cdiv(n, block_size)` (KV cache groups: the hybrid manager's `max_blocks_for`).
+        """
+        self.blocks_for_tokens = blocks_for_tokens
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.num_blocks = num_blocks
@@ -67,7 +73,24 @@ class InputProcessor:
         request.fork_pending = width > 1 and len(token_ids) > 1
         copies = 1 if request.fork_pending else width
         request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        if params.bad_words:
+            request.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         return request
+
+    def _bad_words_token_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word's token ids, with and without a leading space (vLLM's rule), deduplicated."""
+        ids = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                tokens = self.tokenizer.encode(text)
+                if tokens and tokens[0] == self.tokenizer.bos_token_id:
+                    tokens = tokens[1:]  # the tokenizer's post-processor added BOS
+                tokens = tuple(tokens)
+                if tokens:
+                    ids[tokens] = None
+        return tuple(ids)
 
     def validate(self, prompt: str | Seq[int] | dict, params: SamplingParams) -> None:
         """Raise ValueError if `process` would reject this prompt (changes nothing)."""
@@ -125,11 +148,14 @@ class InputProcessor:
         vocab = self.model_config.vocab_size
         if params.top_k > vocab:
             raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")
+        bad_bias = [t for t in (params.logit_bias or ()) if t >= vocab]
+        if bad_bias:
+            raise ValueError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary [0, {vocab})")
         if params.use_beam_search and pow2_bucket(2 * params.beam_width) > vocab:
             raise ValueError(f"beam_width {params.beam_width} is too large for the vocabulary ({vocab}): "
                              f"at most {max_beam_width(vocab)}")
         needed = max_blocks_needed(len(token_ids), params, max_model_len=self.max_model_len,
-                                   block_size=self.block_size)
+                                   block_size=self.block_size, blocks_for_tokens=self.blocks_for_tokens)
         if needed > self.num_blocks:
             raise ValueError(f"request can never fit the KV pool: it may need {needed} blocks of "
                              f"{self.block_size} tokens, the pool has {self.num_blocks}")
@@ -141,7 +167,7 @@ def max_beam_width(vocab_size: int) -> int:
 
 
 def max_blocks_needed(num_prompt_tokens: int, params: SamplingParams, *, max_model_len: int,
-                      block_size: int) -> int:
+                      block_size: int, blocks_for_tokens: Callable[[int], int] | None = None) -> int:
     """The most KV blocks a request can hold at once, so that admission refuses only what cannot fit.
 
     A sequence never computes the K/V of its last token (nothing reads it), so
@@ -149,12 +175,13 @@ def max_blocks_needed(num_prompt_tokens: int, params: SamplingParams, *, max_mod
     search the prompt's full blocks before its last token are shared and every
     sequence owns the rest (copy-on-write); beam search replaces beams by
     forking, so each beam may briefly hold one more block than its tokens need.
+    With `blocks_for_tokens` (KV cache groups) nothing is counted as shared.
     """
     max_len = min(num_prompt_tokens + params.max_tokens, max_model_len)
-    per_seq = cdiv(max_len - 1, block_size)
+    per_seq = cdiv(max_len - 1, block_size) if blocks_for_tokens is None else blocks_for_tokens(max_len - 1)
     width = params.beam_width if params.use_beam_search else params.n
     if width == 1:
         return per_seq
-    shared = (num_prompt_tokens - 1) // block_size
+    shared = (num_prompt_tokens - 1) // block_size if blocks_for_tokens is None else 0
     extra = 1 if params.use_beam_search else 0
     return shared + width * (per_seq - shared + extra)

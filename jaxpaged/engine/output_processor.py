@@ -45,6 +45,7 @@ class OutputProcessor:
         """`tokenizer()` returns the tokenizer; called only when text is needed."""
         self._tokenizer = tokenizer
         self._streams: dict[str, list[_Stream]] = {}  # per streaming request, one per sequence index
+        self._prompt_logprobs_sent: dict[str, int] = {}  # DELTA requests: prompt logprob entries handed out
 
     def find_stop_strings(self, advanced: list[Request]) -> list[tuple[Sequence, str]]:
         """Detokenize the new tokens of requests with stop strings; returns the (sequence, stop) hits.
@@ -68,6 +69,8 @@ class OutputProcessor:
                     detok.push(t)
                 found = _find_stop(detok.text, p.stop, stream.searched)
                 stream.searched = len(detok.text)
+                if found is not None and len(seq.token_ids) - num_prompt < p.min_tokens:
+                    found = None  # no stop string before min_tokens tokens (vLLM): that text is not searched again
                 if found is not None:
                     at, stop = found
                     stream.stop_text = detok.text[:at + len(stop) if p.include_stop_str_in_output else at]
@@ -101,6 +104,8 @@ class OutputProcessor:
             output = self._output(request, sorted(request.finished_seqs, key=_index), finished=True)
             output.metrics = _metrics(request)
         self._streams.pop(request.request_id, None)
+        output.prompt_logprobs = self._prompt_logprobs(request)
+        self._prompt_logprobs_sent.pop(request.request_id, None)
         # A sequence points at its request and the request at its sequences: break that cycle, so
         # reference counting frees them now instead of the cyclic GC (whole token lists) later.
         request.finished_seqs = []
@@ -135,7 +140,19 @@ class OutputProcessor:
         if not anything_new:
             return None  # a prefill chunk that sampled nothing yet
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions,
-                             finished, request.num_cached_tokens or 0, None)
+                             finished, request.num_cached_tokens or 0, None,
+                             None if finished else self._prompt_logprobs(request))
+
+    def _prompt_logprobs(self, request: Request) -> list | None:
+        """The request's prompt logprobs so far (DELTA: those not handed out yet)."""
+        entries = request.prompt_logprobs
+        if entries is None:
+            return None
+        if request.params.output_kind is not DELTA:
+            return list(entries)
+        sent = self._prompt_logprobs_sent.get(request.request_id, 0)
+        self._prompt_logprobs_sent[request.request_id] = len(entries)
+        return entries[sent:]
 
     def _text(self, p, stream: _Stream, token_ids: list[int], num_prompt: int, *, flush: bool) -> str:
         """The text to hand out now: all of it, or (DELTA) the new part."""

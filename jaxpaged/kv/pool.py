@@ -1,4 +1,9 @@
-"""The paged KV pool: a pytree of immutable arrays, one K and one V array per layer.
+"""The paged KV pool: a pytree of immutable arrays, one K and one V array per pool tensor.
+
+A pool tensor is one layer's pages for an all-full-attention model. With KV
+cache groups (sliding-window layers, `jaxpaged.cache.kv_groups`), tensor `j` is
+shared by the `j`-th layer of every group: a block id belongs to one group at a
+time, so the pool holds `group_size` tensors, not `num_layers`.
 
 Layout per layer: `[num_kv_heads, num_blocks, block_size, head_dim]` (head-major).
 Token `t` of physical block `b` lives at flat slot `b * block_size + t`; the host
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig, canonical_dtype_name
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -35,7 +41,7 @@ MIN_SCATTER_INDICES = 2
 class KVPool(NamedTuple):
     """All layers' K/V pages, plus per-layer-per-head scales (1.0 unless fp8)."""
 
-    k: tuple[Array, ...]  # each [num_kv_heads, num_blocks, block_size, head_dim]
+    k: tuple[Array, ...]  # per pool tensor, each [num_kv_heads, num_blocks, block_size, head_dim]
     v: tuple[Array, ...]
     k_scale: Float[Array, "L Hkv"]
     v_scale: Float[Array, "L Hkv"]
@@ -87,8 +93,9 @@ def create_pool(
     dtype = jnp.dtype(dtype or config.dtype)
     shape = (config.num_kv_heads, num_blocks, block_size, config.head_dim)
     fill = jnp.asarray(fill_value, jnp.float32).astype(dtype)
-    k = tuple(jnp.full(shape, fill, dtype) for _ in range(config.num_layers))
-    v = tuple(jnp.full(shape, fill, dtype) for _ in range(config.num_layers))
+    num_tensors = num_pool_tensors(config)
+    k = tuple(jnp.full(shape, fill, dtype) for _ in range(num_tensors))
+    v = tuple(jnp.full(shape, fill, dtype) for _ in range(num_tensors))
     scale_shape = (config.num_layers, config.num_kv_heads)
     ks = jnp.ones(scale_shape, jnp.float32) if k_scale is None else jnp.asarray(k_scale, jnp.float32)
     vs = jnp.ones(scale_shape, jnp.float32) if v_scale is None else jnp.asarray(v_scale, jnp.float32)
@@ -97,9 +104,15 @@ def create_pool(
     return KVPool(k, v, ks, vs)
 
 
+def num_pool_tensors(config: ModelConfig) -> int:
+    """K (and V) arrays the pool holds: one per layer, or the KV cache group size with sliding windows."""
+    return kv_cache_layout(config.layer_windows).num_tensors
+
+
 def pool_bytes(config: ModelConfig, num_blocks: int, block_size: int, dtype) -> int:
-    """Device bytes of a pool (K and V over all layers)."""
-    return num_blocks * block_size * config.kv_bytes_per_token(jnp.dtype(dtype).name)
+    """Device bytes of a pool (K and V over all pool tensors)."""
+    per_layer = config.kv_bytes_per_token(jnp.dtype(dtype).name) // config.num_layers
+    return num_blocks * block_size * per_layer * num_pool_tensors(config)
 
 
 def write_layer_kv(

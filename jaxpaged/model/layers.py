@@ -1,6 +1,13 @@
-"""Decoder building blocks: RMSNorm, SwiGLU MLP, grouped-query attention over the paged pool."""
+"""Decoder building blocks: RMSNorm, gated MLP, grouped-query attention over the paged pool.
+
+One set of modules for every family; the config's fields switch on what a
+family adds (q/k/v biases, q/k norms, Gemma's `(1 + w)` norms and four norms
+per layer, GeGLU, a softmax scale from `query_pre_attn_scalar`).
+"""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,34 +20,49 @@ from jaxpaged.model.rope import apply_rope
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square norm, computed in float32."""
+    """Root-mean-square norm, computed in float32; scales by `w`, or by `1 + w` with `unit_offset` (Gemma)."""
 
-    def __init__(self, dim: int, eps: float, dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    def __init__(self, dim: int, eps: float, dtype, unit_offset: bool = False):
+        # Gemma stores w - 1, so its identity norm is all zeros
+        self.weight = nnx.Param((jnp.zeros if unit_offset else jnp.ones)((dim,), dtype))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def __call__(self, x: Float[Array, "... H"]) -> Float[Array, "... H"]:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+        return (normed * (self.unit_offset + self.weight[...].astype(jnp.float32))).astype(x.dtype)
 
 
-def _linear(in_dim: int, out_dim: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+def rms_norm(config: ModelConfig, dim: int, dtype) -> RMSNorm:
+    """An RMSNorm over `dim` in the config's flavour (eps, Gemma's unit offset)."""
+    return RMSNorm(dim, config.rms_norm_eps, dtype, config.norm_unit_offset)
+
+
+def _linear(in_dim: int, out_dim: int, dtype, rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
     init = nnx.initializers.normal(stddev=in_dim ** -0.5)
-    return nnx.Linear(in_dim, out_dim, use_bias=False, dtype=dtype, param_dtype=dtype,
+    return nnx.Linear(in_dim, out_dim, use_bias=bias, dtype=dtype, param_dtype=dtype,
                       kernel_init=init, rngs=rngs)
 
 
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
 class MLP(nnx.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """Gated feed-forward: down(act(gate(x)) * up(x)); SwiGLU with silu, GeGLU with gelu."""
 
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         self.gate_proj = _linear(config.hidden_size, config.intermediate_size, dtype, rngs)
         self.up_proj = _linear(config.hidden_size, config.intermediate_size, dtype, rngs)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, dtype, rngs)
+        self.act = ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Attention(nnx.Module):
@@ -50,16 +72,21 @@ class Attention(nnx.Module):
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
         self.sliding_window = sliding_window  # static: None is full attention
-        self.q_proj = _linear(h, config.num_heads * d, dtype, rngs)
-        self.k_proj = _linear(h, config.num_kv_heads * d, dtype, rngs)
-        self.v_proj = _linear(h, config.num_kv_heads * d, dtype, rngs)
-        self.o_proj = _linear(config.num_heads * d, h, dtype, rngs)
+        self.scale = config.attn_scale  # static
+        self.q_proj = _linear(h, config.num_heads * d, dtype, rngs, config.qkv_bias)
+        self.k_proj = _linear(h, config.num_kv_heads * d, dtype, rngs, config.qkv_bias)
+        self.v_proj = _linear(h, config.num_kv_heads * d, dtype, rngs, config.qkv_bias)
+        self.o_proj = _linear(config.num_heads * d, h, dtype, rngs, config.o_bias)
+        self.q_norm = rms_norm(config, d, dtype) if config.qk_norm else None
+        self.k_norm = rms_norm(config, d, dtype) if config.qk_norm else None
 
     def _qkv(self, x, positions, inv_freq):
         lead = x.shape[:-1]
         q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         flat_pos = positions.reshape(-1)
         q = apply_rope(q.reshape(-1, *q.shape[-2:]), flat_pos, inv_freq).reshape(q.shape)
         k = apply_rope(k.reshape(-1, *k.shape[-2:]), flat_pos, inv_freq).reshape(k.shape)
@@ -81,7 +108,7 @@ class Attention(nnx.Module):
         """Write this step's K/V into the pool, then attend through the block tables."""
         q, k, v = self._qkv(x, positions, inv_freq)
         out, k_pages, v_pages = write_and_attend(q, k, v, k_pages, v_pages, k_scale, v_scale,
-                                                 batch, layout, backend, self.sliding_window)
+                                                 batch, layout, backend, self.sliding_window, self.scale)
         return self.o_proj(out.reshape(x.shape[0], -1)), k_pages, v_pages
 
     def dense(self, x: Float[Array, "B L H"], positions: Int[Array, "B L"], inv_freq) -> Float[Array, "B L H"]:
@@ -90,7 +117,7 @@ class Attention(nnx.Module):
         group = self.num_heads // self.num_kv_heads
         k = jnp.repeat(k, group, axis=2).astype(jnp.float32)
         v = jnp.repeat(v, group, axis=2).astype(jnp.float32)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * self.head_dim ** -0.5
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * self.scale
         length = x.shape[1]
         causal = jnp.tril(jnp.ones((length, length), bool))
         if self.sliding_window is not None:
@@ -101,23 +128,39 @@ class Attention(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    With `sandwich_norms` (Gemma) the attention and MLP outputs are normed too
+    before the residual add, with HF's names: `input_layernorm` -> attention ->
+    `post_attention_layernorm`, then `pre_feedforward_layernorm` -> MLP ->
+    `post_feedforward_layernorm`. Without it `post_attention_layernorm` is the
+    MLP's input norm (Llama's naming).
+    """
 
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, layer: int = 0):
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        h = config.hidden_size
+        self.input_layernorm = rms_norm(config, h, dtype)
         self.self_attn = Attention(config, dtype, rngs, config.layer_window(layer))
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = rms_norm(config, h, dtype)
         self.mlp = MLP(config, dtype, rngs)
+        sandwich = config.sandwich_norms
+        self.pre_feedforward_layernorm = rms_norm(config, h, dtype) if sandwich else None
+        self.post_feedforward_layernorm = rms_norm(config, h, dtype) if sandwich else None
+
+    def _after_attention(self, x, attn_out):
+        """The attention branch's residual add, then the MLP branch's, in the config's norm layout."""
+        if self.pre_feedforward_layernorm is None:
+            x = x + attn_out
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn_out)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
     def __call__(self, x, positions, inv_freq, k_pages, v_pages, k_scale, v_scale, batch, layout, backend):
         attn_out, k_pages, v_pages = self.self_attn(
             self.input_layernorm(x), positions, inv_freq, k_pages, v_pages, k_scale, v_scale,
             batch, layout, backend)
-        x = x + attn_out
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k_pages, v_pages
+        return self._after_attention(x, attn_out), k_pages, v_pages
 
     def dense(self, x, positions, inv_freq):
         """No-cache forward of a full batch of sequences."""
-        x = x + self.self_attn.dense(self.input_layernorm(x), positions, inv_freq)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self._after_attention(x, self.self_attn.dense(self.input_layernorm(x), positions, inv_freq))

@@ -1,4 +1,4 @@
-"""Rotary position embeddings, Hugging Face layout (rotate-half), optional llama3 scaling."""
+"""Rotary position embeddings, Hugging Face layout (rotate-half), optional llama3 or linear scaling."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ from jaxpaged.config import RopeScaling
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
-    """Inverse frequencies `[head_dim // 2]`, with Llama-3 long-context scaling if given.
+    """Inverse frequencies `[head_dim // 2]`, with long-context scaling if given.
 
-    Llama-3 scaling leaves high frequencies alone, divides low frequencies by
-    `factor`, and interpolates smoothly between the two wavelength bands.
+    Linear scaling divides every frequency by `factor`. Llama-3 scaling leaves
+    high frequencies alone, divides low frequencies by `factor`, and
+    interpolates smoothly between the two wavelength bands.
     """
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if scaling is None:
         return inv_freq.astype(np.float32)
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).astype(np.float32)
     old_len = scaling.original_max_position_embeddings
     low_freq_wavelen = old_len / scaling.low_freq_factor
     high_freq_wavelen = old_len / scaling.high_freq_factor

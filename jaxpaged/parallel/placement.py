@@ -53,10 +53,10 @@ def shard_model(model: LlamaModel, plan: TensorParallel) -> tuple[nnx.GraphDef, 
 
 def _widen_kv(kernel: jax.Array, num_kv_heads: int, replicas: int, sharding) -> jax.Array:
     @functools.partial(jax.jit, out_shardings=sharding)
-    def widen(x):
-        hidden = x.shape[0]
-        heads = x.reshape(hidden, num_kv_heads, -1)
-        return jax.numpy.repeat(heads, replicas, axis=1).reshape(hidden, -1)
+    def widen(x):  # a kernel `[hidden, kv * d]` or a bias `[kv * d]`
+        lead = x.shape[:-1]
+        heads = x.reshape(*lead, num_kv_heads, -1)
+        return jax.numpy.repeat(heads, replicas, axis=-2).reshape(*lead, -1)
 
     return widen(kernel)
 

@@ -5,7 +5,8 @@ Megatron-style sharding over one mesh axis (`tp`) of N devices:
 - q/k/v and gate/up projections are split by output columns (each device owns
   whole heads / a slice of the MLP), o and down projections by input rows (XLA
   adds one all-reduce after each), embeddings and the LM head by vocabulary;
-  norms and the RoPE table are replicated.
+  q/k/v biases split with their columns; norms (q/k norms too: they act
+  within a head), the o bias and the RoPE tables are replicated.
 - The KV pool is split on its KV-head axis: every device holds its heads of
   every block, so block ids and block tables mean the same thing everywhere
   and the host controller is unchanged (one controller, N devices).
@@ -117,6 +118,8 @@ class TensorParallel:
         module = path[-2] if len(path) >= 2 else None
         if module in _COLUMN_SPLIT and len(shape) == 2 and shape[1] % self.size == 0:
             return P(None, TP_AXIS)
+        if module in _COLUMN_SPLIT and len(shape) == 1 and shape[0] % self.size == 0:
+            return P(TP_AXIS)  # a column-split projection's bias
         if module in _ROW_SPLIT and len(shape) == 2 and shape[0] % self.size == 0:
             return P(TP_AXIS, None)
         if module == "embed_tokens" and len(shape) == 2 and shape[0] % self.size == 0:
@@ -134,9 +137,9 @@ class TensorParallel:
         module = path[-2] if len(path) >= 2 else None
         if module not in _KV_PROJ or self.kv_replicas == 1:
             return value
-        hidden = value.shape[0]
-        heads = value.reshape(hidden, self.config.num_kv_heads, self.config.head_dim)
-        return self.to_physical_heads(heads, axis=1).reshape(hidden, -1)
+        lead = value.shape[:-1]  # `[hidden]` for a kernel, `[]` for a bias
+        heads = value.reshape(*lead, self.config.num_kv_heads, self.config.head_dim)
+        return self.to_physical_heads(heads, axis=-2).reshape(*lead, -1)
 
     def place_params(self, params: Mapping[ParamPath, Callable[[], np.ndarray] | np.ndarray | jax.Array]
                      ) -> dict[ParamPath, jax.Array]:

@@ -13,7 +13,9 @@ import operator
 
 import numpy as np
 
+from jaxpaged.buckets import pow2_bucket
 from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.runner.logit_rows import LogitRows
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
 
@@ -25,9 +27,16 @@ MIN_TABLE_COLUMNS = 16
 class InputBatch:
     """Host arrays with one row per resident sequence; `prepare` lays out a step from them."""
 
-    def __init__(self, block_size: int, num_rows: int = MIN_ROWS):
-        """Rows and block-table columns start at the given sizes and double when full."""
+    def __init__(self, block_size: int, num_rows: int = MIN_ROWS, windows: tuple[int | None, ...] = (None,)):
+        """Rows and block-table columns start at the given sizes and double when full.
+
+        `windows` are the KV cache groups' windows (None: full attention). With
+        several groups a row holds the manager's flat table (entry `j * G + g`
+        is group `g`'s `j`-th block); with any window each step gets one table
+        per group (`[G, S, M]`, even for one all-sliding group).
+        """
         self.block_size = block_size
+        self.windows = tuple(windows)
         rows = next_power_of_two(max(num_rows, MIN_ROWS))
         self.block_table = np.zeros((rows, MIN_TABLE_COLUMNS), np.int32)
         self.num_prompt_tokens = np.zeros(rows, np.int32)
@@ -36,6 +45,7 @@ class InputBatch:
         self.top_p = np.ones(rows, np.float32)
         self.seeds = np.zeros(rows, np.uint32)
         self._row_of: dict[int, int] = {}
+        self.logit_rows = LogitRows()  # bias / min_tokens / penalty state of the rows that use them
         self._free_rows = list(range(rows - 1, -1, -1))  # a stack: the lowest row is handed out first
 
     @property
@@ -60,7 +70,9 @@ class InputBatch:
     def apply(self, out: SchedulerOutput) -> None:
         """Free rows, add rows, then apply block-table updates, as the scheduler lists them."""
         for seq_id in out.freed_seq_ids:
-            self._free_rows.append(self._row_of.pop(seq_id))
+            row = self._row_of.pop(seq_id)
+            self._free_rows.append(row)
+            self.logit_rows.remove(row)
         for new in out.new_rows:
             if new.seq_id in self._row_of:
                 raise ValueError(f"sequence {new.seq_id} already has row {self._row_of[new.seq_id]}")
@@ -74,6 +86,7 @@ class InputBatch:
             self.top_k[row] = new.top_k
             self.top_p[row] = new.top_p
             self.seeds[row] = new.seed
+            self.logit_rows.add(row, new.controls)
         for seq_id, start, block_ids in out.block_updates:
             end = start + len(block_ids)
             self._ensure_columns(end)
@@ -121,7 +134,7 @@ class InputBatch:
         max_blocks = cdiv(int(context.max()), bs)
         buckets = step_buckets(len(decode), len(prefill), int(prefill_counts.sum()),
                                int(prefill_counts.max()) if len(prefill) else 0, max_blocks)
-        self._ensure_columns(buckets.blocks_per_seq)
+        self._ensure_columns(buckets.blocks_per_seq * len(self.windows))
         step = empty_step_input(buckets, num_seqs)
 
         # where each sequence goes: its batch row and its first token row
@@ -142,10 +155,13 @@ class InputBatch:
         step.token_ids[dest] = np.where(on_device, 0, tokens)
         step.token_src_rows[dest] = np.where(on_device, token_rows, -1)
         step.positions[dest] = positions
-        step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+        if self.windows == (None,):  # one full-attention group: no group axis, nothing slides out
+            step.slot_mapping[dest] = self.block_table[token_rows, positions // bs] * bs + positions % bs
+            step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
+        else:
+            self._group_tables(step, rows, batch_row, starts, dest, token_rows, positions)
 
         # sequence rows
-        step.block_tables[batch_row] = self.block_table[rows, :buckets.blocks_per_seq]
         step.context_lens[batch_row] = context
         step.query_start[batch_row] = first_token
         step.query_lens[batch_row] = counts
@@ -157,4 +173,44 @@ class InputBatch:
         step.counters[batch_row] = context - self.num_prompt_tokens[rows]
         step.sample_rows[batch_row] = rows
         step.order[:] = batch_row
+        step.logit_controls = self.logit_rows.build(rows, batch_row, context, self.num_prompt_tokens[rows],
+                                                    out.samples, out.seqs)
+        if out.prompt_logprob_spans:
+            _lay_out_prompt_logprobs(step, out, first_token)
         return step
+
+    def _group_tables(self, step: StepInput, rows, batch_row, starts, dest, token_rows, positions) -> None:
+        """Per-group slot mapping `[G, T]` and block tables `[G, S, M]` from the rows' flat tables.
+
+        A sliding group's entries before the first block its queries can see
+        (blocks that slid out, which the manager may have given to another
+        sequence) are sent as block 0, like padding: attention never reads them.
+        """
+        bs, num_groups = self.block_size, len(self.windows)
+        width = step.block_tables.shape[1]
+        slots = np.full((num_groups, len(step.slot_mapping)), -1, np.int32)
+        tables = np.zeros((num_groups, *step.block_tables.shape), np.int32)
+        row_tables = self.block_table[rows, :width * num_groups].reshape(len(rows), width, num_groups)
+        logical = positions // bs * num_groups
+        for g, window in enumerate(self.windows):
+            slots[g, dest] = self.block_table[token_rows, logical + g] * bs + positions % bs
+            table = row_tables[:, :, g]
+            if window is not None:
+                first = np.maximum(starts - window + 1, 0) // bs
+                table = np.where(np.arange(width)[None, :] < first[:, None], 0, table)
+            tables[g, batch_row] = table
+        step.slot_mapping, step.block_tables = slots, tables
+
+
+def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:
+    """The token rows of the spans' positions and the prompt token each one predicts."""
+    total = sum(n for _, _, n in out.prompt_logprob_spans)
+    size = pow2_bucket(total, 16)
+    rows, targets = np.zeros(size, np.int32), np.zeros(size, np.int32)
+    at = 0
+    for i, start, n in out.prompt_logprob_spans:  # a span starts where its sequence's chunk does
+        rows[at:at + n] = np.arange(first_token[i], first_token[i] + n)
+        targets[at:at + n] = out.seqs[i].token_ids[start + 1:start + 1 + n]
+        at += n
+    step.prompt_logprob_rows, step.prompt_logprob_targets = rows, targets
+    step.num_prompt_top_logprobs = out.num_prompt_top_logprobs

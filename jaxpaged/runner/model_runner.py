@@ -35,13 +35,15 @@ from flax import nnx
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
-from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
+from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import LlamaModel
 from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
+from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
@@ -57,6 +59,9 @@ class DeviceStepInput(NamedTuple):
     logits_indices: jax.Array
     sampling: SamplingBatch
     sample_rows: jax.Array
+    controls: LogitControls
+    prompt_logprob_rows: jax.Array
+    prompt_logprob_targets: jax.Array
 
 
 class PendingStep:
@@ -76,7 +81,23 @@ class PendingStep:
             top_ids=host["top_ids"][rows] if "top_ids" in host else None,
             top_logprobs=host["top_logprobs"][rows] if "top_logprobs" in host else None,
             logits=host["logits"][rows] if "logits" in host else None,
+            prompt_logprobs=host.get("prompt_logprobs"),  # span order, not row order
+            prompt_top_ids=host.get("prompt_top_ids"),
+            prompt_top_logprobs=host.get("prompt_top_logprobs"),
         )
+
+
+def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str, jax.Array]:
+    """Each listed token row's log-probability of the prompt token after it (and its top k), raw logits."""
+    logprobs = jax.nn.log_softmax(model.logits(hidden[inputs.prompt_logprob_rows]).astype(jnp.float32), axis=-1)
+    out = {"prompt_logprobs": jnp.take_along_axis(logprobs, inputs.prompt_logprob_targets[:, None], axis=-1)[:, 0]}
+    if k:
+        out["prompt_top_logprobs"], out["prompt_top_ids"] = jax.lax.top_k(logprobs, k)
+    return out
+
+
+def _or_empty(array: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, np.int32) if array is None else array
 
 
 def _local_copy(array: jax.Array) -> jax.Array:
@@ -136,7 +157,8 @@ class ModelRunner:
         self.kv_dtype = np.dtype(self._pool.dtype)
         self.kv_block_shape = (2, self.config.num_layers, self.config.num_kv_heads, block_size,
                                self.config.head_dim)
-        self.input_batch = InputBatch(block_size, max_num_seqs)
+        self.kv_layout = kv_cache_layout(self.config.layer_windows)
+        self.input_batch = InputBatch(block_size, max_num_seqs, self.kv_layout.windows)
         self._last_tokens = self._put(np.zeros(self.input_batch.capacity, np.int32))
         self._trace_count = 0
         shardings = {}
@@ -146,8 +168,8 @@ class ModelRunner:
             param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
             shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
                              out_shardings=(replicated, pool_shardings, replicated))
-        # static arguments are positional (4, 5, 6): jit takes no keyword arguments with in_shardings
-        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6), **shardings)
+        # static arguments are positional (4 to 7): jit takes no keyword arguments with in_shardings
+        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6, 7), **shardings)
 
     def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
         if self.tp is None:
@@ -162,7 +184,7 @@ class ModelRunner:
         return jax.jit(make, out_shardings=self._pool_shardings())()  # each device allocates its heads only
 
     def _pool_shardings(self) -> KVPool:
-        pages = (self.tp.pool_pages,) * self.config.num_layers
+        pages = (self.tp.pool_pages,) * num_pool_tensors(self.config)
         return KVPool(pages, pages, self.tp.pool_scales, self.tp.pool_scales)
 
     def _put(self, tree):
@@ -184,14 +206,18 @@ class ModelRunner:
         return self._trace_count
 
     def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
-                 layout: StepLayout, return_logits: bool, num_top_logprobs: int):
+                 layout: StepLayout, return_logits: bool, num_top_logprobs: int, num_prompt_top_logprobs: int):
         self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
         model = nnx.merge(self.graphdef, params)
         src = inputs.token_src_rows
         token_ids = jnp.where(src >= 0, last_tokens[jnp.maximum(src, 0)], inputs.token_ids)
         hidden, pool = model(token_ids, inputs.positions, pool, inputs.attention, layout, self.backend)
         logits = model.logits(hidden[inputs.logits_indices])
-        tokens, logprobs = sample(logits, inputs.sampling)
+        processed = None
+        if inputs.controls.bias_rows.shape[0] or inputs.controls.penalty_rows.shape[0]:
+            processed = apply_logit_controls(logits.astype(jnp.float32), inputs.controls,
+                                             token_ids[inputs.logits_indices])
+        tokens, logprobs = sample(logits, inputs.sampling, processed)
         keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
         last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
         out = {"token_ids": tokens, "logprobs": logprobs}
@@ -200,6 +226,8 @@ class ModelRunner:
         if num_top_logprobs:
             top_lp, top_ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), num_top_logprobs)
             out["top_logprobs"], out["top_ids"] = top_lp, top_ids
+        if inputs.prompt_logprob_rows.shape[0]:
+            out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
         return out, pool, last_tokens
 
     # ---- the engine's entry point -------------------------------------------------------------
@@ -213,7 +241,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget every row of the persistent batch (the pool and compiled steps are kept)."""
-        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity)
+        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity, self.kv_layout.windows)
 
     def prepare_step(self, scheduler_output: SchedulerOutput) -> StepInput | None:
         """Update the persistent batch, make the copy-on-write copies, and lay out the step (None: empty)."""
@@ -232,7 +260,8 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("dispatch_step"):
             inputs = self._put(inputs)
             out, self._pool, self._last_tokens = self._step(
-                self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs)
+                self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs,
+                step.num_prompt_top_logprobs)
         return PendingStep(out, step.order)
 
     def execute(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> ModelOutput:
@@ -242,7 +271,7 @@ class ModelRunner:
     def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
         """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
         return self._step.lower(self.params, self._pool, self._last_tokens, self._put(self._device_inputs(step)),
-                                step.layout, return_logits, num_top_logprobs)
+                                step.layout, return_logits, num_top_logprobs, step.num_prompt_top_logprobs)
 
     def _fit_last_tokens(self) -> None:
         """Grow the device copy of each row's last sample with the persistent batch (old rows kept)."""
@@ -262,6 +291,9 @@ class ModelRunner:
             logits_indices=step.logits_indices,
             sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters),
             sample_rows=step.sample_rows,
+            controls=step.logit_controls if step.logit_controls is not None else empty_controls(),
+            prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
+            prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
         )
 
     # ---- the pool -------------------------------------------------------------------------------
@@ -332,9 +364,12 @@ def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int
     """
     if not token_ids:
         raise ValueError("fp8 calibration needs at least one token")
-    num_blocks = cdiv(len(token_ids), block_size)
+    layout = kv_cache_layout(model.config.layer_windows)
+    num_blocks = cdiv(len(token_ids), block_size) * layout.num_groups  # a table per KV cache group
     runner = ModelRunner(model, num_blocks, block_size, kv_dtype=jnp.float32,
                          tensor_parallel_size=tensor_parallel_size)
-    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size))
-    k_absmax, v_absmax = pool_absmax(runner.pool)
+    runner.execute(build_step_input([ScheduledSeq(list(token_ids), 0, list(range(num_blocks)))], block_size,
+                                    layout.num_groups))
+    # per pool tensor; a tensor shared by several groups' layers gives them all its (largest) absmax
+    k_absmax, v_absmax = (a[list(layout.layer_tensor)] for a in pool_absmax(runner.pool))
     return scales_from_absmax(k_absmax, margin), scales_from_absmax(v_absmax, margin)

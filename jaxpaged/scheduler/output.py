@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxpaged.logit_controls import RowControls
 from jaxpaged.sequence import Request, Sequence
 
 TOKEN_ON_DEVICE = -1  # an input token sampled by the previous step and still on the device
@@ -31,6 +32,7 @@ class NewRow(NamedTuple):
     top_k: int
     top_p: float
     seed: int
+    controls: RowControls | None = None  # logit bias, min_tokens, penalties (None: none)
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,6 +56,10 @@ class SchedulerOutput:
     copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (src, dst) blocks
     preempted: list[Request] = dataclasses.field(default_factory=list)
     num_top_logprobs: int = 0  # beam search: how many top log-probabilities per row to bring back
+    # prompt logprobs: (index in seqs, first position, count): the step returns the logprob of the
+    # token after each of those positions; the spans' rows come back concatenated in this order
+    prompt_logprob_spans: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    num_prompt_top_logprobs: int = 0  # top ids per prompt position (padded to a power of two)
 
     @property
     def num_seqs(self) -> int:
@@ -78,6 +84,10 @@ class ModelOutput:
     top_ids: np.ndarray | None = None  # [num_seqs, k] when num_top_logprobs > 0
     top_logprobs: np.ndarray | None = None
     logits: np.ndarray | None = None  # [num_seqs, vocab] when a hand-built step asks for them
+    # the prompt-logprob spans' positions, concatenated (padded past their total)
+    prompt_logprobs: np.ndarray | None = None  # [P] logprob of the next prompt token
+    prompt_top_ids: np.ndarray | None = None  # [P, k] when num_prompt_top_logprobs > 0
+    prompt_top_logprobs: np.ndarray | None = None
 
 
 @dataclasses.dataclass

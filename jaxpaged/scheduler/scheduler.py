@@ -31,6 +31,7 @@ from typing import Callable
 
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
+from jaxpaged.logit_controls import RowControls
 from jaxpaged.mathutils import cdiv
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
@@ -169,6 +170,10 @@ class Scheduler:
         tokens = seq.token_ids
         known = len(tokens)
         samples = end == known + seq.num_placeholders
+        request = seq.request
+        if request.prompt_logprobs is not None and start < len(request.prompt_token_ids) - 1:
+            count = min(end, len(request.prompt_token_ids) - 1) - start
+            out.prompt_logprob_spans.append((len(out.seqs), start, count))
         out.seqs.append(seq)
         out.starts.append(start)
         out.num_tokens.append(num_new)
@@ -180,7 +185,6 @@ class Scheduler:
         seq.num_computed_tokens = end
         if samples:
             seq.num_placeholders += 1
-        request = seq.request
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
         if not seq.resident:
@@ -217,6 +221,9 @@ class Scheduler:
         self._freed = [seq_id for seq_id in self._freed if seq_id not in unsent]  # never had a row
         out.new_rows = [row for row in out.new_rows if row.seq_id not in dropped]
         out.block_updates = [u for u in out.block_updates if u[0] not in dropped]
+        new_index = {old: new for new, old in enumerate(kept)}
+        out.prompt_logprob_spans = [(new_index[i], start, n) for i, start, n in out.prompt_logprob_spans
+                                    if i in new_index]
         out.seqs = [out.seqs[i] for i in kept]
         out.starts = [out.starts[i] for i in kept]
         out.num_tokens = [out.num_tokens[i] for i in kept]
@@ -231,6 +238,10 @@ class Scheduler:
             top = max((2 * s.request.params.beam_width if s.request.use_beam_search
                        else s.request.params.logprobs or 0 for s in out.seqs), default=0)
             out.num_top_logprobs = pow2_bucket(top) if top else 0
+        if out.prompt_logprob_spans:
+            seqs = out.seqs
+            top = max(seqs[i].request.params.prompt_logprobs for i, _, _ in out.prompt_logprob_spans)
+            out.num_prompt_top_logprobs = pow2_bucket(top)
         stats = self.stats
         if out.seqs:
             stats.num_steps += 1
@@ -262,6 +273,18 @@ class Scheduler:
             request = seq.request
             limit = seq.compute_limit
             tokens = seq.token_ids[:limit] if request.fork_pending else seq.token_ids
+            if _needs_prompt_logits(request):
+                # A cached block has no logits: compute the whole prompt, and count no lookup
+                # (as vLLM v1). The blocks it computes are cached for others as usual.
+                if not kv.allocate_new(seq.seq_id, tokens, min(limit, budget), None,
+                                       cache_salt=request.cache_salt, count_query=False):
+                    break
+                self.waiting.popleft()
+                if tiers is not None:
+                    tiers.admitted(seq.seq_id, None)  # a swapped copy has no logits either
+                self._admitted(seq, 0, out, min(limit, budget), now)
+                budget -= min(limit, budget)
+                continue
             match = kv.match_prefix(tokens, cache_salt=request.cache_salt)
             restore = None
             if tiers is not None:
@@ -282,15 +305,20 @@ class Scheduler:
                 tiers.admitted(seq.seq_id, restore)
             if num_restored:  # the device copy lands before the step: count those tokens as computed
                 kv.commit(seq.seq_id, tokens, num_cached)
-            seq.num_computed_tokens = num_cached
-            seq.status = SeqStatus.RUNNING
-            bisect.insort(self.running, seq, key=_arrival)
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = num_cached
-            if num_new:
-                self._add(out, seq, num_new, NO_CHANGE, now)
-                budget -= num_new
+            self._admitted(seq, num_cached, out, num_new, now)
+            budget -= num_new
         self.waiting.extendleft(reversed(deferred))
+
+    def _admitted(self, seq: Sequence, num_cached: int, out: SchedulerOutput, num_new: int, now: float) -> None:
+        """`seq` got its blocks: it runs, with `num_new` tokens in this step."""
+        seq.num_computed_tokens = num_cached
+        seq.status = SeqStatus.RUNNING
+        bisect.insort(self.running, seq, key=_arrival)
+        request = seq.request
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        if num_new:
+            self._add(out, seq, num_new, NO_CHANGE, now)
 
     # ---- after the step ---------------------------------------------------------------------
 
@@ -306,6 +334,8 @@ class Scheduler:
         """
         tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
         kv, stats, bs = self.kv, self.stats, self.kv.block_size
+        if out.prompt_logprob_spans and result.prompt_logprobs is not None:
+            _record_prompt_logprobs(out, result)
         touched: dict[Request, None] = {}
         beam_ready = []
         for i, (seq, start, count, samples) in enumerate(zip(out.seqs, out.starts, out.num_tokens, out.samples)):
@@ -363,11 +393,7 @@ class Scheduler:
     @staticmethod
     def _record_logprobs(seq: Sequence, result: ModelOutput, row: int, token: int, logprob: float) -> None:
         """Keep the sampled token's log-probability and the request's top-k for this output token."""
-        k = seq.request.params.logprobs
-        entry = {}
-        if k:
-            entry = dict(zip(result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()))
-        entry[token] = logprob
+        entry = _logprob_entry(token, logprob, result.top_ids, result.top_logprobs, row, seq.request.params.logprobs)
         if seq.logprobs is None:
             seq.logprobs = []
         seq.logprobs.append(entry)
@@ -446,9 +472,43 @@ class Scheduler:
             request.peak_blocks_shared = max(request.peak_blocks_shared, held)
             request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
             return
-        tables = [kv.block_table(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
+        held = getattr(kv, "held_blocks", kv.block_table)  # KV cache groups: slid-out entries are not held
+        tables = [held(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
+
+
+def _needs_prompt_logits(request: Request) -> bool:
+    """Whether the request still needs some of its prompt's logits (prompt logprobs not all recorded)."""
+    return request.prompt_logprobs is not None and len(request.prompt_logprobs) < len(request.prompt_token_ids)
+
+
+def _record_prompt_logprobs(out: SchedulerOutput, result: ModelOutput) -> None:
+    """Append each span's prompt logprobs to its request (positions already recorded are skipped)."""
+    values = result.prompt_logprobs.tolist()
+    offset = 0
+    for i, start, count in out.prompt_logprob_spans:
+        seq = out.seqs[i]
+        request = seq.request
+        recorded = request.prompt_logprobs
+        k = request.params.prompt_logprobs
+        prompt = request.prompt_token_ids
+        first = len(recorded) - 1 - start  # entry p + 1 scores prompt token p + 1; earlier ones are in
+        if seq.status is not SeqStatus.FINISHED and first >= 0:
+            for j in range(first, count):
+                row = offset + j
+                recorded.append(_logprob_entry(prompt[start + j + 1], values[row], result.prompt_top_ids,
+                                               result.prompt_top_logprobs, row, k))
+        offset += count
+
+
+def _logprob_entry(token: int, logprob: float, top_ids, top_logprobs, row: int, k: int) -> dict[int, float]:
+    """{token id: logprob} for the k most likely ids of `row` and the actual token."""
+    entry = {}
+    if k:
+        entry = dict(zip(top_ids[row, :k].tolist(), top_logprobs[row, :k].tolist()))
+    entry[token] = logprob
+    return entry
 
 
 def _stop_reason(seq: Sequence, token: int) -> str | None:
@@ -474,7 +534,18 @@ def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
     p = request.params
     return NewRow(seq.seq_id, block_ids, len(request.prompt_token_ids),
                   temperature=0.0 if p.beam_width > 1 else p.temperature, top_k=p.top_k, top_p=p.top_p,
-                  seed=sequence_seed(request.base_seed, seq.index))
+                  seed=sequence_seed(request.base_seed, seq.index), controls=_row_controls(request))
+
+
+def _row_controls(request: Request) -> RowControls | None:
+    """The request's logit controls for the runner's row; None when it uses none (the common case)."""
+    p = request.params
+    if not (p.logit_bias or p.min_tokens or p.uses_penalties or request.bad_words_token_ids):
+        return None
+    return RowControls(logit_bias=tuple((p.logit_bias or {}).items()), min_tokens=p.min_tokens,
+                       stop_ids=tuple(sorted(request.stop_token_ids)) if p.min_tokens else (),
+                       repetition=p.repetition_penalty, frequency=p.frequency_penalty,
+                       presence=p.presence_penalty, bad_words=request.bad_words_token_ids)
 
 
 def _arrival(seq: Sequence) -> tuple[int, int]:

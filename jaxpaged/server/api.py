@@ -208,9 +208,7 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
 
     async def complete(body: CompletionRequest):
         check_model(body.model)
-        if body.echo:
-            raise ValueError("echo is not supported")
-        params = body.sampling_params(default_max_tokens=16, logprobs=body.logprobs)
+        params = body.completion_params(default_max_tokens=16)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await submit(request_id, body.prompts(), params, body.cache_salt)
         created = int(time.time())
@@ -219,19 +217,31 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
         if body.stream:
             offsets: dict[int, int] = {}
 
-            def choice(i: int, c) -> dict:
+            def choice(i: int, c, out: RequestOutput) -> dict:
                 index = i * params.n + c.index
+                first = index not in offsets
                 offset = offsets.get(index, 0)
-                offsets[index] = offset + len(c.text)
-                return {"index": index, "text": c.text, "logprobs": R.completion_logprobs(c, tokenizer, offset),
+                if body.echo and first:
+                    prompt = _prompt_text(out, tokenizer)
+                    text = prompt + ("" if body.echo_only else c.text)
+                    logprobs = R.echo_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                               None if body.echo_only else c, tokenizer, len(prompt))
+                elif body.echo_only:
+                    text, logprobs = "", None if body.logprobs is None else R.echo_logprobs([], [], None, tokenizer, 0)
+                else:
+                    text, logprobs = c.text, R.completion_logprobs(c, tokenizer, offset)
+                offsets[index] = offset + len(text)
+                return {"index": index, "text": text, "logprobs": logprobs,
                         "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
             return _sse_response(streams, head, choice, include_usage=body.include_usage)
         finals = await _finals(streams)
-        choices = [{"index": i * params.n + c.index, "text": c.text,
-                    "logprobs": R.completion_logprobs(c, tokenizer, 0),
+        choices = [{"index": i * params.n + c.index, **_completion_choice(body, out, c, tokenizer),
                     "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+                   | _prompt_logprobs_field(body, out, tokenizer)
                    for i, out in enumerate(finals) for c in out.outputs]
-        return head | {"choices": choices, "usage": R.usage(*R.totals(finals))}
+        prompt_tokens, completion_tokens, cached = R.totals(finals)
+        return head | {"choices": choices, "usage": R.usage(prompt_tokens, 0 if body.echo_only else completion_tokens,
+                                                            cached)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
@@ -258,7 +268,7 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
 
             started: set[int] = set()
 
-            def choice(i: int, c) -> dict:
+            def choice(i: int, c, out: RequestOutput) -> dict:
                 delta = {"content": c.text}
                 if c.index not in started:
                     started.add(c.index)
@@ -270,6 +280,7 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": R.chat_logprobs(c, tokenizer, top_k or 0),
                     "finish_reason": R.finish_reason(c), "stop_reason": c.stop_reason}
+                   | _prompt_logprobs_field(body, out, tokenizer)
                    for out in finals for c in out.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": served_model_name,
                 "choices": choices, "usage": R.usage(*R.totals(finals))}
@@ -278,14 +289,14 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
 
 
 def _sse_response(streams: list, head: dict, choice, *, include_usage: bool) -> StreamingResponse:
-    """Stream every output as SSE chunks: one per completion that moved (`choice(prompt index, completion)`),
+    """Stream every output as SSE chunks: one per completion that moved (`choice(prompt index, completion, output)`),
     a usage chunk when asked, then `[DONE]`; if the engine fails meanwhile, an error event and no `[DONE]`."""
     async def events():
         counts = _Counts()
         try:
             async for i, out in _merge(streams):
                 for c in out.outputs:
-                    yield R.sse(head | {"choices": [choice(i, c)], "usage": None})
+                    yield R.sse(head | {"choices": [choice(i, c, out)], "usage": None})
                 _count(out, counts)
         except Exception as err:  # noqa: BLE001 - the client must tell a failure from a finished answer
             status, kind = status_of(err)
@@ -416,6 +427,28 @@ def _close(streams: list) -> None:
     """Close request streams (synchronous, so it also runs under cancellation): unfinished requests are aborted."""
     for stream in streams:
         stream.close()
+
+
+def _prompt_text(out: RequestOutput, tokenizer) -> str:
+    return out.prompt if out.prompt is not None else tokenizer.decode(out.prompt_token_ids)
+
+
+def _completion_choice(body: CompletionRequest, out: RequestOutput, c, tokenizer) -> dict:
+    """A final choice's `text` and `logprobs`; with `echo`, the prompt first (alone with `max_tokens=0`)."""
+    if not body.echo:
+        return {"text": c.text, "logprobs": R.completion_logprobs(c, tokenizer, 0)}
+    prompt = _prompt_text(out, tokenizer)
+    generated = None if body.echo_only else c
+    return {"text": prompt + (generated.text if generated else ""),
+            "logprobs": R.echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, generated, tokenizer,
+                                        len(prompt))}
+
+
+def _prompt_logprobs_field(body, out: RequestOutput, tokenizer) -> dict:
+    """vLLM's per-choice `prompt_logprobs`, when the request asked for them by that name."""
+    if body.prompt_logprobs is None:
+        return {}
+    return {"prompt_logprobs": R.vllm_prompt_logprobs(out, tokenizer)}
 
 
 def _field_named(message: str) -> str | None:

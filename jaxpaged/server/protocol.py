@@ -2,8 +2,12 @@
 
 Integers and booleans are strict (`true` is not 1, `"5"` is not 5); floats accept
 integers. Fields the engine does not implement are accepted and ignored, as
-vLLM ignores them; the engine's own checks (ranges, finiteness, lengths) run
-when the request is added and come back as 400s naming the field.
+vLLM ignores them (`user`, `suffix`, `best_of` equal to `n`, ...), except those
+whose silent absence would change the tokens a client gets:
+`allowed_token_ids`, `min_p`, `guided_*` / `response_format` and `best_of > n`
+are refused with a 400 naming the field. The engine's own checks (ranges,
+finiteness, lengths) run when the request is added and come back as 400s
+naming the field.
 """
 
 from __future__ import annotations
@@ -40,16 +44,49 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = None
+    presence_penalty: Number = 0.0
+    frequency_penalty: Number = 0.0
+    repetition_penalty: Number = 1.0
+    logit_bias: dict[StrictStr, Number] | None = None
+    min_tokens: StrictInt = 0
+    prompt_logprobs: StrictInt | None = None  # vLLM's extension
+    bad_words: list[StrictStr] | None = None
+    # refused: accepting and ignoring them would hand back different tokens than asked for
+    allowed_token_ids: list[StrictInt] | None = None
+    min_p: Number = 0.0
+    guided_json: object = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    response_format: dict | None = None
 
-    def sampling_params(self, *, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams (ValueError naming the field when a value is out of range)."""
+    def sampling_params(self, *, default_max_tokens: int, logprobs: int | None,
+                        max_tokens: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
+        """The engine's SamplingParams (ValueError naming the field when a value is out of range or refused)."""
+        self._refuse_unimplemented()
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if max_tokens is None:
+            max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
         return SamplingParams(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
+            max_tokens=max_tokens,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias, min_tokens=self.min_tokens,
+            bad_words=list(self.bad_words or []),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+
+    def _refuse_unimplemented(self) -> None:
+        for name in ("allowed_token_ids", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported by this server")
+        if self.min_p:
+            raise ValueError("min_p is not supported by this server (only 0)")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format is not supported by this server (only {'type': 'text'})")
 
     @property
     def include_usage(self) -> bool:
@@ -62,6 +99,27 @@ class CompletionRequest(_SamplingFields):
     prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+    def completion_params(self, default_max_tokens: int) -> SamplingParams:
+        """SamplingParams as vLLM makes them: `echo` with `logprobs` asks for the prompt's logprobs too;
+        `echo` with `max_tokens=0` generates one token, which the response leaves out."""
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of is not supported by this server (only best_of == n), got {self.best_of}")
+        if self.suffix:
+            raise ValueError("suffix is not supported by this server")
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        if prompt_logprobs is not None and self.prompt_logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs, self.prompt_logprobs)
+        max_tokens = 1 if self.echo_only else None
+        return self.sampling_params(default_max_tokens=default_max_tokens, logprobs=self.logprobs,
+                                    max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
+
+    @property
+    def echo_only(self) -> bool:
+        """`echo` with `max_tokens=0`: the response is the prompt alone."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts (text or token ids)."""

@@ -69,3 +69,39 @@ def totals(outputs: list[RequestOutput]) -> tuple[int, int, int]:
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outputs)
     return prompt, completion, cached
+
+
+def echo_logprobs(prompt_ids: list[int], entries: list | None, c: CompletionOutput | None, tokenizer,
+                  text_offset: int) -> dict | None:
+    """The legacy `logprobs` object of an `echo` response: the prompt's tokens (first entry `null`),
+    then those of `c` (None: prompt only), whose text starts at `text_offset`."""
+    if entries is None:
+        return None
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = 0
+    for token, entry in zip(prompt_ids, entries):
+        piece = tokenizer.decode([token])
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+        token_logprobs.append(None if entry is None else _finite(entry[token]))
+        top.append(None if entry is None else {tokenizer.decode([t]): _finite(lp) for t, lp in entry.items()})
+    generated = completion_logprobs(c, tokenizer, text_offset) if c is not None else None
+    if generated is not None:
+        tokens += generated["tokens"]
+        token_logprobs += generated["token_logprobs"]
+        top += generated["top_logprobs"]
+        offsets += generated["text_offset"]
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(out: RequestOutput, tokenizer) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs` of a choice: per prompt token, {token id: {logprob, decoded_token}}, first None.
+
+    (vLLM adds each id's `rank`; only the top-k's ranks are known here, so none is given.)
+    """
+    if out.prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {str(t): {"logprob": _finite(lp), "decoded_token": tokenizer.decode([t])} for t, lp in entry.items()}
+            for entry in out.prompt_logprobs]

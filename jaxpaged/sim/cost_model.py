@@ -27,10 +27,13 @@ step runs it (`jaxpaged/step_input.py`, `pallas_kernels/chunked_xla.py`):
 tokens and rows padded to powers of two; attention walks whole blocks up to
 the longest context of its group (decode or prefill), for every row of the
 group, and a prefill's query tiles each walk only as far as their last query.
+Sliding-window layers (exact kernels only) read and attend to each query's last
+W keys; the padded CPU shape still counts them as full layers.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Iterable
 
@@ -91,6 +94,9 @@ class CostModel:
         self.allreduce_bytes_per_token = (0.0 if tp == 1 else
                                           2 * config.num_layers * 2 * (tp - 1) / tp * h * 2.0)
         self.allreduces_per_step = 0 if tp == 1 else 2 * config.num_layers
+        # sliding-window layers per window (Gemma 3, Mistral): exact kernels read only the window
+        self.sliding_layers = collections.Counter(w for w in config.layer_windows if w is not None)
+        self.num_full_layers = config.num_layers - sum(self.sliding_layers.values())
 
     def step_cost(self, seqs: Iterable[tuple[int, int]]) -> StepCost:
         """Cost of a step computing `(num_new_tokens, num_context_tokens_before)` for each sequence."""
@@ -98,6 +104,8 @@ class CostModel:
         if self.profile.padded_shapes:
             decodes = [c for n, c in seqs if n == 1]
             work = self._padded_work(len(decodes), max(decodes, default=0), [(n, c) for n, c in seqs if n > 1])
+        elif self.sliding_layers:
+            work = self._windowed_work(seqs)
         else:
             work = self._exact_work(seqs)
         dense_flops, attn_flops, attn_bytes = self._amounts(*work, kv_written=sum(n for n, _ in seqs))
@@ -112,6 +120,8 @@ class CostModel:
         """
         if self.profile.padded_shapes:
             work = self._padded_work(num_seqs, max_context, [])  # O(1): only the longest context matters
+        elif self.sliding_layers:
+            raise ValueError("decode_step_time needs each context with sliding-window layers: use step_time")
         else:
             work = (num_seqs, num_seqs, total_context + num_seqs, total_context + num_seqs)
         return self._seconds(*self._amounts(*work, kv_written=num_seqs), num_seqs, work[0])
@@ -157,6 +167,25 @@ class CostModel:
             pairs += n * c + n * (n + 1) // 2
             kv_read += c + n
         return tokens, len(seqs), pairs, kv_read
+
+    def _windowed_work(self, seqs: list[tuple[int, int]]) -> tuple[int, int, float, float]:
+        """`_exact_work` for a model with sliding-window layers, as layer-averaged pair and K/V counts.
+
+        A sliding layer's query at position p sees min(p + 1, W) keys, and a
+        sequence reads the keys from its first query's window on (vLLM's and the
+        Pallas kernel's skipping); the per-layer counts are averaged over the
+        layers, so the per-pair and per-token constants (all layers) apply unchanged.
+        """
+        tokens, rows, pairs, kv_read = self._exact_work(seqs)
+        pairs *= self.num_full_layers
+        kv_read *= self.num_full_layers
+        for window, layers in self.sliding_layers.items():
+            for n, c in seqs:
+                capped = max(min(c + n, window) - c, 0)  # queries whose whole causal prefix fits the window
+                pairs += layers * ((c + capped) * (c + capped + 1) // 2 - c * (c + 1) // 2 + (n - capped) * window)
+                kv_read += layers * min(c + n, window - 1 + n)
+        num_layers = self.num_full_layers + sum(self.sliding_layers.values())
+        return tokens, rows, pairs / num_layers, kv_read / num_layers
 
     def _padded_work(self, num_decodes: int, max_decode_context: int,
                      prefill: list[tuple[int, int]]) -> tuple[int, int, int, int]:

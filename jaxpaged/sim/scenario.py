@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim.cost_model import CostModel
@@ -60,9 +61,10 @@ class Deployment:
         return self.weight_bytes() / self.tensor_parallel_size
 
     def block_bytes(self) -> float:
-        """Bytes of one KV block (all layers, K and V)."""
+        """Bytes of one KV block (K and V of every pool tensor: all layers, or one KV cache group's)."""
         c = self.model_config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes_per_element * self.block_size
+        tensors = kv_cache_layout(c.layer_windows).num_tensors
+        return 2 * tensors * c.num_kv_heads * c.head_dim * self.kv_bytes_per_element * self.block_size
 
     def block_bytes_per_device(self) -> float:
         """One device's share of a block: its KV heads' slice (1/min(N, KV heads))."""

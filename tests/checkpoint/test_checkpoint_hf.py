@@ -280,5 +280,5 @@ def test_hf_config_translation():
     assert hf_config_to_model_config(BASE_HF_CONFIG | {"rope_scaling": {"rope_type": "default"}}).rope_scaling is None
     with pytest.raises(ValueError, match="yarn"):
         hf_config_to_model_config(BASE_HF_CONFIG | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ValueError, match="qwen2"):
-        hf_config_to_model_config(BASE_HF_CONFIG | {"model_type": "qwen2"})
+    with pytest.raises(ValueError, match="phi3"):
+        hf_config_to_model_config(BASE_HF_CONFIG | {"model_type": "phi3"})

@@ -44,6 +44,8 @@ BAD = [
     ("bench_replicas.py", "--replicas=2,0", "replicas"),
     ("bench_replicas.py", "--policies=prefix_aware,random", "policies"),
     ("bench_tensor_parallel.py", "--sizes=1,0", "sizes"),
+    ("run_lm_eval.py", "--num_concurrent=0", "num_concurrent"),
+    ("bench_logit_controls.py", "--prefill_len=1", "prefill_len"),
 ]
 
 

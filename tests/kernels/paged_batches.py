@@ -30,7 +30,7 @@ class Batch:
 
 def make_batch(
     context_lens, query_lens, *, block_size, group, dtype=jnp.float32, pool_dtype=None,
-    num_tokens=None, max_query_len=None, blocks_per_seq=None, seed=0,
+    num_tokens=None, max_query_len=None, blocks_per_seq=None, seed=0, head_dim=HEAD_DIM,
 ) -> Batch:
     """A ragged step over a NaN-poisoned pool whose owned blocks sit in random order.
 
@@ -48,7 +48,7 @@ def make_batch(
     physical = rng.permutation(num_blocks)[: num_seqs * blocks_per_seq].reshape(num_seqs, blocks_per_seq)
     tables = rng.integers(0, num_blocks, (num_seqs, blocks_per_seq)).astype(np.int32)
 
-    shape = (NUM_KV_HEADS, num_blocks, block_size, HEAD_DIM)
+    shape = (NUM_KV_HEADS, num_blocks, block_size, head_dim)
     pools = [np.full(shape, np.nan, np.float32) for _ in range(2)]
     for s, length in enumerate(context_lens):
         used = -(-int(length) // block_size)
@@ -56,7 +56,7 @@ def make_batch(
         for j in range(used):
             filled = min(block_size, int(length) - j * block_size)
             for pool in pools:
-                pool[:, physical[s, j], :filled] = rng.standard_normal((NUM_KV_HEADS, filled, HEAD_DIM))
+                pool[:, physical[s, j], :filled] = rng.standard_normal((NUM_KV_HEADS, filled, head_dim))
 
     k_scale = v_scale = None
     pool_dtype = pool_dtype or dtype
@@ -66,7 +66,7 @@ def make_batch(
 
     num_tokens = num_tokens or int(query_lens.sum())
     query_start = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int32)
-    q = rng.standard_normal((num_tokens, NUM_KV_HEADS * group, HEAD_DIM)).astype(np.float32)
+    q = rng.standard_normal((num_tokens, NUM_KV_HEADS * group, head_dim)).astype(np.float32)
     args = (
         jnp.asarray(q, dtype),
         jnp.asarray(pools[0], pool_dtype),

@@ -43,6 +43,17 @@ def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:
         time.sleep(0.5)
 
 
+def serving(*flags: str):
+    """A module fixture's body: start serve.py on a free loopback port, yield its base URL, stop it after."""
+    port = free_port()
+    proc = start_server("--host=127.0.0.1", f"--port={port}", *flags)
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, [proc])
+    yield base
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
 def read_metrics(base: str) -> dict[str, float]:
     """The server's `/metrics`, each sample name summed over its labels."""
     from prometheus_client.parser import text_string_to_metric_families

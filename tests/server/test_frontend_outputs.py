@@ -29,7 +29,7 @@ def engine(tiny_model):
 def _view(outs):
     """A step's outputs as plain data, by request id (their order within a step is no promise)."""
     return sorted([(o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
-                                                c.logprobs) for c in o.outputs]) for o in outs])
+                                                c.logprobs) for c in o.outputs], o.prompt_logprobs) for o in outs])
 
 
 def _direct(engine, params):
@@ -74,11 +74,13 @@ def _stop_string(engine):
 D, C, F = RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY
 CASES = [(D, {}), (C, {}), (F, {}), (D, {"stop": "?"}), (C, {"stop": "?"}),
          (F, {"stop": "?", "include_stop_str_in_output": True}),
-         (D, {"n": 2, "temperature": 0.9, "seed": 3, "logprobs": 2})]
+         (D, {"n": 2, "temperature": 0.9, "seed": 3, "logprobs": 2}), (D, {"prompt_logprobs": 2}),
+         (F, {"prompt_logprobs": 1, "min_tokens": 4})]
 
 
 @pytest.mark.parametrize("kind,extra", CASES, ids=["delta", "cumulative", "final", "delta-stop", "cumulative-stop",
-                                                  "final-stop-included", "delta-n2-logprobs"])
+                                                  "final-stop-included", "delta-n2-logprobs", "delta-prompt-logprobs",
+                                                  "final-prompt-logprobs"])
 def test_split_outputs_equal_the_engines(engine, kind, extra):
     if "stop" in extra:
         extra = extra | {"stop": [_stop_string(engine)]}
@@ -88,7 +90,7 @@ def test_split_outputs_equal_the_engines(engine, kind, extra):
     assert split == direct
     assert engine.kv.stats.usage == 0  # the core's aborted requests freed their blocks
     if "stop" in extra:
-        finals = [c for step in direct for (_, done, cs) in step if done for c in cs]
+        finals = [c for step in direct for (_, done, cs, _) in step if done for c in cs]
         assert any(c[3] == "stop" for c in finals)  # the stop string really ended something
 
 

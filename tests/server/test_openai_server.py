@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
-from tests.server.live_server import WAIT_S, free_port, read_metrics, start_server, wait_healthy
+from tests.server.live_server import WAIT_S, read_metrics, serving
 
 KV_TOKENS = 4096
 
@@ -28,14 +28,8 @@ SPLIT = ("--engine_core=process", "--api_server_count=2")
 
 @pytest.fixture(scope="module", params=[(), SPLIT], ids=["thread", "process"])
 def server(request):
-    port = free_port()
-    proc = start_server("--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
-                        "--max_model_len=512", "--enable_debug_endpoints", *request.param)
-    base = f"http://127.0.0.1:{port}"
-    wait_healthy(base, [proc])
-    yield base
-    proc.terminate()
-    proc.wait(timeout=60)
+    yield from serving(f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints",
+                       *request.param)
 
 
 @pytest.fixture(scope="module")

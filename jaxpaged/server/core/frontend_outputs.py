@@ -40,7 +40,7 @@ class _Request:
 
     __slots__ = ("request_id", "params", "prompt", "prompt_token_ids", "seqs", "finished_seqs", "finish_time",
                  "num_cached_tokens", "arrival_time", "first_scheduled_time", "first_token_time",
-                 "num_preemptions", "peak_blocks_shared", "peak_blocks_unshared", "token_times")
+                 "num_preemptions", "peak_blocks_shared", "peak_blocks_unshared", "token_times", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams):
         self.request_id, self.params, self.prompt, self.prompt_token_ids = request_id, params, prompt, prompt_token_ids
@@ -51,6 +51,7 @@ class _Request:
         self.arrival_time = time.monotonic()
         self.num_preemptions = self.peak_blocks_shared = self.peak_blocks_unshared = 0
         self.token_times: list[float] = []
+        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
 
 
 def core_params(params: SamplingParams) -> SamplingParams:
@@ -87,6 +88,8 @@ class FrontendOutputs:
         if request is None:
             return [], False
         request.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs and request.prompt_logprobs is not None:
+            request.prompt_logprobs.extend(delta.prompt_logprobs)
         if request.params.beam_width > 1:
             del self._requests[delta.request_id]
             return [_beam_output(request, delta)], False
@@ -141,4 +144,4 @@ def _beam_output(request: _Request, delta: M.RequestDelta) -> RequestOutput:
     completions = [CompletionOutput(d.index, d.token_ids, d.text, d.cumulative_logprob, d.finish_reason, d.logprobs,
                                     d.stop_reason) for d in delta.seqs]
     return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, True,
-                         delta.num_cached_tokens, metrics)
+                         delta.num_cached_tokens, metrics, request.prompt_logprobs)

@@ -4,7 +4,8 @@ Client -> core: `Hello` (once, with the API server's pid), `Add`, `Abort`,
 `Call` (a named utility: reset the prefix cache, metrics text, stall, crash).
 Core -> client: `Reply` (to a Hello, Add or Call, by `call_id`), `StepOutputs`
 (one per engine step per API server that has requests in it: every request's
-new token ids, finish reasons, logprobs and cached tokens; no text) and `Dead`
+new token ids, finish reasons, logprobs, prompt logprobs and cached tokens;
+no text) and `Dead`
 (the core's loop failed; it exits after sending it).
 """
 
@@ -86,6 +87,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     num_cached_tokens: int
     seqs: list[SeqDelta]
     metrics: Metrics | None
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # the new entries (all, on a FINAL_ONLY output)
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True):

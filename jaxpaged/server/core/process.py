@@ -239,4 +239,4 @@ def to_delta(out: RequestOutput) -> M.RequestDelta:
                                                m.peak_blocks_unshared, list(m.token_times))
     seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text)
             for c in out.outputs]
-    return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics)
+    return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics, out.prompt_logprobs)

@@ -1,0 +1,75 @@
+"""What the logit controls and prompt logprobs cost a step: the same step with and without them, side by side.
+
+Each variant is one hand-built `StepInput`; the rounds alternate the variants
+(one run of each per round), and each ratio is the median of its per-round
+ratios, so machine drift hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from jaxpaged.buckets import pow2_bucket
+from jaxpaged.logit_controls import LogitControls
+from jaxpaged.runner import ModelRunner
+from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+
+
+def penalised(step: StepInput, context: int, vocab: int, rng: np.random.Generator, num_bias: int = 8) -> StepInput:
+    """`step` with every real row penalised (context tokens as history) and `num_bias` biased ids per row."""
+    rows = step.order.astype(np.int32)
+    n = len(rows)
+    length = pow2_bucket(context + 1, 16)
+    tokens = np.full((n, length), -1, np.int32)
+    tokens[:, :context] = rng.integers(0, vocab, (n, context))
+    ones = np.ones(n, np.float32)
+    controls = LogitControls(
+        bias_rows=rows, bias_ids=rng.integers(0, vocab, (n, num_bias)).astype(np.int32),
+        bias_values=np.full((n, num_bias), 1.0, np.float32), bias_if_last=np.full((n, num_bias), -1, np.int32),
+        penalty_rows=rows, penalty_tokens=tokens, penalty_num_prompt=np.full(n, context // 2, np.int32),
+        penalty_last_index=np.full(n, context, np.int32), repetition=1.2 * ones, frequency=0.5 * ones,
+        presence=0.5 * ones)
+    return dataclasses.replace(step, logit_controls=controls)
+
+
+def with_prompt_logprobs(step: StepInput, k: int) -> StepInput:
+    """`step` (one prefill) returning the logprob of every prompt position's next token, and the top k."""
+    num = int(step.query_lens.sum()) - 1
+    size = pow2_bucket(num, 16)
+    rows = np.zeros(size, np.int32)
+    rows[:num] = np.arange(num)
+    targets = np.zeros(size, np.int32)
+    targets[:num] = step.token_ids[1:num + 1]
+    return dataclasses.replace(step, prompt_logprob_rows=rows, prompt_logprob_targets=targets,
+                               num_prompt_top_logprobs=pow2_bucket(k))
+
+
+def side_by_side(runner: ModelRunner, variants: dict[str, StepInput], repeats: int) -> dict[str, dict]:
+    """Median seconds of each variant and its median per-round ratio to the first one."""
+    for step in variants.values():
+        runner.execute(step)  # compile and warm up
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, step in variants.items():
+            start = time.perf_counter()
+            runner.execute(step)
+            times[name].append(time.perf_counter() - start)
+    base = np.array(next(iter(times.values())))
+    return {name: {"median_ms": float(np.median(t)) * 1e3, "ratio": float(np.median(np.array(t) / base))}
+            for name, t in times.items()}
+
+
+def step_pair(vocab: int, block_size: int, decode_batch: int, context: int, prefill_len: int,
+              rng: np.random.Generator) -> tuple[StepInput, StepInput, int]:
+    """A decode step of `decode_batch` rows at `context`, a `prefill_len` prefill, and the blocks they need."""
+    per_seq = -(-max(prefill_len, context + 1) // block_size)
+    num_blocks = per_seq * (decode_batch + 1)
+    tables = rng.permutation(num_blocks).reshape(-1, per_seq)
+    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], context, tables[i + 1])
+                               for i in range(decode_batch)], block_size)
+    prefill = build_step_input([ScheduledSeq(rng.integers(0, vocab, prefill_len).tolist(), 0, tables[0])],
+                               block_size)
+    return decode, prefill, num_blocks
