@@ -22,6 +22,12 @@ Simulated device: --device=simulated serves a shape-only model (e.g.
 whole server at GPU step rates on a CPU, with no model built
 (jaxpaged/sim/realtime.py; /metrics counts the device's busy seconds).
 
+Engine core process: --engine_core=process runs the engine core (scheduler,
+KV manager, runner, tiers) in its own process and --api_server_count API
+server processes (HTTP, tokenization, detokenization, stop strings) on the
+one port, talking to it over ZeroMQ (jaxpaged/server/core/). The default,
+--engine_core=thread, runs the engine loop in the HTTP server's process.
+
 Multi-host: start one process per host with the same flags plus
 --coordinator_address, --num_processes and --process_id; process 0 serves
 HTTP and broadcasts every engine command to the others, which step in
@@ -87,7 +93,14 @@ DP = flags.DEFINE_integer("data_parallel_size", 1, "engine replicas; > 1 serves 
 POLICY = flags.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "round_robin", "least_loaded"],
                            "how the replicas' ingress picks a replica (with --data_parallel_size > 1)")
 
-flag_checks.positive("port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
+ENGINE_CORE = flags.DEFINE_enum("engine_core", "thread", ["thread", "process"],
+                                "thread: the engine loop runs in the HTTP server's process; process: the engine "
+                                "core runs in its own process and the API server(s) tokenize, detokenize and "
+                                "match stop strings (jaxpaged/server/core/)")
+API_SERVERS = flags.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
+                                   "(with --engine_core=process)")
+
+flag_checks.positive("api_server_count", "port", "block_size", "kv_budget_tokens", "kv_cache_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "host_cache_bytes", "tensor_parallel_size",
                      "max_waiting_requests", "data_parallel_size", "max_request_body_bytes")
 flag_checks.non_negative("seed", "drain_timeout_s")
@@ -104,6 +117,12 @@ flags.register_multi_flags_validator(
                                         and (v["num_processes"] or 1) == 1),
     message="--device=simulated models one device in one process: drop --data_parallel_size, "
             "--tensor_parallel_size and --num_processes")
+flags.register_multi_flags_validator(
+    ["engine_core", "api_server_count", "data_parallel_size", "num_processes"],
+    lambda v: (v["api_server_count"] == 1 or v["engine_core"] == "process")
+    and (v["engine_core"] == "thread" or (v["data_parallel_size"] == 1 and (v["num_processes"] or 1) == 1)),
+    message="--api_server_count > 1 needs --engine_core=process, which serves one single-process engine: "
+            "drop --data_parallel_size and --num_processes (replicas and multi-host keep the engine in-process)")
 flag_checks.model_name()
 flag_checks.device_profile("device_profile")
 
@@ -130,6 +149,8 @@ def main(argv):
     if DP.value > 1:
         serve_data_parallel()
         return
+    if ENGINE_CORE.value == "process":
+        raise SystemExit(serve_engine_core_process())
     multi_process = distributed.initialize_from_flags()
     if DEVICE.value == "simulated":
         from jaxpaged.sim.realtime import simulated_device_engine
@@ -146,6 +167,18 @@ def main(argv):
                     chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
+
+
+def serve_engine_core_process() -> int:
+    """--engine_core=process: one engine core process and --api_server_count API servers; returns the status."""
+    from jaxpaged.server.core.launcher import ApiSpec, serve_split
+    from jaxpaged.server.core.process import CoreSpec
+    core = CoreSpec(engine_config(), device=DEVICE.value, device_profile=DEVICE_PROFILE.value,
+                    max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value)
+    api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
+                  enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
+                  drain_timeout_s=DRAIN.value)
+    return serve_split(core, api, api_server_count=API_SERVERS.value)
 
 
 def serve_data_parallel() -> None:

@@ -1,6 +1,6 @@
 """The FastAPI app: OpenAI-compatible completions and chat, models, health, metrics, tokenizer, cache reset.
 
-Every client's request goes into the one `AsyncEngine`. Errors follow the
+Every client's request goes into the one `EngineClient` (engine_client.py). Errors follow the
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
 unknown model, 413 for a body over `max_request_body_bytes`, 503 with
@@ -30,9 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server import responses as R
-from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, refuse_overlong
+from jaxpaged.server.async_engine import EngineDeadError, QueueFullError, refuse_overlong
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
+from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.errors import error_body, error_response as _error, status_of
 from jaxpaged.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       PinRequest, TokenizeRequest)
@@ -44,10 +45,11 @@ class ModelNotFound(Exception):
     """The request names a model this server does not serve."""
 
 
-def build_app(async_engine: AsyncEngine, *, served_model_name: str, chat_template: ChatTemplate | None = None,
+def build_app(async_engine: EngineClient, *, served_model_name: str, chat_template: ChatTemplate | None = None,
               registry: CollectorRegistry | None = None, enable_debug_endpoints: bool = False,
               max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
-    """The app over a started-or-not `AsyncEngine`; the loop starts and stops with the app's lifespan.
+    """The app over a started-or-not `EngineClient` (`AsyncEngine`, `CoreClient`, `ReplicaPool`); it starts and
+    stops with the app's lifespan.
 
     `max_request_body_bytes` refuses larger bodies with a 413 before they are parsed (None: no limit).
     """

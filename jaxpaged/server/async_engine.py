@@ -74,6 +74,10 @@ class RequestStream:
         except RuntimeError:  # the client's event loop is closed: nobody is left to read it
             pass
 
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Hand an output or an error over from the client's own event loop."""
+        self._queue.put_nowait(item)
+
     def __aiter__(self) -> "RequestStream":
         return self
 

@@ -1,7 +1,10 @@
 """The OpenAI-compatible server, live in a subprocess, driven with the official `openai` client.
 
-One server for the whole module (tiny model); the last test kills its engine loop.
-Outputs are compared with `LLM.generate` in this process on the same weights.
+One server at a time for the whole module (tiny model), run twice: the engine
+loop in the HTTP server's process (`--engine_core=thread`), and the engine core
+in its own process behind two API server processes (`--engine_core=process
+--api_server_count=2`); the last test kills its engine loop. Outputs are
+compared with `LLM.generate` in this process on the same weights.
 """
 
 import asyncio
@@ -20,9 +23,13 @@ from tests.server.live_server import WAIT_S, read_metrics, serving
 KV_TOKENS = 4096
 
 
-@pytest.fixture(scope="module")
-def server():
-    yield from serving(f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints")
+SPLIT = ("--engine_core=process", "--api_server_count=2")
+
+
+@pytest.fixture(scope="module", params=[(), SPLIT], ids=["thread", "process"])
+def server(request):
+    yield from serving(f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints",
+                       *request.param)
 
 
 @pytest.fixture(scope="module")

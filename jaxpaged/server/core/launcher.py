@@ -1,0 +1,143 @@
+"""`serve_split`: one engine core process and N API server processes on one port (`--engine_core=process`).
+
+The launcher (the process `serve.py` runs in) starts the core, then the API
+servers, each listening on the same port with SO_REUSEPORT (the kernel
+spreads connections over them), each connected to the core over an `ipc://`
+socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG), so
+no process outlives it. What the launcher does when a child ends:
+
+- an API server: the others and the core keep serving (the core aborts that
+  server's requests);
+- the core: the API servers have already failed their streams and answer 503
+  on /health; after `core_death_grace_s` they are stopped and the launcher
+  exits non-zero;
+- SIGTERM / SIGINT to the launcher: the API servers drain (uvicorn's graceful
+  shutdown, `drain_timeout_s`), then the core drains and saves its snapshot when
+  configured, then the launcher exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+
+log = logging.getLogger(__name__)
+
+_JOIN_SLACK_S = 10.0  # beyond the drain timeout, how long a child may take to exit before it is killed
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSpec:
+    """What each API server process serves (the `build_app` options that are not the engine)."""
+
+    host: str
+    port: int
+    served_model_name: str
+    model: str  # picks the chat template
+    enable_debug_endpoints: bool = False
+    max_request_body_bytes: int | None = None
+    drain_timeout_s: float = 30.0
+
+
+def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0) -> int:
+    """Run the processes until SIGTERM or the core's end; returns the exit status."""
+    from jaxpaged.server.core.process import run_core
+    ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
+    socket_dir = tempfile.mkdtemp(prefix="jaxpaged-core-")
+    address = f"ipc://{socket_dir}/core.sock"
+    core = ctx.Process(target=_child, args=(run_core, core_spec, address), name="jaxpaged-engine-core")
+    core.start()
+    servers = [ctx.Process(target=_child, args=(run_api_server, api, address, core.pid), name=f"jaxpaged-api-{i}")
+               for i in range(api_server_count)]
+    for s in servers:
+        s.start()
+    log.info("engine core pid %d; API servers %s on %s:%d", core.pid, [s.pid for s in servers], api.host, api.port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    status = 0
+    live = list(servers)
+    while not stop.is_set():
+        ready = multiprocessing.connection.wait([core.sentinel] + [s.sentinel for s in live], timeout=0.2)
+        if core.sentinel in ready:
+            log.error("the engine core exited (%s); stopping the API servers", core.exitcode)
+            stop.wait(core_death_grace_s)
+            status = 1
+            break
+        for s in [s for s in live if s.sentinel in ready]:
+            log.error("API server pid %d exited (%s); the others keep serving", s.pid, s.exitcode)
+            live.remove(s)
+        if not live:
+            status = 1
+            break
+    _stop(live, api.drain_timeout_s)
+    _stop([core], api.drain_timeout_s)
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    return status
+
+
+def _stop(procs, drain_timeout_s: float) -> None:
+    """SIGTERM, wait for the drain, then SIGKILL what is left."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(drain_timeout_s + _JOIN_SLACK_S)
+        if p.is_alive():
+            log.error("%s did not exit; killing it", p.name)
+            p.kill()
+            p.join()
+
+
+def _child(target, *args) -> None:
+    """A child's entry: die with the launcher (PR_SET_PDEATHSIG), then run `target`."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the launcher died before the prctl
+        raise SystemExit(1)
+    target(*args)
+
+
+def run_api_server(api: ApiSpec, address: str, core_pid: int) -> None:
+    """An API server process: connect to the core, then serve the app on the shared port."""
+    import asyncio
+
+    import uvicorn
+
+    from jaxpaged.server.api import build_app
+    from jaxpaged.server.chat import ChatTemplate
+    from jaxpaged.server.core.client import CoreClient
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s api-{os.getpid()} %(levelname)s %(message)s")
+
+    async def main() -> None:
+        client = CoreClient(address, core_pid)
+        await client.connect()
+        app = build_app(client, served_model_name=api.served_model_name,
+                        chat_template=ChatTemplate.for_model(api.model),
+                        enable_debug_endpoints=api.enable_debug_endpoints,
+                        max_request_body_bytes=api.max_request_body_bytes)
+        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)
+        await uvicorn.Server(config).serve(sockets=[reuseport_socket(api.host, api.port)])
+
+    asyncio.run(main())
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket that other processes may bind to the same port (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,242 @@
+"""The engine core process: the engine's loop behind a ZeroMQ ROUTER socket.
+
+It owns the scheduler, KV manager, runner and tiers, and nothing of HTTP or
+text: requests arrive tokenized, and after every step each API server that has
+requests in it gets one `StepOutputs` with their new token ids. A bad request
+is answered with its error before anything streams. The core watches every
+API server's pid (a pidfd in the same poll as the socket): when one dies, its
+requests are aborted, so their blocks are freed and nothing else is disturbed.
+
+SIGTERM drains: adds are refused, in-flight requests get `drain_timeout_s`,
+then what is left is aborted, `Engine.shutdown` saves the snapshot when
+configured, and the process exits. A failure of the loop is sent to every API
+server (`Dead`) before the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+
+import msgspec
+import zmq
+
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.server.async_engine import apply_record
+from jaxpaged.server.core import messages as M
+
+log = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 50  # how long an idle core waits for a message before it looks again
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreSpec:
+    """What the core process builds: the engine and how it serves."""
+
+    engine_config: EngineConfig
+    device: str = "real"  # or "simulated": steps sleep the cost model's time on `device_profile`
+    device_profile: str = "h200-141gb"
+    max_waiting_requests: int = 1024
+    drain_timeout_s: float = 30.0
+
+
+def build_engine(spec: CoreSpec) -> Engine:
+    """The engine `spec` describes (real, or over the simulated device)."""
+    if spec.device == "simulated":
+        from jaxpaged.sim.realtime import simulated_device_engine
+        return simulated_device_engine(spec.engine_config, spec.device_profile)
+    return Engine(spec.engine_config)
+
+
+def run_core(spec: CoreSpec, address: str) -> None:
+    """Process entry point: build the engine, bind `address`, serve until SIGTERM or a failure."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s core %(levelname)s %(message)s")
+    from jaxpaged.metrics import attach_metrics
+    engine = build_engine(spec)
+    metrics = attach_metrics(engine)
+    core = EngineCore(engine, address, metrics=metrics, max_waiting_requests=spec.max_waiting_requests,
+                      drain_timeout_s=spec.drain_timeout_s)
+    signal.signal(signal.SIGTERM, lambda *_: core.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: core.request_stop())
+    raise SystemExit(core.serve())
+
+
+class EngineCore:
+    """The loop: read every pending message, apply it, step, send each API server its step's outputs."""
+
+    def __init__(self, engine: Engine, address: str, *, metrics=None, max_waiting_requests: int = 1024,
+                 drain_timeout_s: float = 30.0) -> None:
+        """Binds a ROUTER socket at `address` (`ipc://...` or `tcp://...`)."""
+        self.engine, self.metrics = engine, metrics
+        self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.bind(address)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._decoder = msgspec.msgpack.Decoder(M.ToCore)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._clients: dict[bytes, int] = {}  # identity -> pidfd of its API server process
+        self._owner: dict[str, bytes] = {}  # request id -> identity of the API server that added it
+        self._stop_requested = False
+        self._crash_requested = False
+
+    def request_stop(self) -> None:
+        """Begin draining (signal-handler safe: it only sets a flag)."""
+        self._stop_requested = True
+
+    def serve(self) -> int:
+        """Run until drained (returns 0) or failed (tells every API server, returns 1)."""
+        try:
+            drain_deadline = None
+            while True:
+                if self._stop_requested:
+                    if drain_deadline is None:
+                        drain_deadline = time.monotonic() + self.drain_timeout_s
+                    if time.monotonic() >= drain_deadline:
+                        self._abort(list(self._owner))
+                        drain_deadline = float("inf")
+                    if not self.engine.has_unfinished_requests():
+                        break
+                busy = self.engine.has_unfinished_requests()
+                self._read_messages(0 if busy else _IDLE_POLL_MS)
+                if self._crash_requested:
+                    raise RuntimeError("engine core crashed on request (debug endpoint)")
+                if self.engine.has_unfinished_requests():
+                    self._send_outputs(self.engine.step())
+            self.engine.shutdown()
+            self._tell_everyone(M.Dead("the engine is shutting down"))
+            return 0
+        except BaseException as err:  # noqa: BLE001 - every API server must hear of it
+            log.exception("engine core died")
+            self._tell_everyone(M.Dead(f"the engine loop died (engine core process): {type(err).__name__}: {err}"))
+            return 1
+        finally:
+            self._sock.close(linger=1000)
+            self._ctx.term()
+
+    # ---- messages in ----------------------------------------------------------------------
+
+    def _read_messages(self, timeout_ms: int) -> None:
+        events = dict(self._poller.poll(timeout_ms))
+        for identity, pidfd in list(self._clients.items()):
+            if pidfd in events:
+                self._client_died(identity)
+        if self._sock not in events:
+            return
+        while True:
+            try:
+                identity, payload = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._apply(identity.bytes, self._decoder.decode(payload.buffer))
+
+    def _apply(self, identity: bytes, msg) -> None:
+        if isinstance(msg, M.Abort):
+            self._abort(msg.request_ids)
+            return
+        try:
+            value = self._answer(identity, msg)
+            reply = M.Reply(msg.call_id, value)
+        except Exception as err:  # a bad request or call: only its caller hears of it
+            reply = M.Reply(msg.call_id, None, type(err).__name__, str(err))
+        self._send(identity, reply)
+
+    def _answer(self, identity: bytes, msg):
+        if isinstance(msg, M.Hello):
+            return self._hello(identity, msg.pid)
+        if isinstance(msg, M.Add):
+            if self._stop_requested:
+                raise _EngineDead("the engine is shutting down")
+            apply_record(self.engine, {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids,
+                                       "params": msg.params, "cache_salt": msg.cache_salt,
+                                       "arrival_time": self.engine.clock()}, self.max_waiting_requests)
+            self._owner[msg.request_id] = identity
+            return None
+        return self._call(msg.name, msg.args)
+
+    def _hello(self, identity: bytes, pid: int) -> bytes:
+        if identity not in self._clients:
+            pidfd = os.pidfd_open(pid)
+            self._clients[identity] = pidfd
+            self._poller.register(pidfd, zmq.POLLIN)
+        e = self.engine
+        from jaxpaged.server.core.client import CoreInfo
+        import pickle  # the tokenizer is a Python object; both ends are this same program
+        return pickle.dumps(CoreInfo(e.tokenizer, e.model_config, e.max_model_len, e.block_size, os.getpid()))
+
+    def _call(self, name: str, args: list):
+        if name == "reset_prefix_cache":
+            return apply_record(self.engine, {"op": "reset"}, self.max_waiting_requests)
+        if name == "metrics":
+            from prometheus_client import generate_latest
+            return generate_latest(self.metrics.registry).decode() if self.metrics is not None else ""
+        if name == "stall":
+            time.sleep(float(args[0]))
+            return None
+        if name == "crash":
+            self._crash_requested = True
+            return None
+        raise ValueError(f"unknown engine core call {name!r}")
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if request_id in self._owner:
+                self.engine.abort(request_id)
+
+    def _client_died(self, identity: bytes) -> None:
+        """An API server's process ended: abort its requests (their final outputs go nowhere)."""
+        pidfd = self._clients.pop(identity)
+        self._poller.unregister(pidfd)
+        os.close(pidfd)
+        mine = [r for r, owner in self._owner.items() if owner == identity]
+        log.warning("an API server died; aborting its %d requests", len(mine))
+        self._abort(mine)
+
+    # ---- messages out ---------------------------------------------------------------------
+
+    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+        batches: dict[bytes, list[M.RequestDelta]] = {}
+        for out in outputs:
+            identity = self._owner.get(out.request_id)
+            if out.finished:
+                self._owner.pop(out.request_id, None)
+            if identity is None or identity not in self._clients:
+                continue
+            batches.setdefault(identity, []).append(to_delta(out))
+        for identity, deltas in batches.items():
+            self._send(identity, M.StepOutputs(deltas))
+
+    def _send(self, identity: bytes, msg) -> None:
+        try:
+            self._sock.send_multipart([identity, self._encoder.encode(msg)], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:  # the API server is gone (its pidfd tells us soon)
+            pass
+
+    def _tell_everyone(self, msg) -> None:
+        for identity in list(self._clients):
+            self._send(identity, msg)
+
+
+class _EngineDead(RuntimeError):
+    """Sent as `EngineDeadError` (the client maps error names back)."""
+
+
+_EngineDead.__name__ = "EngineDeadError"
+
+
+def to_delta(out: RequestOutput) -> M.RequestDelta:
+    """A core-side output (token ids only) as its wire form."""
+    m = out.metrics
+    metrics = None if m is None else M.Metrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                               m.finish_time, m.num_preemptions, m.peak_blocks_shared,
+                                               m.peak_blocks_unshared, list(m.token_times))
+    seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text)
+            for c in out.outputs]
+    return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics, out.prompt_logprobs)

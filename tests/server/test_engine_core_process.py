@@ -1,0 +1,109 @@
+"""The split server's failure behaviour (`--engine_core=process`), with the official `openai` client.
+
+An API server that dies leaves the core and the other API server serving; the
+core killed with SIGKILL ends every open stream with an error event and turns
+/health into 503, then every process exits; SIGTERM drains an open stream,
+saves the snapshot and leaves no process behind. (The OpenAI API's behaviour
+over the split is `test_openai_server.py`'s, run against both.)
+"""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
+
+
+def _start(*flags):
+    port = free_port()
+    proc = start_server(f"--port={port}", "--engine_core=process", "--api_server_count=2", "--kv_budget_tokens=2048",
+                        "--max_model_len=1024", "--drain_timeout_s=20", *flags)
+    core, apis = None, []
+    for line in proc.stdout:  # the launcher names its children before they serve
+        found = re.search(r"engine core pid (\d+); API servers \[([\d, ]+)\]", line)
+        if found:
+            core, apis = int(found.group(1)), [int(p) for p in found.group(2).split(",")]
+            break
+    assert core is not None, "the launcher did not start"
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, [proc])
+    return proc, base, core, apis
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if _alive(p)]}"
+        time.sleep(0.1)
+
+
+def _long_stream(client: openai.OpenAI, max_tokens: int = 900):
+    return client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=max_tokens, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+
+
+def test_api_server_death_then_sigterm_drains_and_saves(tmp_path):
+    snapshot = tmp_path / "snapshot"
+    proc, base, core, apis = _start(f"--prefix_cache_snapshot={snapshot}", "--save_prefix_cache_on_shutdown")
+    try:
+        os.kill(apis[0], signal.SIGKILL)
+        _wait_gone([apis[0]])
+        client = _client(base)
+        for _ in range(8):  # new connections reach the API server that is left
+            out = client.completions.create(model="tiny", prompt=list(range(1, 65)), max_tokens=2)
+            assert out.choices[0].finish_reason == "length"
+        assert _alive(core) and _alive(apis[1]) and proc.poll() is None
+        assert httpx.get(base + "/health").status_code == 200
+
+        stream = _long_stream(client, 200)
+        next(stream)  # it is running when SIGTERM arrives
+        proc.send_signal(signal.SIGTERM)
+        rest = list(stream)  # drained to its end, not cut
+        assert rest[-1].choices[0].finish_reason == "length"
+        assert proc.wait(timeout=WAIT_S) == 0
+        _wait_gone([core, apis[1]])
+        assert snapshot.exists()
+    finally:
+        proc.kill()
+
+
+def test_core_sigkill_fails_every_stream_then_nothing_is_left():
+    proc, base, core, apis = _start()
+    try:
+        client = _client(base)
+        streams = [_long_stream(client) for _ in range(4)]
+        for s in streams:
+            next(s)
+        killed = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+        for s in streams:
+            with pytest.raises(openai.APIError, match="engine core"):
+                for _ in s:
+                    pass
+        print(f"every stream failed {time.monotonic() - killed:.3f} s after the SIGKILL")
+        assert httpx.get(base + "/health").status_code == 503
+        response = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "x"})
+        assert response.status_code == 503
+        assert proc.wait(timeout=WAIT_S) == 1
+        _wait_gone([core, *apis])
+    finally:
+        proc.kill()
