@@ -22,6 +22,7 @@ import resource
 from absl import app, flags
 
 from jaxpaged.bench.datasets import random_requests
+from jaxpaged.bench import flag_checks
 from jaxpaged.bench import flags as bench_flags
 from jaxpaged.bench.online import DEVICE_BUSY_METRIC, RANDOM_INPUT as INPUT_LEN, RANDOM_OUTPUT as OUTPUT_LEN
 from jaxpaged.bench.online_client import fetch_metric, run_requests
@@ -35,6 +36,9 @@ CONFIGS = flags.DEFINE_list("configs", ["thread", "process", "process2"],
 PROFILE = flags.DEFINE_string("device_profile", "h200-141gb", "the simulated device")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write the results here as JSON")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
+flag_checks.list_of("concurrency", integer_at_least=1)
+flag_checks.list_of("configs", choices=["thread", "process", "process2"])
+flag_checks.device_profile("device_profile")
 
 _CLK = os.sysconf("SC_CLK_TCK")
 

@@ -18,6 +18,7 @@ import time
 import numpy as np
 from absl import app, flags
 
+from jaxpaged.bench import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.kv.pool import pool_bytes
@@ -31,6 +32,7 @@ WINDOW = flags.DEFINE_integer("window", 128, "sliding window of the local layers
 BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "tokens per block")
 REPEATS = flags.DEFINE_integer("repeats", 5, "timed passes per layout, alternating")
 JSON_OUT = flags.DEFINE_string("json_out", None, "also write the results here")
+flag_checks.positive("num_prompts", "prompt_len", "max_tokens", "window", "block_size", "repeats")
 
 
 _REQUEST_IDS = itertools.count()

@@ -48,6 +48,9 @@ BAD = [
     ("check_dashboard.py", "--traffic_s=0", "traffic_s"),
     ("run_lm_eval.py", "--num_concurrent=0", "num_concurrent"),
     ("bench_logit_controls.py", "--prefill_len=1", "prefill_len"),
+    ("bench_engine_core.py", "--concurrency=64,0", "concurrency"),
+    ("simulate_hybrid_kv.py", "--max_tokens=0", "max_tokens"),
+    ("bench_hybrid_kv.py", "--window=0", "window"),
 ]
 
 

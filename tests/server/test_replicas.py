@@ -128,6 +128,9 @@ def test_tenants_stick_to_the_replica_that_cached_their_prefix(server, client):
     salt = {"a": "tenant-a", "b": "tenant-b"}
     owner = {}
     for tenant in ("a", "b"):  # the first request of each tenant: nothing matches, so the least loaded
+        # idle as the router sees them: no request in flight, no KV usage left in their last reports
+        _wait(lambda: all(r["in_flight"] == 0 and r["reported_load"]["kv_usage"] == 0 for r in _replicas(server)),
+              what="idle replicas in the router's view")
         _complete(client, prefix[tenant] + [1, 2], extra_body={"cache_salt": salt[tenant]})
         hashes = hasher.block_hashes(prefix[tenant], salt[tenant])
         _wait(lambda: _holder(server, hashes) and _index_matches_caches(server), what="the prefix's events")

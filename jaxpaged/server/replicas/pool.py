@@ -254,7 +254,8 @@ class ReplicaPool:
                    "index_hashes": sorted(h.hex() for h in self.router.index.blocks_of(replica))
                    if replica in self._replicas else None,
                    "routed_requests": state.routed if state else None,
-                   "in_flight": state.in_flight if state else None}
+                   "in_flight": state.in_flight if state else None,
+                   "reported_load": dataclasses.asdict(state.reported) if state else None}
             if isinstance(view, ReplicaCacheView) and view.replica_id == replica:
                 row |= {"cached_hashes": sorted(h.hex() for h in view.cached_hashes),
                         "load": dataclasses.asdict(view.load)} | view.extra
