@@ -37,7 +37,8 @@ from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_ch
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.kv_groups import KVCacheLayout
-from jaxpaged.cache.records import BlockTableUpdate, CachedBlockInfo, CacheStats, NO_CHANGE, PrefixMatch
+from jaxpaged.cache.manager_queries import ManagerQueries
+from jaxpaged.cache.records import BlockTableUpdate, NO_CHANGE, PrefixMatch
 from jaxpaged.mathutils import cdiv
 
 NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the window
@@ -76,7 +77,7 @@ class HybridSequenceState:
     pending: tuple[int, int] = (0, 0)
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(ManagerQueries):
     """Block tables per KV cache group over one block pool; the ``KVManager`` protocol.
 
     ``max_chunk_tokens`` bounds the tokens one step computes for a sequence (the
@@ -163,39 +164,6 @@ class HybridKVCacheManager:
         """Blocks the sequence holds over all groups (slid-out entries not counted)."""
         seq = self._seq(seq_id)
         return sum(len(table) - skipped for table, skipped in zip(seq.tables, seq.skipped))
-
-    def num_computed_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence whose K/V are in the pool (committed)."""
-        return self._seq(seq_id).num_computed
-
-    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence that have slots: committed plus scheduled."""
-        return self._seq(seq_id).num_scheduled
-
-    def num_cached_tokens(self, seq_id: Hashable) -> int:
-        """Tokens the sequence got from the prefix cache when it was admitted."""
-        return self._seq(seq_id).num_cached_tokens
-
-    def __contains__(self, seq_id: Hashable) -> bool:
-        return seq_id in self._seqs
-
-    @property
-    def stats(self) -> CacheStats:
-        """Occupancy over the shared pool (every group) and prefix-cache counters."""
-        pool = self._pool
-        return CacheStats(
-            num_blocks=self.num_blocks, num_used_blocks=pool.num_used, num_free_blocks=pool.num_free,
-            num_cached_blocks=len(pool.cached), num_sequences=len(self._seqs),
-            usage=pool.num_used / self.num_blocks, prefix_queries_tokens=self._queries_tokens,
-            prefix_hits_tokens=self._hits_tokens, num_evictions=pool.num_evictions,
-            num_cow_copies=self._cow_copies)
-
-    def cached_blocks(self) -> list[CachedBlockInfo]:
-        """Every prefix-cache entry (all groups; keys of groups > 0 carry their group), coldest first."""
-        evictable = [block for block in self._pool.free_queue if block.block_hash is not None]
-        in_use = [block for block in self._pool.cached.values() if block.ref_count > 0]
-        return [CachedBlockInfo(b.block_id, b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, b.ref_count)
-                for b in evictable + in_use]
 
     def _seq(self, seq_id: Hashable) -> HybridSequenceState:
         seq = self._seqs.get(seq_id)

@@ -45,11 +45,10 @@ from jaxpaged.cache.hashing import (
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.cache.invariants import check_manager
+from jaxpaged.cache.manager_queries import ManagerQueries
 from jaxpaged.cache.records import (
     NO_CHANGE,
     BlockTableUpdate,
-    CachedBlockInfo,
-    CacheStats,
     PrefixMatch,
     SequenceState,
 )
@@ -61,7 +60,7 @@ def _check_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerQueries):
     """Block tables, ref counts, copy-on-write and automatic prefix caching.
 
     Pure Python: it never touches device arrays. It tells the engine which blocks
@@ -135,52 +134,6 @@ class KVCacheManager:
     def num_blocks_held(self, seq_id: Hashable) -> int:
         """Blocks in the sequence's table (no copy: cheap enough for every step)."""
         return len(self._seq(seq_id).table)
-
-    def num_computed_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence whose K/V are in the pool (committed)."""
-        return self._seq(seq_id).num_computed
-
-    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
-        return self._seq(seq_id).num_scheduled
-
-    def num_cached_tokens(self, seq_id: Hashable) -> int:
-        """Tokens the sequence got from the prefix cache when it was admitted."""
-        return self._seq(seq_id).num_cached_tokens
-
-    def __contains__(self, seq_id: Hashable) -> bool:
-        return seq_id in self._seqs
-
-    @property
-    def stats(self) -> CacheStats:
-        """A snapshot of occupancy and prefix-cache counters."""
-        pool = self._pool
-        return CacheStats(
-            num_blocks=self.num_blocks,
-            num_used_blocks=pool.num_used,
-            num_free_blocks=pool.num_free,
-            num_cached_blocks=len(pool.cached),
-            num_sequences=len(self._seqs),
-            usage=pool.num_used / self.num_blocks,
-            prefix_queries_tokens=self._queries_tokens,
-            prefix_hits_tokens=self._hits_tokens,
-            num_evictions=pool.num_evictions,
-            num_cow_copies=self._cow_copies,
-            num_pinned_blocks=pool.num_pinned_blocks,
-            evictions_by_reason=dict(pool.evictions_by_reason),
-        )
-
-    def cached_blocks(self) -> list[CachedBlockInfo]:
-        """Every prefix-cache entry, coldest first: evictable ones in eviction order, then in-use ones.
-
-        Read-only; used to snapshot the cache (the block ids say where the K/V live).
-        """
-        evictable = [block for block in self._pool.free_queue if block.block_hash is not None]
-        in_use = [block for block in self._pool.cached.values() if block.ref_count > 0]
-        return [
-            CachedBlockInfo(b.block_id, b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, b.ref_count)
-            for b in evictable + in_use
-        ]
 
     def _seq(self, seq_id: Hashable) -> SequenceState:
         seq = self._seqs.get(seq_id)

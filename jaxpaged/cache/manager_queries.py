@@ -1,0 +1,61 @@
+"""What both KV cache managers answer the same way: per-sequence token counts, pool statistics, cache listing.
+
+`KVCacheManager` (one table per sequence) and `HybridKVCacheManager` (one
+table per KV cache group) keep their sequences in `_seqs` (looked up by
+`_seq`, which raises for an unknown id), their blocks in a `BlockPool`
+(`_pool`) and the same prefix-cache counters; this mixin reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from jaxpaged.cache.records import CachedBlockInfo, CacheStats
+
+
+class ManagerQueries:
+    """Read-only queries over `_seqs`, `_pool` and the prefix-cache counters of a KV cache manager."""
+
+    def num_computed_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens of the sequence whose K/V are in the pool (committed)."""
+        return self._seq(seq_id).num_computed
+
+    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
+        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
+        return self._seq(seq_id).num_scheduled
+
+    def num_cached_tokens(self, seq_id: Hashable) -> int:
+        """Tokens the sequence got from the prefix cache when it was admitted."""
+        return self._seq(seq_id).num_cached_tokens
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self._seqs
+
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of occupancy (over the whole pool) and prefix-cache counters."""
+        pool = self._pool
+        return CacheStats(
+            num_blocks=self.num_blocks,
+            num_used_blocks=pool.num_used,
+            num_free_blocks=pool.num_free,
+            num_cached_blocks=len(pool.cached),
+            num_sequences=len(self._seqs),
+            usage=pool.num_used / self.num_blocks,
+            prefix_queries_tokens=self._queries_tokens,
+            prefix_hits_tokens=self._hits_tokens,
+            num_evictions=pool.num_evictions,
+            num_cow_copies=self._cow_copies,
+            num_pinned_blocks=pool.num_pinned_blocks,
+            evictions_by_reason=dict(pool.evictions_by_reason),
+        )
+
+    def cached_blocks(self) -> list[CachedBlockInfo]:
+        """Every prefix-cache entry, coldest first: evictable ones in eviction order, then in-use ones.
+
+        Read-only; used to snapshot the cache (the block ids say where the K/V live).
+        """
+        evictable = [block for block in self._pool.free_queue if block.block_hash is not None]
+        in_use = [block for block in self._pool.cached.values() if block.ref_count > 0]
+        return [CachedBlockInfo(b.block_id, b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, b.ref_count)
+                for b in evictable + in_use]
