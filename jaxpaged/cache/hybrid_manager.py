@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.block_pool import BlockPool, KVBlock
 from jaxpaged.cache.eviction import EvictionPolicy
 from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_chain_order
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
@@ -120,23 +120,9 @@ class HybridKVCacheManager(ManagerQueries):
     # ----------------------------------------------------------------- queries
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks not held by any sequence in any group (cached-evictable ones included)."""
-        return self._pool.num_free
-
-    @property
     def num_slid_out_blocks(self) -> int:
         """Block references sliding groups have dropped so far because they fell out of the window."""
         return self._num_slid_out
-
-    @property
-    def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, key, token_ids, parent_hash)`` when a cached block is reused."""
-        return self._pool.on_evict
-
-    @on_evict.setter
-    def on_evict(self, callback: EvictCallback | None) -> None:
-        self._pool.on_evict = callback
 
     def max_blocks_for(self, num_tokens: int) -> int:
         """The most blocks (all groups) a sequence of ``num_tokens`` tokens holds at once."""
@@ -469,10 +455,6 @@ class HybridKVCacheManager(ManagerQueries):
         blocks = self._pool.blocks
         self._pool.release([blocks[b] for b in reversed(_flat(seq.tables, NULL_BLOCK)) if b != NULL_BLOCK])
 
-    def reset_prefix_cache(self) -> bool:
-        """Drops every prefix-cache entry. Refused (False) while any block is in use."""
-        return self._pool.reset_cache()
-
     # ------------------------------------------------------------------- events
 
     def enable_events(self, *, include_token_ids: bool = False) -> KVEventLog:
@@ -496,16 +478,6 @@ class HybridKVCacheManager(ManagerQueries):
         """Stops recording events and drops the log."""
         self._pool.events = None
 
-    @property
-    def event_log(self) -> KVEventLog | None:
-        """The log events are recorded in, or None while events are off."""
-        return self._pool.events
-
-    def take_events(self) -> list[KVEvent]:
-        """Events recorded since the last call, oldest first ([] when events are off)."""
-        log = self._pool.events
-        return log.take() if log is not None else []
-
     def add_event_source(self, attach) -> None:
         """Lower KV tiers are not supported with KV cache groups (the engine refuses them)."""
         raise ValueError("offload tiers are not supported for models with sliding-window layers yet")
@@ -517,10 +489,6 @@ class HybridKVCacheManager(ManagerQueries):
         end = max(start, min(len(seq.tables[0]), len(seq.block_hashes)))
         if (start, end) != seq.pending:
             self._set_in_flight(seq, (start, end))
-
-    def _set_in_flight(self, seq: HybridSequenceState, window: tuple[int, int]) -> None:
-        self._in_flight.move_window(seq.block_hashes, seq.pending, window)
-        seq.pending = window
 
     def check_invariants(self) -> None:
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""

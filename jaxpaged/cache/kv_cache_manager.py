@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from jaxpaged.cache.block_pool import BlockPool, EvictCallback, KVBlock
+from jaxpaged.cache.block_pool import BlockPool, KVBlock
 from jaxpaged.cache.eviction import EvictionPolicy
 from jaxpaged.cache.events import (
     DEVICE_TIER,
@@ -94,20 +94,6 @@ class KVCacheManager(ManagerQueries):
         self._event_sources: list[Callable[[KVEventLog | None], None]] = []
 
     # ----------------------------------------------------------------- queries
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks not held by any sequence (cached-evictable ones included)."""
-        return self._pool.num_free
-
-    @property
-    def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
-        return self._pool.on_evict
-
-    @on_evict.setter
-    def on_evict(self, callback: EvictCallback | None) -> None:
-        self._pool.on_evict = callback
 
     @property
     def residency(self) -> ResidencyTracker | None:
@@ -496,11 +482,6 @@ class KVCacheManager(ManagerQueries):
         for attach in self._event_sources:
             attach(None)
 
-    @property
-    def event_log(self) -> KVEventLog | None:
-        """The log events are recorded in, or None while events are off."""
-        return self._pool.events
-
     def add_event_source(self, attach: Callable[[KVEventLog | None], None]) -> None:
         """Lets a lower KV tier (``jaxpaged.offload``) publish into this manager's events.
 
@@ -513,11 +494,6 @@ class KVCacheManager(ManagerQueries):
         if self._pool.events is not None:
             attach(self._pool.events)
 
-    def take_events(self) -> list[KVEvent]:
-        """Events recorded since the last call, oldest first ([] when events are off)."""
-        log = self._pool.events
-        return log.take() if log is not None else []
-
     def pin_prefix(self, token_ids: Sequence[int], ttl_s: float, *, cache_salt: str | None = None,
                    extra_keys: tuple = ()) -> int:
         """Keeps the full blocks of ``token_ids`` (cached now or later) for ``ttl_s`` seconds: they are
@@ -525,10 +501,6 @@ class KVCacheManager(ManagerQueries):
         hashes = chain_block_hashes(None, token_ids, self.block_size,
                                     request_extra_keys(cache_salt, extra_keys), self.hash_algo)
         return self._pool.pin(hashes, ttl_s)
-
-    def reset_prefix_cache(self) -> bool:
-        """Drops every prefix-cache entry. Refused (False) while any block is in use."""
-        return self._pool.reset_cache()
 
     # ---------------------------------------------------------- in-flight blocks
 
@@ -541,10 +513,6 @@ class KVCacheManager(ManagerQueries):
             seq.pending = (start, end)  # no block in flight before or after (most decode steps)
         elif (start, end) != seq.pending:
             self._set_in_flight(seq, (start, end))
-
-    def _set_in_flight(self, seq: SequenceState, window: tuple[int, int]) -> None:
-        self._in_flight.move_window(seq.block_hashes, seq.pending, window)
-        seq.pending = window
 
     # --------------------------------------------------------------- invariants
 

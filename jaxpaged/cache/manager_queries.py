@@ -1,20 +1,56 @@
-"""What both KV cache managers answer the same way: per-sequence token counts, pool statistics, cache listing.
+"""What both KV cache managers do the same way: token counts, pool statistics and hooks, events, cache listing.
 
 `KVCacheManager` (one table per sequence) and `HybridKVCacheManager` (one
 table per KV cache group) keep their sequences in `_seqs` (looked up by
 `_seq`, which raises for an unknown id), their blocks in a `BlockPool`
-(`_pool`) and the same prefix-cache counters; this mixin reads them.
+(`_pool`), the same prefix-cache counters and an `InFlightHashes`
+(`_in_flight`); this mixin answers from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 
+from jaxpaged.cache.block_pool import EvictCallback
+from jaxpaged.cache.events import KVEvent, KVEventLog
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
 
 
 class ManagerQueries:
-    """Read-only queries over `_seqs`, `_pool` and the prefix-cache counters of a KV cache manager."""
+    """Queries and pool hooks over `_seqs`, `_pool` and the prefix-cache counters of a KV cache manager."""
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not held by any sequence (cached-evictable ones included)."""
+        return self._pool.num_free
+
+    @property
+    def on_evict(self) -> EvictCallback | None:
+        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
+        return self._pool.on_evict
+
+    @on_evict.setter
+    def on_evict(self, callback: EvictCallback | None) -> None:
+        self._pool.on_evict = callback
+
+    @property
+    def event_log(self) -> KVEventLog | None:
+        """The log events are recorded in, or None while events are off."""
+        return self._pool.events
+
+    def take_events(self) -> list[KVEvent]:
+        """Events recorded since the last call, oldest first ([] when events are off)."""
+        log = self._pool.events
+        return log.take() if log is not None else []
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every prefix-cache entry. Refused (False) while any block is in use."""
+        return self._pool.reset_cache()
+
+    def _set_in_flight(self, seq, window: tuple[int, int]) -> None:
+        """Moves the sequence's in-flight hash window (allocated, hash-known, uncommitted blocks)."""
+        self._in_flight.move_window(seq.block_hashes, seq.pending, window)
+        seq.pending = window
 
     def num_computed_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens of the sequence whose K/V are in the pool (committed)."""
