@@ -3,8 +3,10 @@
 The launcher (the process `serve.py` runs in) starts the core, then the API
 servers, each listening on the same port with SO_REUSEPORT (the kernel
 spreads connections over them), each connected to the core over an `ipc://`
-socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG), so
-no process outlives it. What the launcher does when a child ends:
+socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG, set
+by `start_child`), so no process outlives it: a launcher killed with SIGKILL
+still has its children drain and exit. Multi-host: the core is the process
+that joins jax.distributed as process 0 (`CoreSpec.distributed`). What the launcher does when a child ends:
 
 - an API server: the others and the core keep serving (the core aborts that
   server's requests);
