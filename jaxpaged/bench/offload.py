@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from jaxpaged.capacity import kv_capacity
-from jaxpaged.config import load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -32,7 +32,7 @@ def _ttft(engine: Engine, request_id: str, prompt: list[int]) -> tuple[float, in
     raise RuntimeError("request produced no output")
 
 
-def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = 16,
+def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = DEFAULT_BLOCK_SIZE,
                max_num_batched_tokens: int = 512, host_cache_bytes: int = 1 << 30) -> dict:
     """Median TTFT for a `prefix_len`-token prefix: recompute, host-tier hit, device hit.
 

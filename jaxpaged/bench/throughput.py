@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jaxpaged.bench.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
-from jaxpaged.config import list_configs, load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, list_configs, load_config
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ class BackendRun:
 class EngineLimits:
     """The jaxpaged engine's knobs; `num_blocks=None` sizes the pool to hold every prompt at once."""
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     num_blocks: int | None = None
