@@ -9,8 +9,11 @@ and dispatches it before it reads step N's tokens; N's outputs are processed
 while N+1 runs on the device, and the tokens N sampled are N+1's inputs
 straight from the device. Beam search needs each step's tokens before the next
 is scheduled, so the engine runs synchronously while a beam request is live.
+The overlapped or synchronous step is chosen once, when the engine is built.
 
-`Engine` is the low-level API benchmarks and servers drive (`add_request`,
+`EngineBuilder` (`jaxpaged.engine.builder`) assembles the parts; this class is
+only the loop over them, plus the questions outside code asks
+(`jaxpaged.engine.queries`). `Engine` is the low-level API benchmarks and servers drive (`add_request`,
 `step`, `abort`, `has_unfinished_requests`); `jaxpaged.llm.LLM` wraps it for
 offline batches.
 """
@@ -27,6 +30,7 @@ import jax
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
 from jaxpaged.engine.config import EngineConfig
+from jaxpaged.engine.queries import EngineQueries
 from jaxpaged.model import LlamaModel
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import Runner, StepHandle
@@ -38,7 +42,7 @@ from jaxpaged.validation import check_float, check_str
 MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
 
 
-class Engine:
+class Engine(EngineQueries):
     """Continuous-batching engine over one model and one paged KV pool."""
 
     def __init__(
@@ -68,6 +72,8 @@ class Engine:
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
         self._arrivals = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
+        # chosen once: overlapped (async scheduling) or synchronous steps
+        self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
         restore_prefix_cache_at_start(self)
 
     @property
@@ -192,25 +198,32 @@ class Engine:
         `output_kind` asks) and for every request that finished. With
         asynchronous scheduling the results processed are the previous step's.
         """
-        overlap = self._can_overlap()
-        advanced: list[Request] = []
-        if self._in_flight is not None and not overlap:
-            advanced += self._finish_in_flight()  # beam search needs the previous step's tokens first
-        with jax.profiler.TraceAnnotation("schedule"):
-            scheduler_output = self.scheduler.schedule()
-        handle = self._dispatch(scheduler_output)
-        if self._in_flight is not None:
-            advanced += self._finish_in_flight()  # the previous step's results, while this step runs
-        self._in_flight = (scheduler_output, handle)
-        if not overlap:
-            advanced += self._finish_in_flight()
-        outputs = self.collect_outputs(advanced)
+        outputs = self.collect_outputs(self._run_step())
         for logger in self.stat_loggers:
             logger(self, outputs)
         return outputs
 
-    def _can_overlap(self) -> bool:
-        return self.config.async_scheduling and not self.scheduler.num_beam_requests
+    def _sync_step(self) -> list[Request]:
+        """Schedule, dispatch and wait: the requests this step advanced."""
+        with jax.profiler.TraceAnnotation("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        self._in_flight = (scheduler_output, self._dispatch(scheduler_output))
+        return self._finish_in_flight()
+
+    def _overlapped_step(self) -> list[Request]:
+        """Dispatch this step before reading the previous one's tokens: the requests that step advanced.
+
+        Beam search needs each step's tokens before the next is scheduled, so
+        while a beam request is live the step in flight is finished first.
+        """
+        if self.scheduler.num_beam_requests:
+            return self._finish_in_flight() + self._sync_step()
+        with jax.profiler.TraceAnnotation("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        handle = self._dispatch(scheduler_output)
+        advanced = self._finish_in_flight()  # the previous step's results, while this step runs
+        self._in_flight = (scheduler_output, handle)
+        return advanced
 
     def _dispatch(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Lower-tier transfers, fp8 calibration on the first prefill, then the runner's step."""
@@ -225,7 +238,9 @@ class Engine:
         return self.runner.execute_model(scheduler_output)
 
     def _finish_in_flight(self) -> list[Request]:
-        """Wait for the step in flight and apply its results; returns the requests it advanced."""
+        """Wait for the step in flight (if any) and apply its results; returns the requests it advanced."""
+        if self._in_flight is None:
+            return []
         scheduler_output, handle = self._in_flight
         self._in_flight = None
         result = handle.result()

@@ -34,13 +34,12 @@ RESYNC = "resync"  # the ingress's answer to a report from a replica it does not
 
 def engine_load(engine: Engine) -> ReplicaLoad:
     """The engine's queue lengths and KV usage (call on its loop thread)."""
-    return ReplicaLoad(num_waiting=len(engine.scheduler.waiting), num_running=len(engine.scheduler.running),
-                       kv_usage=engine.kv.stats.usage)
+    return engine.load()
 
 
 def cached_hashes(engine: Engine) -> set[bytes]:
     """The hashes in the engine's device prefix cache (call on its loop thread)."""
-    return {block.block_hash for block in engine.kv.cached_blocks()}
+    return engine.cached_block_hashes()
 
 
 class EngineReplica:
@@ -58,7 +57,7 @@ class EngineReplica:
         self.report_interval_s = report_interval_s
         self.heartbeat_s = heartbeat_s  # an unchanged replica still reports this often (the ingress's liveness)
         engine = Engine(config)
-        engine.kv.enable_events()
+        engine.enable_kv_events()
         self.metrics = attach_metrics(engine)
         self.async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests)
         self.async_engine.start()
@@ -115,7 +114,7 @@ class EngineReplica:
     async def inspect(self, target_replica: str | None = None) -> ReplicaCacheView:
         """The replica's actual cached hashes and load, read on its loop thread (introspection)."""
         hashes, load, evictions = await self.async_engine.call_in_loop(
-            lambda e: (cached_hashes(e), engine_load(e), e.kv.stats.num_evictions))
+            lambda e: (cached_hashes(e), engine_load(e), e.kv_stats().num_evictions))
         return ReplicaCacheView(self.replica_id, self.actor_name, hashes, load,
                                 {"pid": os.getpid(), "num_evictions": evictions})
 
@@ -156,12 +155,12 @@ class EngineReplica:
 
     @staticmethod
     def _take(engine: Engine) -> tuple[list[KVEvent], ReplicaLoad]:
-        return engine.kv.take_events(), engine_load(engine)
+        return engine.take_kv_events(), engine_load(engine)
 
     @staticmethod
     def _full_state(engine: Engine) -> tuple[list[KVEvent], ReplicaLoad]:
         """Events that rebuild the whole cache: cleared, then every cached hash (the log restarts here)."""
-        engine.kv.take_events()  # already covered by the state below
+        engine.take_kv_events()  # already covered by the state below
         hashes = tuple(cached_hashes(engine))
         events: list[KVEvent] = [AllBlocksCleared()]
         if hashes:
