@@ -3,10 +3,13 @@
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
-from jaxpaged.config import DEFAULT_BLOCK_SIZE
-from jaxpaged.engine import EngineConfig
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
+from jaxpaged.engine import EngineBuilder, EngineConfig
+from jaxpaged.sim.runner import SimClock, SimulatedRunner
+from jaxpaged.sim.scenario import Deployment
 
 # one value per field that EngineConfig alone must refuse (no model needed); a new field needs one here
 BAD_VALUE = {
@@ -79,3 +82,15 @@ def test_good_values_pass(kwargs):
 
 def test_the_block_size_default_is_the_library_one():
     assert EngineConfig().block_size == DEFAULT_BLOCK_SIZE
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(kv_cache_bytes=100), "kv_cache_bytes"),  # less than one block of the tiny model
+    (dict(num_blocks=8, kv_scales=(np.ones((1, 1)), np.ones((1, 1)))), "kv_scales"),  # not [layers, kv heads]
+])
+def test_checks_that_need_the_model_name_the_field_too(kwargs, field):
+    model_config = load_config("tiny")
+    runner = SimulatedRunner(model_config, Deployment(model="tiny").cost_model(), SimClock(), num_blocks=8)
+    with pytest.raises(ValueError) as err:
+        EngineBuilder(EngineConfig(model="tiny", block_size=DEFAULT_BLOCK_SIZE, **kwargs), runner=runner).build()
+    assert re.match(rf"{field}\b", str(err.value)), str(err.value)
