@@ -380,7 +380,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     """Apply one command record to the engine (the same on every process); returns its result."""
     op = record["op"]
     if op == "add":
-        if len(engine.scheduler.waiting) >= max_waiting_requests:
+        if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
         params = SamplingParams(**(record["params"] | {"output_kind": RequestOutputKind[record["params"]["output_kind"]]}))
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
@@ -402,11 +402,7 @@ def reset_prefix_cache(engine: Engine) -> bool:
     (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
     cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
     other engines may share, and its files are only served to an engine with the same identity."""
-    if not engine.kv.reset_prefix_cache():
-        return False
-    if engine.tiers is not None:
-        engine.tiers.host.clear_cached()
-    return True
+    return engine.reset_prefix_cache()
 
 
 def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:

@@ -16,23 +16,22 @@ from jaxpaged.router import ReplicaLoad
 
 def engine_load(engine) -> ReplicaLoad:
     """The engine's queue lengths and KV usage."""
-    return ReplicaLoad(num_waiting=len(engine.scheduler.waiting), num_running=len(engine.scheduler.running),
-                       kv_usage=engine.kv.stats.usage)
+    return engine.load()
 
 
 def cached_hashes(engine) -> set[bytes]:
     """The hashes in the engine's device prefix cache."""
-    return {block.block_hash for block in engine.kv.cached_blocks()}
+    return engine.cached_block_hashes()
 
 
 def kv_events(engine) -> tuple[list[KVEvent], ReplicaLoad]:
-    """The KV events since the last call (`enable_events` must be on), and the load now."""
-    return engine.kv.take_events(), engine_load(engine)
+    """The KV events since the last call (`enable_kv_events` must be on), and the load now."""
+    return engine.take_kv_events(), engine_load(engine)
 
 
 def kv_full_state(engine) -> tuple[list[KVEvent], ReplicaLoad]:
     """Events that rebuild the whole cache: cleared, then every cached hash (the event log restarts here)."""
-    engine.kv.take_events()  # already covered by the state below
+    engine.take_kv_events()  # already covered by the state below
     hashes = tuple(cached_hashes(engine))
     events: list[KVEvent] = [AllBlocksCleared()]
     if hashes:
@@ -42,7 +41,7 @@ def kv_full_state(engine) -> tuple[list[KVEvent], ReplicaLoad]:
 
 def cache_view(engine) -> tuple[set[bytes], ReplicaLoad, int]:
     """The cached hashes, the load and the eviction count (introspection)."""
-    return cached_hashes(engine), engine_load(engine), engine.kv.stats.num_evictions
+    return cached_hashes(engine), engine_load(engine), engine.kv_stats().num_evictions
 
 
 QUERIES = {"kv_events": kv_events, "kv_full_state": kv_full_state, "cache_view": cache_view}

@@ -37,7 +37,7 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     (ValueError), as is an engine without prefix caching.
     """
     _require_prefix_caching(engine, "save")
-    blocks = engine.kv.cached_blocks()
+    blocks = engine.cached_blocks()
     data = engine.runner.read_blocks([b.block_id for b in blocks]) if blocks else []
     records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device",
                            digest=block_digest(d)) for b, d in zip(blocks, data)]
@@ -93,5 +93,5 @@ def load_prefix_cache(engine, path: str | Path, *, adopt_kv_scales: bool = False
 
 
 def _require_prefix_caching(engine, action: str) -> None:
-    if not engine.kv.enable_prefix_caching:
+    if not engine.prefix_caching_enabled:
         raise ValueError(f"cannot {action} a prefix-cache snapshot: prefix caching is disabled")

@@ -67,7 +67,7 @@ def run_core(spec: CoreSpec, address: str) -> None:
     multi_process = spec.distributed is not None and distributed.initialize(*spec.distributed)
     engine = build_engine(spec)
     if spec.enable_kv_events:
-        engine.kv.enable_events()
+        engine.enable_kv_events()
     metrics = attach_metrics(engine)
     core = EngineCore(engine, address, metrics=metrics, max_waiting_requests=spec.max_waiting_requests,
                       drain_timeout_s=spec.drain_timeout_s, multi_process=multi_process)

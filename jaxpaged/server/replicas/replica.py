@@ -64,7 +64,7 @@ class EngineReplica:
             self.client = await self._start_core(config, max_waiting_requests)
         else:
             engine = Engine(config)
-            engine.kv.enable_events()
+            engine.enable_kv_events()
             self.metrics = attach_metrics(engine)
             self.client = AsyncEngine(engine, max_waiting_requests=max_waiting_requests)
             self.client.start()
