@@ -14,10 +14,10 @@ from pathlib import Path
 from absl import app, flags
 from tqdm.auto import tqdm
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.ablation import ABLATION_METRICS, sweep_block_sizes
-from jaxpaged.bench.plots import plot_all
+from jaxpaged.cli import flag_checks
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.offline.ablation import ABLATION_METRICS, sweep_block_sizes
+from jaxpaged.bench.offline.plots import plot_all
 from jaxpaged.checkpoint import load_model
 from jaxpaged.workloads import WORKLOADS as WORKLOADS_BY_NAME
 

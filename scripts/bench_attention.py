@@ -47,8 +47,8 @@ import numpy as np
 from absl import app, flags
 
 from jaxpaged.attention import AttentionBackend
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.timing import median_step_seconds
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model

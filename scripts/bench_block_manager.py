@@ -15,10 +15,10 @@ import os
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
-from jaxpaged.bench.block_manager import BenchConfig, markdown_table, run_benchmarks
+from jaxpaged.bench.offline.block_manager import BenchConfig, markdown_table, run_benchmarks
 
 _NUM_BLOCKS = flags.DEFINE_integer("num_blocks", 4096, "Physical blocks in the pool.")
 _BLOCK_SIZE = flags.DEFINE_integer("block_size", 16, "Tokens per block.")

@@ -7,14 +7,14 @@ Two measurements, each a ratio of times taken in this run (the machine is shared
 so absolute times drift; ratios measured side by side drift less):
   * decode: a `decode_batch`-sequence decode step at `decode_context` tokens of
     context, against its matmul floor (the step's weight GEMMs alone, on the same
-    weights: jaxpaged/bench/matmul_floor.py). 1.0 would be a step that is all matmul.
+    weights: jaxpaged/bench/offline/matmul_floor.py). 1.0 would be a step that is all matmul.
     The two are timed in alternating rounds; the ratio is the median of the
     rounds' ratios.
   * prefill: tokens/s of a one-sequence prefill at each of `prefill_lens`; the
     ratio is the longest's tokens/s over the shortest's (1.0: context length is free).
 With `--breakdown` (default) a `jax.profiler` trace of the decode step and of the
 longest prefill is split by the code each XLA op came from (attention, MLP, LM
-head, K/V write, sampling, ...: jaxpaged/bench/step_profile.py).
+head, K/V write, sampling, ...: jaxpaged/bench/offline/step_profile.py).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.matmul_floor import matmul_flops, time_matmul_floor
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.step_profile import profile_step
-from jaxpaged.bench.timing import median_step_seconds
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.offline.matmul_floor import matmul_flops, time_matmul_floor
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.offline.step_profile import profile_step
+from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model

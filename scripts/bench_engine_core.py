@@ -21,14 +21,14 @@ import resource
 
 from absl import app, flags
 
-from jaxpaged.bench.datasets import random_requests
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.online import DEVICE_BUSY_METRIC, RANDOM_INPUT as INPUT_LEN, RANDOM_OUTPUT as OUTPUT_LEN
-from jaxpaged.bench.online_client import fetch_metric, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.datasets import random_requests
+from jaxpaged.cli import flag_checks
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.online.http_bench import DEVICE_BUSY_METRIC, RANDOM_INPUT as INPUT_LEN, RANDOM_OUTPUT as OUTPUT_LEN
+from jaxpaged.bench.online.online_client import fetch_metric, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.online.server_process import ServerProcess
 
 CONCURRENCY = flags.DEFINE_list("concurrency", ["64", "256", "512"], "streaming clients at once, one run each")
 CONFIGS = flags.DEFINE_list("configs", ["thread", "process", "process2"],

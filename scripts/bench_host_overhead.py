@@ -2,7 +2,7 @@
 
     python scripts/bench_host_overhead.py --num_seqs=64,256,512 --json_out=out/host.json --md_out=out/host.md
 
-The engine runs over a stand-in device (`jaxpaged.bench.host_overhead`): the
+The engine runs over a stand-in device (`jaxpaged.bench.simulator.host_overhead`): the
 real persistent batch and layout, steps that take the cost model's predicted
 time on a device profile (llama3-8b on the H200 by default) in a worker
 thread. Per batch size it reports (medians over `--repeats` runs, each the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.host_overhead import HostOverhead, measure_host_overhead
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.simulator.host_overhead import HostOverhead, measure_host_overhead
 from jaxpaged.outputs import RequestOutputKind
 
 NUM_SEQS = flags.DEFINE_list("num_seqs", ["64", "256", "512"], "running decode sequences per step")

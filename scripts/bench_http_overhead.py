@@ -21,18 +21,19 @@ import logging
 import httpx
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks, online
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.offline_online import (
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.online import http_bench as online
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.online.offline_online import (
     compare_offline_http,
     comparison_table,
     offline_results,
 )
-from jaxpaged.bench.online_client import fetch_model_name, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.server_process import ServerProcess
-from jaxpaged.bench.serving import ServingSetup, engine_config
+from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.checkpoint import load_model
 from jaxpaged.engine import Engine
 from jaxpaged.mathutils import cdiv

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.kv.pool import pool_bytes

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.logit_controls import penalised, side_by_side, step_pair, with_prompt_logprobs
-from jaxpaged.bench.results_io import write_outputs
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.offline.logit_controls import penalised, side_by_side, step_pair, with_prompt_logprobs
+from jaxpaged.bench.output import write_outputs
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner

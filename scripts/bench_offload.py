@@ -10,9 +10,9 @@ import os
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.config import list_configs
-from jaxpaged.bench.offload import bench_budget, bench_ttft, capacity_table, markdown
+from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown
 
 _MODEL = flags.DEFINE_string("model", "small", "Model config for the timed runs.")
 _PREFIX_LEN = flags.DEFINE_integer("prefix_len", 4000, "Shared prefix length for the TTFT comparison.")

@@ -9,7 +9,7 @@ A prefix-repetition workload (``--num_prefixes`` shared prefixes of
 ``--suffix_len`` tokens) sent at Poisson arrivals to
 ``scripts/serve.py --data_parallel_size=N`` for each N of ``--replicas``; on
 each cluster the three policies run one after another on the same requests,
-each from empty caches (jaxpaged.bench.replicas). Reports the prefix hit
+each from empty caches (jaxpaged.bench.online.replicas). Reports the prefix hit
 rate, TTFT p50/p99 and throughput per policy, side by side.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.arrivals import arrival_offsets
-from jaxpaged.bench.datasets import prefix_repetition_requests
-from jaxpaged.bench.replicas import POLICY_ORDER, markdown_table, run_policies
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.online.arrivals import arrival_offsets
+from jaxpaged.bench.online.datasets import prefix_repetition_requests
+from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_policies
 
 MODEL = flags.DEFINE_string("model", "tiny", "model for every replica (a shipped config name or a directory)")
 REPLICAS = flags.DEFINE_list("replicas", ["2", "4"], "replica counts, one cluster each")

@@ -4,7 +4,7 @@
         --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
 With ``--backend=http`` it drives a running server (scripts/serve.py) over
-async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online.py):
+async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online/http_bench.py):
 
     python scripts/bench_serving.py --backend=http --base_url=http://127.0.0.1:8000 \
         --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
@@ -28,11 +28,12 @@ import logging
 from absl import app, flags
 from tqdm.auto import tqdm
 
-from jaxpaged.bench import flag_checks, online
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.report import markdown_table
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.serving import MODES, compare_modes
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.online import http_bench as online
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.offline.report import markdown_table
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.offline.serving import MODES, compare_modes
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.checkpoint import load_model
 from jaxpaged.metrics import attach_metrics, kv_residency_summary

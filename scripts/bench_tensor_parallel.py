@@ -20,7 +20,7 @@ import json  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from jaxpaged import distributed  # noqa: E402
-from jaxpaged.bench.tensor_parallel import bench_tensor_parallel, markdown_table  # noqa: E402
+from jaxpaged.bench.offline.tensor_parallel import bench_tensor_parallel, markdown_table  # noqa: E402
 from jaxpaged.config import load_config  # noqa: E402
 
 MODEL = flags.DEFINE_string("model", "small", "model config name or path")

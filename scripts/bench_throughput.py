@@ -17,7 +17,7 @@ it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
 After the passes (`--gemm_floor`, default on) the model's weight GEMMs are timed
 at a prefill-sized and a decode-sized row count, and each pass is held to its
 weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
-(jaxpaged/bench/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
+(jaxpaged/bench/offline/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
 largest jaxpaged/hf ratio this machine allows on the workload.
 """
 
@@ -30,9 +30,9 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.throughput import (
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.offline.throughput import (
     EngineLimits,
     HFBackend,
     JaxpagedBackend,
@@ -40,8 +40,8 @@ from jaxpaged.bench.throughput import (
     hf_checkpoint,
     make_prompts,
 )
-from jaxpaged.bench.throughput_report import throughput_result, throughput_table
-from jaxpaged.bench.throughput_floor import measure_gemm_floor
+from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
+from jaxpaged.bench.offline.throughput_floor import measure_gemm_floor
 from jaxpaged.checkpoint import load_model, read_hf_config
 
 BACKEND = flags.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
@@ -65,7 +65,7 @@ PREFIX_CACHING = flags.DEFINE_boolean("enable_prefix_caching", True, "jaxpaged: 
 HF_BATCH_SIZE = flags.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
 HF_THREADS = flags.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
 GEMM_FLOOR = flags.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
-                                  "report each pass's weight-GEMM floor (jaxpaged/bench/throughput_floor.py)")
+                                  "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput_floor.py)")
 COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
                                     "persistent XLA compile cache ('' = off); compile time is reported apart")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write all results here as JSON")
@@ -82,7 +82,7 @@ flags.register_multi_flags_validator(
 
 def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
     """The backends to measure, each built and warmed up; hf left out (with one line) when its extra is missing."""
-    from jaxpaged.bench.hf_backend import HFBackendMissing
+    from jaxpaged.bench.offline.hf_backend import HFBackendMissing
     common = {"output_len": OUTPUT_LEN.value, "temperature": TEMPERATURE.value, "seed": SEED.value}
     backends = []
     if BACKEND.value in ("hf", "both"):

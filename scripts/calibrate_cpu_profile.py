@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.model import init_model

@@ -25,10 +25,10 @@ from pathlib import Path
 import httpx
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.dashboard import DASHBOARD, dashboard_queries
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.server_process import ServerProcess, free_port
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.online.dashboard import DASHBOARD, dashboard_queries
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.online.server_process import ServerProcess, free_port
 
 _MODEL = flags.DEFINE_string("model", "tiny", "model the server runs")
 _PROMETHEUS = flags.DEFINE_string("prometheus", "prometheus", "the Prometheus binary")

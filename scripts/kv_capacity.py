@@ -17,7 +17,7 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
 from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
 

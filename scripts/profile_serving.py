@@ -14,10 +14,10 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.profiling import profile_workload
-from jaxpaged.bench.serving import engine_config, make_runner
+from jaxpaged.cli import flag_checks
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.offline.profiling import profile_workload
+from jaxpaged.bench.offline.serving import engine_config, make_runner
 from jaxpaged.checkpoint import load_model
 from jaxpaged.engine import Engine
 from jaxpaged.workloads import WORKLOADS

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.cache_replay import markdown_table, sweep
-from jaxpaged.bench.plots import plot_hit_rate_vs_capacity
-from jaxpaged.bench.results_io import write_outputs
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.offline.cache_replay import markdown_table, sweep
+from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
+from jaxpaged.bench.output import write_outputs
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.traces import CONVERSATION_TRACE, load_trace
 

@@ -17,7 +17,7 @@ import sys
 import httpx
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.eval_harness import lm_eval_command, served_model
 
 BASE_URL = flags.DEFINE_string("base_url", "http://127.0.0.1:8000", "the server's address")

@@ -43,7 +43,7 @@ import uvicorn
 from absl import app, flags
 
 from jaxpaged import distributed
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics

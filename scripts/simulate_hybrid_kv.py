@@ -19,7 +19,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.config import load_config
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment

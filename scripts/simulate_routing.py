@@ -20,7 +20,7 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.router import POLICIES, make_policy
 from jaxpaged.sim.cluster import simulate_cluster
 from jaxpaged.sim.scenario import Deployment

@@ -27,7 +27,7 @@ import json
 
 from absl import app, flags
 
-from jaxpaged.bench import flag_checks
+from jaxpaged.cli import flag_checks
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.sim import scenario
 from jaxpaged.traces import load_trace, trace_workload

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpaged.bench.hf_backend import MISSING_EXTRA
-from jaxpaged.bench.throughput import (
+from jaxpaged.bench.offline.hf_backend import MISSING_EXTRA
+from jaxpaged.bench.offline.throughput import (
     HFBackend,
     JaxpagedBackend,
     PromptSpec,

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxpaged.bench.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
+from jaxpaged.bench.offline.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 

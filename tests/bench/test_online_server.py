@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxpaged.bench.datasets import BenchRequest, prefix_repetition_requests, sharegpt_requests
-from jaxpaged.bench.online_client import fetch_model_name, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.datasets import BenchRequest, prefix_repetition_requests, sharegpt_requests
+from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 import json
 
-from jaxpaged.bench.results_io import memory_environment, write_outputs
+from jaxpaged.bench.output import memory_environment, write_outputs
 
 
 def test_memory_environment_reads_the_bracketed_thp_mode(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """Starting `scripts/serve.py` as subprocesses on 127.0.0.1 for the server tests.
 
-Unlike `jaxpaged.bench.server_process.ServerProcess` (one server, log to a file),
+Unlike `jaxpaged.bench.online.server_process.ServerProcess` (one server, log to a file),
 these keep the output on a pipe the tests read, and wait on a group of
 processes (multi-host).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from jaxpaged.bench.server_process import free_port  # noqa: F401 - the tests import it from here
+from jaxpaged.bench.online.server_process import free_port  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (not a speed check)

@@ -13,9 +13,9 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxpaged.bench.dashboard import dashboard_queries
-from jaxpaged.bench.server_process import ServerProcess
-from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.online.dashboard import dashboard_queries
+from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from jaxpaged.bench.online_client import fetch_metric
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.online_client import fetch_metric
+from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.outputs import RequestOutputKind

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.driver import RunRecord
+from jaxpaged.bench.offline.driver import RunRecord
 
 
 def _stats(values: Sequence[float], prefix: str) -> dict[str, float]:

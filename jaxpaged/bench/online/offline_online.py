@@ -1,7 +1,7 @@
 """The same request set run offline (the engine in-process) and over HTTP, measured alike.
 
 Offline, :func:`offline_results` drives an :class:`Engine` through the
-requests at their arrival offsets (jaxpaged/bench/driver.py) and turns each
+requests at their arrival offsets (jaxpaged/bench/offline/driver.py) and turns each
 finished request's engine timings into the :class:`RequestResult` the HTTP
 client records: TTFT from the scheduled arrival to the first token, ITL
 between consecutive tokens, end-to-end latency to the last token. Over HTTP,
@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.datasets import BenchRequest
-from jaxpaged.bench.driver import run_workload
-from jaxpaged.bench.online_client import RequestResult
-from jaxpaged.bench.online_report import ROWS
+from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.online.online_client import RequestResult
+from jaxpaged.bench.online.online_report import ROWS
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.workloads import WorkloadRequest
 

@@ -1,10 +1,10 @@
 """``scripts/bench_serving.py --backend=http``: drive a running server with a request set and report.
 
 The flags here choose the request set (``--dataset_name``), the arrival
-process (``--request_rate`` from jaxpaged/bench/flags.py, ``--burstiness``),
+process (``--request_rate`` from jaxpaged/cli/workload_flags.py, ``--burstiness``),
 ``--max_concurrency`` and the goodput SLOs; :func:`run_from_flags` sends the
-requests (jaxpaged/bench/online_client.py), summarizes them
-(jaxpaged/bench/online_metrics.py) and writes JSON and Markdown.
+requests (jaxpaged/bench/online/online_client.py), summarizes them
+(jaxpaged/bench/online/online_metrics.py) and writes JSON and Markdown.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from absl import flags
 from tqdm.auto import tqdm
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench import flags as bench_flags
-from jaxpaged.bench.arrivals import arrival_offsets
-from jaxpaged.bench.datasets import (
+from jaxpaged.cli import flag_checks
+from jaxpaged.cli import workload_flags as bench_flags
+from jaxpaged.bench.online.arrivals import arrival_offsets
+from jaxpaged.bench.online.datasets import (
     PROMPT_FORMATS,
     BenchRequest,
     from_workload,
@@ -29,11 +29,11 @@ from jaxpaged.bench.datasets import (
     sharegpt_requests,
     with_prompt_format,
 )
-from jaxpaged.bench.online_client import fetch_metric, fetch_model_name, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics, parse_goodput
-from jaxpaged.bench.online_report import online_markdown_table
-from jaxpaged.bench.results_io import write_outputs
-from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.online.online_client import fetch_metric, fetch_model_name, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics, parse_goodput
+from jaxpaged.bench.online.online_report import online_markdown_table
+from jaxpaged.bench.output import write_outputs
+from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"

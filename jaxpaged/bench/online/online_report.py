@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from jaxpaged.bench.online_metrics import LATENCY_METRICS, PERCENTILES
+from jaxpaged.bench.online.online_metrics import LATENCY_METRICS, PERCENTILES
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 _STATS = ("mean", "median") + tuple(f"p{p}" for p in PERCENTILES)

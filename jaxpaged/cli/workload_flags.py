@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 from absl import flags
 
-from jaxpaged.bench import flag_checks
-from jaxpaged.bench.serving import ServingSetup
+from jaxpaged.cli import flag_checks
+from jaxpaged.bench.offline.serving import ServingSetup
 from jaxpaged.mathutils import cdiv
 from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from jaxpaged.bench.datasets import BenchRequest
+from jaxpaged.bench.online.datasets import BenchRequest
 
 COMPLETIONS_PATH = "/v1/completions"
 DONE = "[DONE]"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from jaxpaged.bench.driver import run_workload
-from jaxpaged.bench.report import median_summary, mode_ratios, summarize
-from jaxpaged.bench.timing import TimedRunner
+from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.report import median_summary, mode_ratios, summarize
+from jaxpaged.bench.offline.timing import TimedRunner
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner

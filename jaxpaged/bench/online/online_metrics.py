@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.online_client import RequestResult
+from jaxpaged.bench.online.online_client import RequestResult
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

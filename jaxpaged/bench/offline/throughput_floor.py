@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from jaxpaged.bench.matmul_floor import gemm_flops_per_second, weight_flops_per_row
+from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
 from jaxpaged.model import LlamaModel
 
 

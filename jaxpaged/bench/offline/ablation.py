@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.serving import ServingSetup, make_runner, run_mode
+from jaxpaged.bench.offline.serving import ServingSetup, make_runner, run_mode
 from jaxpaged.capacity import max_concurrent_seqs
 from jaxpaged.workloads import WorkloadRequest
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from jaxpaged.bench.report import median_summary
-from jaxpaged.bench.throughput import BackendRun, summarize
-from jaxpaged.bench.throughput_floor import GemmFloor
+from jaxpaged.bench.offline.report import median_summary
+from jaxpaged.bench.offline.throughput import BackendRun, summarize
+from jaxpaged.bench.offline.throughput_floor import GemmFloor
 
 _RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_throughput")
 

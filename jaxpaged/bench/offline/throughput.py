@@ -7,7 +7,7 @@ Throughput is requests, output tokens and prompt + output tokens per second of
 the measured pass; what comes before it is reported apart: for jaxpaged a
 first `LLM.generate` over the same prompts (it compiles every step shape),
 then the prefix cache is emptied so the measured call reuses nothing from it;
-for transformers a short warm-up `generate` (jaxpaged/bench/hf_backend.py).
+for transformers a short warm-up `generate` (jaxpaged/bench/offline/hf_backend.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxpaged.bench.datasets import prefix_repetition_requests, random_requests
+from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
 from jaxpaged.llm import LLM
@@ -164,7 +164,7 @@ class HFBackend:
                  temperature: float = 0.0, seed: int = 0, batch_size: int | None = None,
                  num_threads: int | None = 2):
         """Load the checkpoint into torch (`hf_backend.MISSING_EXTRA` if it cannot) and warm up on two prompts."""
-        from jaxpaged.bench import hf_backend
+        from jaxpaged.bench.offline import hf_backend
         self._hf = hf_backend
         self.prompts = [list(p) for p in prompts]
         self.kwargs = {"output_len": output_len, "batch_size": batch_size or len(prompts),

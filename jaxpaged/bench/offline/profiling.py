@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import jax
 
-from jaxpaged.bench.driver import run_workload
-from jaxpaged.bench.timing import TimedRunner
+from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.timing import TimedRunner
 from jaxpaged.workloads import WorkloadRequest
 
 

@@ -9,7 +9,7 @@ prefill shapes), compile the step shapes; a persistent compile cache shared
 by every replica and cluster saves compiling a shape twice. Per run: prefix hit rate (the
 share of prompt tokens served from a replica's prefix cache, from each
 response's ``usage.prompt_tokens_details.cached_tokens``), TTFT and
-throughput (``jaxpaged.bench.online_metrics``), and how the requests spread
+throughput (``jaxpaged.bench.online.online_metrics``), and how the requests spread
 over the replicas.
 """
 
@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
-from jaxpaged.bench.datasets import BenchRequest
-from jaxpaged.bench.online_client import RequestResult, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.online_client import RequestResult, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.server_process import ServerProcess
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
 

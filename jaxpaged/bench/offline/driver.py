@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from jaxpaged.bench.kv_usage import kv_slot_usage
+from jaxpaged.bench.offline.kv_usage import kv_slot_usage
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
