@@ -1,12 +1,23 @@
-"""Where a benchmark script's results go: JSON and a Markdown table, each only where a path is given."""
+"""The one writer of benchmark results: JSON, Markdown tables and PNG plots, each only where a path is given.
+
+Every command that reports numbers defines its output flags with `OutputFlags`
+(``--json_out``, ``--md_out``, ``--plot_dir``) and writes through it; tables
+are rendered by `markdown_table`, figures saved by `save_figure`.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxpaged.cli.flagset import FlagSet
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_UNSET = object()
 
 
 def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]:
@@ -24,13 +35,73 @@ def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]
     return {"transparent_hugepage": mode, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES")}
 
 
-def write_outputs(result: dict, table: str, json_out: str | None, md_out: str | None) -> None:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub Markdown table; ``align`` has one letter per column, ``l`` or ``r`` (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header) or any(len(row) != len(header) for row in rows):
+        raise ValueError(f"every row needs {len(header)} cells and align {len(header)} letters")
+    lines = [markdown_row(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    return "\n".join(lines + [markdown_row(row) for row in rows])
+
+
+def markdown_row(cells: Sequence[Any]) -> str:
+    """One row of a `markdown_table` (a command streaming rows as they are measured prints these)."""
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def write_outputs(result: Mapping, table: str | None, json_out: str | None, md_out: str | None) -> None:
     """Write ``result`` (plus `memory_environment`) as JSON to ``json_out`` and ``table`` as Markdown to ``md_out``.
 
     None skips either.
     """
-    result = {"memory_environment": memory_environment()} | result
-    for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, table + "\n")):
-        if path:
+    result = {"memory_environment": memory_environment()} | dict(result)
+    for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, None if table is None else table + "\n")):
+        if path and text is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Save a matplotlib figure as PNG at ``path`` (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+class OutputFlags:
+    """``--json_out``, ``--md_out`` and (with ``plot_dir``) ``--plot_dir`` on a command, and the writer behind them."""
+
+    def __init__(self, fs: FlagSet, *, json_out: str | None = None, md_out: str | None = None,
+                 plot_dir: Any = _UNSET) -> None:
+        """Define the flags on ``fs`` with these defaults; ``--plot_dir`` only when ``plot_dir`` is given."""
+        self._json = fs.DEFINE_string("json_out", json_out, "write the results here as JSON")
+        self._md = fs.DEFINE_string("md_out", md_out, "write the Markdown table here")
+        self._plots = None if plot_dir is _UNSET else fs.DEFINE_string(
+            "plot_dir", plot_dir, "write the PNG plots here ('' = none)")
+
+    @property
+    def plot_dir(self) -> Path | None:
+        """Where plots go, or None when off."""
+        return Path(self._plots.value) if self._plots is not None and self._plots.value else None
+
+    def write(self, result: Mapping, table: str | None = None, *,
+              plots: Mapping[str, Callable[[Path], object]] | None = None, echo: bool = True) -> list[Path]:
+        """Print ``table`` (``echo``), write ``result`` / ``table`` where the flags say, and draw each plot.
+
+        ``plots`` maps a file name to a function that draws into the path given;
+        the plots written are returned (none without ``--plot_dir``).
+        """
+        if echo and table:
+            print(table)
+        write_outputs(result, table, self._json.value, self._md.value)
+        written = []
+        if self.plot_dir is not None:
+            for name, draw in (plots or {}).items():
+                draw(self.plot_dir / name)
+                written.append(self.plot_dir / name)
+                print(f"wrote {self.plot_dir / name}")
+        return written

@@ -22,6 +22,7 @@ from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.mathutils import cdiv
+from jaxpaged.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class BenchConfig:
     """What to measure: pool shape, prompt length, repeats, hash algorithms."""
 
     num_blocks: int = 4096
-    block_size: int = 16
+    block_size: int = EngineConfig.block_size
     prompt_len: int = 1024
     repeats: int = 2000
     hash_algos: tuple[str, ...] = ("sha256", "xxh3_128")

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.traces import TraceRequest, output_token_ids, prompt_token_ids
+from jaxpaged.engine.config import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +43,8 @@ class ReplayResult:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
-def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | float, block_size: int = 16,
-                 policy: str = "lru", decode: bool = False, hash_algo: str = "xxh3_128",
+def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | float,
+                 block_size: int = EngineConfig.block_size, policy: str = "lru", decode: bool = False, hash_algo: str = "xxh3_128",
                  prompts: Sequence[np.ndarray] | None = None) -> ReplayResult:
     """Replays ``requests`` through a pool of ``capacity_tokens // block_size`` blocks (``inf``: one big
     enough for the whole trace, the unbounded hit rate); ``prompts`` reuses token ids already made."""

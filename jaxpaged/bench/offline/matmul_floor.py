@@ -72,4 +72,3 @@ def time_matmul_floor(model: LlamaModel, rows: int, repeats: int = 10) -> float:
         jax.block_until_ready(gemms(x, layers))
         times.append(time.perf_counter() - start)
     return float(np.median(times))
-

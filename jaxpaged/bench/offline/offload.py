@@ -32,7 +32,7 @@ def _ttft(engine: Engine, request_id: str, prompt: list[int]) -> tuple[float, in
     raise RuntimeError("request produced no output")
 
 
-def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = 16,
+def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = EngineConfig.block_size,
                max_num_batched_tokens: int = 512, host_cache_bytes: int = 1 << 30) -> dict:
     """Median TTFT for a `prefix_len`-token prefix: recompute, host-tier hit, device hit.
 

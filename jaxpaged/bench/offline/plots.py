@@ -1,4 +1,4 @@
-"""PNG plots of ablation rows: one figure per metric against block size, a line per workload."""
+"""PNG plots of offline results: ablation metrics against block size, replay hit rates against capacity."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from jaxpaged.bench.output import save_figure  # noqa: E402
 
 
 def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, title: str = "") -> Path:
@@ -23,16 +25,7 @@ def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, 
     ax.set_title(title or f"{metric} vs block size")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_all(rows: Sequence[dict], metrics: Sequence[str], out_dir: Path, prefix: str = "block_size_") -> list[Path]:
-    """One PNG per metric under ``out_dir`` named ``<prefix><metric>.png``."""
-    return [plot_metric_vs_block_size(rows, m, Path(out_dir) / f"{prefix}{m}.png") for m in metrics]
+    return save_figure(fig, path)
 
 
 def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = "",
@@ -55,8 +48,4 @@ def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = 
         ax.text(0.01, 0.90, note, transform=ax.transAxes, va="top", fontsize=8)
     ax.grid(True, alpha=0.3, which="both")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

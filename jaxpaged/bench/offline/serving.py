@@ -33,7 +33,7 @@ class ServingSetup:
     """What every mode shares: KV budget in blocks, block size and engine limits."""
 
     num_blocks: int
-    block_size: int = 16
+    block_size: int = EngineConfig.block_size
     max_model_len: int = 1024
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512

@@ -23,6 +23,7 @@ from jaxpaged.config import list_configs, load_config
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.engine.config import EngineConfig
 
 BACKENDS = ("jaxpaged", "hf")
 
@@ -110,7 +111,7 @@ class BackendRun:
 class EngineLimits:
     """The jaxpaged engine's knobs; `num_blocks=None` sizes the pool to hold every prompt at once."""
 
-    block_size: int = 16
+    block_size: int = EngineConfig.block_size
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     num_blocks: int | None = None

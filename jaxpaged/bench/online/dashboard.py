@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "jaxpaged-kv-cache.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "examples" / "grafana" / "jaxpaged-kv-cache.json"
 
 
 @dataclasses.dataclass(frozen=True)

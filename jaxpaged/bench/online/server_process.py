@@ -1,4 +1,4 @@
-"""Start ``scripts/serve.py`` as a subprocess on a free loopback port, wait until it is healthy, stop it.
+"""Start ``jaxpaged serve`` as a subprocess on a free loopback port, wait until it is healthy, stop it.
 
 Used by the offline-vs-HTTP benchmark and the end-to-end benchmark test:
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVE_SCRIPT = ROOT / "scripts" / "serve.py"
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: the server imports this copy of jaxpaged
+SERVE_COMMAND = [sys.executable, "-m", "jaxpaged", "serve"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -36,11 +36,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerProcess:
-    """A ``scripts/serve.py`` subprocess on 127.0.0.1; a context manager that starts and stops it."""
+    """A ``jaxpaged serve`` subprocess on 127.0.0.1; a context manager that starts and stops it."""
 
     def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None,
                  startup_timeout_s: float = 300.0, host: str = "127.0.0.1") -> None:
-        """Prepare ``serve.py <args> --host=<host> --port=<free port>``; ``env`` is added to the environment."""
+        """Prepare ``jaxpaged serve <args> --host=<host> --port=<free port>``; ``env`` is added to the environment."""
         self.host = host
         self.port = free_port(host)
         self.base_url = f"http://{host}:{self.port}"
@@ -53,7 +53,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         """Launch the server and block until ``GET /health`` answers 200 (RuntimeError otherwise)."""
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, str(SERVE_SCRIPT), *self.args], cwd=ROOT, env=self.env,
+            self.process = subprocess.Popen([*SERVE_COMMAND, *self.args], cwd=ROOT, env=self.env,
                                             stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""Each benchmark script runs end to end on the tiny config and writes valid JSON."""
+"""The benchmark commands run end to end on the tiny config (in this process) and write valid JSON."""
 
 import json
 import os
@@ -8,22 +8,15 @@ from pathlib import Path
 
 import pytest
 
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
 TINY = ["--model=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
         "--output_len=3", "--kv_budget_tokens=256", "--max_model_len=64", f"--compile_cache_dir={CACHE}"]
 
 
-def run_script(name: str, *args: str) -> str:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
-def test_bench_serving(tmp_path):
-    out = run_script("bench_serving.py", *TINY, "--progress=false", f"--json_out={tmp_path}/s.json",
+def test_bench_serving(tmp_path, run_command):
+    out = run_command("bench serving", *TINY, "--progress=false", f"--json_out={tmp_path}/s.json",
                      f"--md_out={tmp_path}/s.md")
     result = json.loads((tmp_path / "s.json").read_text())
     assert set(result["median"]) == {"prefix_on", "prefix_off", "contiguous"}
@@ -38,8 +31,8 @@ def test_bench_serving(tmp_path):
     assert "| metric |" in out
 
 
-def test_ablate_block_size(tmp_path):
-    run_script("ablate_block_size.py", *TINY, "--block_sizes=4,16", "--workloads=chatbot,multiturn",
+def test_ablate_block_size(tmp_path, run_command):
+    run_command("bench ablate", *TINY, "--block_sizes=4,16", "--workloads=chatbot,multiturn",
                "--num_turns=2", "--progress=false", f"--json_out={tmp_path}/a.json", f"--plot_dir={tmp_path}/p")
     rows = json.loads((tmp_path / "a.json").read_text())["rows"]
     assert [(r["block_size"], r["workload"]) for r in rows] == [
@@ -50,8 +43,8 @@ def test_ablate_block_size(tmp_path):
     assert "block_size_kv_waste.png" in pngs and len(pngs) == 6
 
 
-def test_profile_serving(tmp_path):
-    out = run_script("profile_serving.py", *TINY, f"--trace_dir={tmp_path}/trace", f"--json_out={tmp_path}/p.json")
+def test_profile_serving(tmp_path, run_command):
+    out = run_command("bench profile", *TINY, f"--trace_dir={tmp_path}/trace", f"--json_out={tmp_path}/p.json")
     result = json.loads((tmp_path / "p.json").read_text())
     assert 0 < result["host_share"] < 1
     assert result["device_s"] > 0 and result["num_steps"] >= result["device_steps"] > 0
@@ -60,8 +53,8 @@ def test_profile_serving(tmp_path):
 
 
 @pytest.mark.parametrize("dtype, per_token", [("float16", 327_680), ("fp8", 163_840)])
-def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
-    out = run_script("kv_capacity.py", "--model=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
+def test_kv_capacity_reference_figures(tmp_path, dtype, per_token, run_command):
+    out = run_command("capacity", "--model=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",
                      f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["bytes_per_token"] == per_token
@@ -72,8 +65,8 @@ def test_kv_capacity_reference_figures(tmp_path, dtype, per_token):
         assert 140e9 < cap["weight_bytes"] < 142e9  # not ~35 GB
 
 
-def test_bench_host_overhead(tmp_path):
-    out = run_script("bench_host_overhead.py", "--model=tiny", "--profile=a100-80gb", "--num_seqs=8,16",
+def test_bench_host_overhead(tmp_path, run_command):
+    out = run_command("bench host-overhead", "--model=tiny", "--profile=a100-80gb", "--num_seqs=8,16",
                      "--context_len=40", "--steps=4", "--repeats=1", f"--json_out={tmp_path}/h.json",
                      f"--md_out={tmp_path}/h.md")
     result = json.loads((tmp_path / "h.json").read_text())
@@ -89,9 +82,10 @@ def test_bench_host_overhead(tmp_path):
 
 
 def test_bench_tensor_parallel(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
                XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tensor_parallel.py"), "--model=tiny",
+    # a process of its own: the forced device count must be set before JAX starts
+    proc = subprocess.run([sys.executable, "-m", "jaxpaged", "bench", "tensor-parallel", "--model=tiny",
                            "--sizes=1,2", "--rounds=1", "--decode_batch=2", "--decode_context=8",
                            "--prefill_len=8", "--block_size=4", f"--json_out={tmp_path}/tp.json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -102,15 +96,15 @@ def test_bench_tensor_parallel(tmp_path):
     assert "| TP | decode step (ms)" in proc.stdout
 
 
-def test_kv_capacity_tensor_parallel(tmp_path):
-    run_script("kv_capacity.py", "--model=llama3-70b", "--kv_dtype=bfloat16", "--budget_gb=40",
+def test_kv_capacity_tensor_parallel(tmp_path, run_command):
+    run_command("capacity", "--model=llama3-70b", "--kv_dtype=bfloat16", "--budget_gb=40",
                "--tensor_parallel_size=4", f"--json_out={tmp_path}/c.json")
     cap = json.loads((tmp_path / "c.json").read_text())
     assert cap["kv_shards"] == 4 and cap["num_blocks"] == 40 * 10**9 // (327_680 * 16 // 4)
 
 
-def test_simulate_routing(tmp_path):
-    out = run_script("simulate_routing.py", "--model=tiny", "--kv_cache_gb=0.0002", "--block_size=4",
+def test_simulate_routing(tmp_path, run_command):
+    out = run_command("simulate routing", "--model=tiny", "--kv_cache_gb=0.0002", "--block_size=4",
                      "--max_num_seqs=8", "--max_num_batched_tokens=64", "--workloads=multiturn",
                      "--scales=user_len=16,output_len=8", "--replicas=1,3", "--requests_per_replica=8",
                      "--rate_per_replica=50", f"--json_out={tmp_path}/r.json", f"--md_out={tmp_path}/r.md")
