@@ -1,4 +1,5 @@
 """Formerly a script: now `jaxpaged bench attention`, which this forwards its arguments to."""
 from jaxpaged.cli.main import forward
 
-forward("bench attention")
+if __name__ == "__main__":  # multiprocessing re-imports this module in its children
+    forward("bench attention")

@@ -1,4 +1,5 @@
 """Formerly a script: now `jaxpaged bench block-manager`, which this forwards its arguments to."""
 from jaxpaged.cli.main import forward
 
-forward("bench block-manager")
+if __name__ == "__main__":  # multiprocessing re-imports this module in its children
+    forward("bench block-manager")

@@ -1,4 +1,5 @@
 """Formerly a script: now `jaxpaged capacity`, which this forwards its arguments to."""
 from jaxpaged.cli.main import forward
 
-forward("capacity")
+if __name__ == "__main__":  # multiprocessing re-imports this module in its children
+    forward("capacity")

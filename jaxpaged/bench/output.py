@@ -1,8 +1,8 @@
 """The one writer of benchmark results: JSON, Markdown tables and PNG plots, each only where a path is given.
 
-Every command that reports numbers defines its output flags with `OutputFlags`
-(``--json_out``, ``--md_out``, ``--plot_dir``) and writes through it; tables
-are rendered by `markdown_table`, figures saved by `save_figure`.
+Every command that reports numbers writes through `write_results` (its flags,
+``--json_out``, ``--md_out`` and ``--plot_dir``, are `jaxpaged.cli.output_flags`);
+tables are rendered by `markdown_table`, figures saved by `save_figure`.
 """
 
 from __future__ import annotations
@@ -11,13 +11,9 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from jaxpaged.cli.flagset import FlagSet
+from typing import Any
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-_UNSET = object()
 
 
 def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]:
@@ -72,36 +68,22 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     return path
 
 
-class OutputFlags:
-    """``--json_out``, ``--md_out`` and (with ``plot_dir``) ``--plot_dir`` on a command, and the writer behind them."""
+def write_results(result: Mapping, table: str | None, *, json_out: str | None = None, md_out: str | None = None,
+                  plot_dir: str | Path | None = None, plots: Mapping[str, Callable[[Path], object]] | None = None,
+                  echo: bool = True) -> list[Path]:
+    """Print ``table`` (``echo``), write ``result`` / ``table`` where given, and draw each plot into ``plot_dir``.
 
-    def __init__(self, fs: FlagSet, *, json_out: str | None = None, md_out: str | None = None,
-                 plot_dir: Any = _UNSET) -> None:
-        """Define the flags on ``fs`` with these defaults; ``--plot_dir`` only when ``plot_dir`` is given."""
-        self._json = fs.DEFINE_string("json_out", json_out, "write the results here as JSON")
-        self._md = fs.DEFINE_string("md_out", md_out, "write the Markdown table here")
-        self._plots = None if plot_dir is _UNSET else fs.DEFINE_string(
-            "plot_dir", plot_dir, "write the PNG plots here ('' = none)")
-
-    @property
-    def plot_dir(self) -> Path | None:
-        """Where plots go, or None when off."""
-        return Path(self._plots.value) if self._plots is not None and self._plots.value else None
-
-    def write(self, result: Mapping, table: str | None = None, *,
-              plots: Mapping[str, Callable[[Path], object]] | None = None, echo: bool = True) -> list[Path]:
-        """Print ``table`` (``echo``), write ``result`` / ``table`` where the flags say, and draw each plot.
-
-        ``plots`` maps a file name to a function that draws into the path given;
-        the plots written are returned (none without ``--plot_dir``).
-        """
-        if echo and table:
-            print(table)
-        write_outputs(result, table, self._json.value, self._md.value)
-        written = []
-        if self.plot_dir is not None:
-            for name, draw in (plots or {}).items():
-                draw(self.plot_dir / name)
-                written.append(self.plot_dir / name)
-                print(f"wrote {self.plot_dir / name}")
-        return written
+    ``plots`` maps a file name to a function that draws into the path given;
+    the plots written are returned (none without ``plot_dir``).
+    """
+    if echo and table:
+        print(table)
+    write_outputs(result, table, json_out or None, md_out or None)
+    written = []
+    if plot_dir and plots:
+        Path(plot_dir).mkdir(parents=True, exist_ok=True)
+        for name, draw in plots.items():
+            draw(Path(plot_dir) / name)
+            written.append(Path(plot_dir) / name)
+            print(f"wrote {written[-1]}")
+    return written

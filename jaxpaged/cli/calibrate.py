@@ -1,6 +1,6 @@
 """Calibrate the "cpu" device profile on this machine, then validate it on a different workload.
 
-    python scripts/calibrate_cpu_profile.py --json_out=out/sim_calibration.json
+    jaxpaged calibrate --json_out=out/sim_calibration.json
 
 1. Calibration: the small config's real ModelRunner on synthetic pure-prefill
    and pure-decode steps; fit FLOP/s, bandwidth and overheads
@@ -20,7 +20,8 @@ import platform
 import jax
 import numpy as np
 
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import load_config
@@ -41,6 +42,8 @@ REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed repeats per step, interleave
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 32, "validation requests (mixed workload)")
 SAVE = FLAGS.DEFINE_bool("save", True, f"write the fitted profile to {CPU_PROFILE_PATH.name}")
 OUT = OutputFlags(FLAGS, plot_dir=None)
+PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_validation.png",
+                                "file name of the predicted-vs-measured PNG in --plot_dir")
 REFIT_FROM = FLAGS.DEFINE_string("refit_from", None, "refit from the measurements in an earlier --json_out")
 OVERLAP = FLAGS.DEFINE_bool("phase_overlap", False, "fit the roofline max(compute, memory) per phase instead "
                             "of their sum")
@@ -92,7 +95,7 @@ def main(argv):
                "validation": val_err.__dict__, "validation_steps": [
                    {"shape": s, "measured_s": float(m), "predicted_s": p}
                    for s, m, p in zip(val_shapes, val_times, predicted)]}, table,
-              plots={"calibrate_validation.png": lambda path: plot_validation(val_times, predicted, path, title=title)})
+              plots={PLOT_NAME.value: lambda path: plot_validation(val_times, predicted, path, title=title)})
 
 
 def _measure(config, bs: int):

@@ -1,6 +1,6 @@
 """KV-cache capacity for a model config: bytes per token, blocks and sequences for a budget.
 
-    python scripts/kv_capacity.py --model=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
+    jaxpaged capacity --model=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
 
 Reproduces the reference figures: Llama-3-70B fp16 = 327,680 bytes per token,
 a 16-token block ~5.2 MB, ~8,600 blocks in 45 GB (and weights ~141 GB in fp16).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity

@@ -1,13 +1,13 @@
 """Run a real Prometheus against a live jaxpaged server and evaluate every Grafana panel query.
 
-Starts ``scripts/serve.py`` (tiny model unless ``--model``), drives prefix-sharing and
+Starts ``jaxpaged serve`` (tiny model unless ``--model``), drives prefix-sharing and
 cache-flooding traffic at it while a ``prometheus`` binary (Debian's ``prometheus``
 package) scrapes ``/metrics`` every second, then runs every query of
 ``examples/grafana/jaxpaged-kv-cache.json`` through Prometheus' HTTP API
 (``$__rate_interval`` as ``--rate_interval``) and prints one row per query: its
 status, how many series it returned and their values.
 
-    .venv/bin/python scripts/check_dashboard.py --md_out=out/check_dashboard.md
+    jaxpaged check-dashboard --md_out=out/check_dashboard.md
 
 Exits non-zero if a query fails or returns no series.
 """
@@ -26,7 +26,8 @@ import httpx
 
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.online.dashboard import DASHBOARD, dashboard_queries
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess, free_port
 
 FLAGS = FlagSet()
@@ -101,11 +102,10 @@ def evaluate(url: str) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     """One row per query: panel, target, status, series and their values."""
-    lines = ["| panel | target | status | series | values |", "|---|---|---|---:|---|"]
-    for r in rows:
-        values = ", ".join("NaN" if math.isnan(v) else f"{v:.4g}" for v in r["values"][:4])
-        lines.append(f"| {r['panel']} | {r['ref_id']} | {r['status']} | {r['num_series']} | {values} |")
-    return "\n".join(lines)
+    return markdown_table(["panel", "target", "status", "series", "values"],
+                          [[r["panel"], r["ref_id"], r["status"], r["num_series"],
+                            ", ".join("NaN" if math.isnan(v) else f"{v:.4g}" for v in r["values"][:4])] for r in rows],
+                          align="lllrl")
 
 
 def main(argv):

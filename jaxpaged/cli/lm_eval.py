@@ -1,7 +1,7 @@
 """Run any lm-evaluation-harness task against a live jaxpaged server (needs the `eval` extra).
 
-    python scripts/serve.py --model=/path/to/checkpoint --port=8000 &
-    python scripts/run_lm_eval.py --base_url=http://127.0.0.1:8000 --tokenizer=/path/to/checkpoint \
+    jaxpaged serve --model=/path/to/checkpoint --port=8000 &
+    jaxpaged lm-eval --base_url=http://127.0.0.1:8000 --tokenizer=/path/to/checkpoint \
         --tasks=hellaswag,arc_easy --limit=100 --output_path=out/lm_eval
 
 The model name and `max_model_len` come from the server's `/v1/models`; the

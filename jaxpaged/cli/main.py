@@ -63,8 +63,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"FATAL Flags parsing error: {error}", file=sys.stderr)
         print(f"Pass --help to see the flags of {PROG} {command.name}.", file=sys.stderr)
         return 1
-    flags.FLAGS.mark_as_parsed()  # absl's own flags (logging) keep their defaults
     absl_logging.use_absl_handler()
+    flags.FLAGS.mark_as_parsed()  # absl's own flags keep their defaults, and as absl's app.run does,
+    if flags.FLAGS["verbosity"].using_default_value:  # INFO logs show
+        flags.FLAGS.verbosity = 0
     try:
         status = module.main(rest)
     except app.UsageError as error:

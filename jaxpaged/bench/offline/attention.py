@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -288,17 +289,15 @@ def markdown(report: dict) -> str:
         "",
         "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()),
         "",
-        "| phase | impl | median ms | first call s | K/V GB/s | % peak HBM | time / pallas | max abs err | note |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for r in report["results"]:
         median_ms = r["median_s"] * 1e3 if "median_s" in r else None
-        lines.append(
-            f"| {r['phase']} | {r['impl']} | {fmt(median_ms, '.3f')} | {fmt(r.get('first_call_s'), '.2f')} "
-            f"| {fmt(r.get('gb_per_s'), '.1f')} | {fmt(r.get('pct_peak'), '.1f')} "
-            f"| {fmt(r.get('pallas_speedup'), '.2f')} | {fmt(r.get('max_abs_err_vs_xla'), '.2e')} | {r['note']} |"
-        )
-    lines += ["", "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
+        rows.append([r["phase"], r["impl"], fmt(median_ms, ".3f"), fmt(r.get("first_call_s"), ".2f"),
+                     fmt(r.get("gb_per_s"), ".1f"), fmt(r.get("pct_peak"), ".1f"), fmt(r.get("pallas_speedup"), ".2f"),
+                     fmt(r.get("max_abs_err_vs_xla"), ".2e"), r["note"]])
+    lines += [markdown_table(["phase", "impl", "median ms", "first call s", "K/V GB/s", "% peak HBM", "time / pallas",
+                              "max abs err", "note"], rows, align="l" * 9), "", "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
     return "\n".join(lines)
 
 
@@ -370,16 +369,12 @@ def sweep_markdown(report: dict) -> str:
     lines = [
         f"# CPU attention backends — {report['machine']['device']} (JAX {report['machine']['jax']})", "",
         "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), "",
-        "| section | tokens | shape | xla_reference ms | xla ms | speedup | xla_reference tok/s | xla tok/s |"
-        " max abs err |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in report["results"]:
-        err = format(r["max_abs_err"], ".1e") if "max_abs_err" in r else ""
-        lines.append(f"| {r['section']} | {r['tokens']} | {r['shape']} | {r['xla_reference']:.1f} | {r['xla']:.1f} "
-                     f"| {r['speedup']:.1f}x | {r['xla_reference_tokens_per_s']:.0f} | {r['xla_tokens_per_s']:.0f} "
-                     f"| {err} |")
-    lines += ["", "Whole-model prefill tokens/s, longest over shortest length: "
+    rows = [[r["section"], r["tokens"], r["shape"], f"{r['xla_reference']:.1f}", f"{r['xla']:.1f}", f"{r['speedup']:.1f}x",
+             f"{r['xla_reference_tokens_per_s']:.0f}", f"{r['xla_tokens_per_s']:.0f}",
+             format(r["max_abs_err"], ".1e") if "max_abs_err" in r else ""] for r in report["results"]]
+    lines += [markdown_table(["section", "tokens", "shape", "xla_reference ms", "xla ms", "speedup",
+                              "xla_reference tok/s", "xla tok/s", "max abs err"], rows, align="l" * 9), "", "Whole-model prefill tokens/s, longest over shortest length: "
               + ", ".join(f"{k}: {v:.2f}" for k, v in report["long_over_short_prefill"].items()), ""]
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Host-side cost of the KV cache manager: throughput and per-prompt admission time.
 
-Library half of ``scripts/bench_block_manager.py``. Every figure is the median
+Library half of ``jaxpaged bench block-manager``. Every figure is the median
 over ``repeats`` timed calls (``time.perf_counter_ns``, garbage collector paused
 while timing). The cases are interleaved (each repeat runs every case once), so
 a change in machine load hits all of them alike and ratios stay meaningful.
@@ -23,6 +23,7 @@ from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.mathutils import cdiv
 from jaxpaged.engine.config import EngineConfig
+from jaxpaged.bench.output import markdown_table as render_table
 
 
 @dataclass(frozen=True)
@@ -217,26 +218,21 @@ def markdown_table(results: dict) -> str:
         ("match_prefix on the cached prompt (µs)", "match_cached_us", ".1f"),
         ("match throughput (blocks/s)", "match_blocks_per_s", ",.0f"),
     ]
-    lines = ["| measure (median) | " + " | ".join(algos) + " |", "|---|" + "---:|" * len(algos)]
-    for label, key, fmt in rows:
-        cells = [format(results["per_hash_algo"][algo][key], fmt) for algo in algos]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    tables = [render_table(["measure (median)", *algos],
+                           [[label, *(format(results["per_hash_algo"][algo][key], fmt) for algo in algos)]
+                            for label, key, fmt in rows])]
     us = results["median_us"]
-    lines += [
-        "",
-        "| block operation, prefix caching off (median) | value |",
-        "|---|---:|",
-        f"| allocate a prompt's blocks (µs) | {us['allocate']:.1f} |",
-        f"| allocate throughput (blocks/s) | {results['allocate_blocks_per_s']:,.0f} |",
-        f"| free a prompt's blocks (µs) | {us['free']:.1f} |",
-        f"| free throughput (blocks/s) | {results['free_blocks_per_s']:,.0f} |",
-        f"| decode step allocate_slots(seq, 1) (µs) | {us['decode_allocate_slots']:.2f} |",
-        f"| bare hashlib SHA-256 chain, no framing (µs) | {us['raw_sha256_chain']:.1f} |",
-    ]
+    tables.append(render_table(["block operation, prefix caching off (median)", "value"], [
+        ["allocate a prompt's blocks (µs)", f"{us['allocate']:.1f}"],
+        ["allocate throughput (blocks/s)", f"{results['allocate_blocks_per_s']:,.0f}"],
+        ["free a prompt's blocks (µs)", f"{us['free']:.1f}"],
+        ["free throughput (blocks/s)", f"{results['free_blocks_per_s']:,.0f}"],
+        ["decode step allocate_slots(seq, 1) (µs)", f"{us['decode_allocate_slots']:.2f}"],
+        ["bare hashlib SHA-256 chain, no framing (µs)", f"{us['raw_sha256_chain']:.1f}"],
+    ]))
     policies = results.get("per_eviction_policy_ns_per_block", {})
     if policies:
-        lines += ["", "| eviction policy (ns per block, median) | evict | release cached | prefix hit |",
-                  "|---|---:|---:|---:|"]
-        lines += [f"| {name} | {c['evict']:.0f} | {c['release']:.0f} | {c['hit']:.0f} |"
-                  for name, c in policies.items()]
-    return "\n".join(lines)
+        tables.append(render_table(["eviction policy (ns per block, median)", "evict", "release cached", "prefix hit"],
+                                   [[name, f"{c['evict']:.0f}", f"{c['release']:.0f}", f"{c['hit']:.0f}"]
+                                    for name, c in policies.items()]))
+    return "\n\n".join(tables)

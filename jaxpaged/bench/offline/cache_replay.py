@@ -21,6 +21,7 @@ import numpy as np
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.traces import TraceRequest, output_token_ids, prompt_token_ids
 from jaxpaged.engine.config import EngineConfig
+from jaxpaged.bench.output import markdown_table as render_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +108,11 @@ def markdown_table(results: Sequence[ReplayResult]) -> str:
         rows = [r for r in results if r.block_size == block_size]
         unbounded = next((r for r in rows if r.policy == "unbounded"), None)
         capacities = sorted({r.capacity_tokens for r in rows if r.policy != "unbounded"})
-        lines += [f"block size {block_size}" + (f" (unbounded hit rate {unbounded.hit_rate:.1%})"
-                                                 if unbounded else ""), "",
-                  "| policy | " + " | ".join(f"{c:.0e} tok" for c in capacities) + " |",
-                  "|---|" + "---:|" * len(capacities)]
+        table_rows = []
         for policy in dict.fromkeys(r.policy for r in rows if r.policy != "unbounded"):
             by_cap = {r.capacity_tokens: r.hit_rate for r in rows if r.policy == policy}
-            lines.append(f"| {policy} | " + " | ".join(f"{100 * by_cap[c]:.1f}" for c in capacities) + " |")
-        lines.append("")
+            table_rows.append([policy, *(f"{100 * by_cap[c]:.1f}" for c in capacities)])
+        lines += [f"block size {block_size}" + (f" (unbounded hit rate {unbounded.hit_rate:.1%})"
+                                                 if unbounded else ""), "",
+                  render_table(["policy", *(f"{c:.0e} tok" for c in capacities)], table_rows), ""]
     return "\n".join(lines)

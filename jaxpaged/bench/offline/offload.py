@@ -1,4 +1,4 @@
-"""Benchmarks for the memory tiers and the fp8 KV cache (driven by `scripts/bench_offload.py`).
+"""Benchmarks for the memory tiers and the fp8 KV cache (driven by `jaxpaged bench offload`).
 
 * TTFT of a long shared prefix: recomputed, hit in the host tier, hit on the device.
 * A fixed KV byte budget: capacity (planner), throughput and peak concurrency, fp8 vs the default dtype.
@@ -18,6 +18,7 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.bench.output import markdown_table
 
 FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
@@ -118,10 +119,8 @@ def bench_budget(model_name: str, kv_cache_bytes: int, num_requests: int, prompt
 
 
 def _table(headers: list[str], rows: list[list]) -> list[str]:
-    """Markdown table lines; the first column left-aligned, the rest right-aligned."""
-    align = ["---"] + ["---:"] * (len(headers) - 1)
-    return [f"| {' | '.join(headers)} |", f"|{'|'.join(align)}|"] + [
-        f"| {' | '.join(map(str, row))} |" for row in rows] + [""]
+    """Markdown table lines (`markdown_table`), then a blank line."""
+    return [markdown_table(headers, rows), ""]
 
 
 def markdown(results: dict) -> str:

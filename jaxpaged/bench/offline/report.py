@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.offline.driver import RunRecord
+from jaxpaged.bench.output import markdown_table as render_table
 
 
 def _stats(values: Sequence[float], prefix: str) -> dict[str, float]:
@@ -99,10 +100,11 @@ _ROWS = (
 def markdown_table(summaries: Mapping[str, Mapping[str, float]], ratios: Mapping[str, float] | None = None) -> str:
     """A metrics-by-mode Markdown table, then a table of ratios between modes."""
     modes = list(summaries)
-    lines = ["| metric | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-    for label, key, fmt in _ROWS:
-        lines.append(f"| {label} | " + " | ".join(fmt.format(summaries[m][key]) for m in modes) + " |")
-    if ratios:
-        lines += ["", "| ratio | value |", "|---|---:|"]
-        lines += [f"| {name} | {value:.2f} |" for name, value in ratios.items()]
-    return "\n".join(lines)
+    table = render_table(["metric", *modes], [[label, *(fmt.format(summaries[m][key]) for m in modes)]
+                                              for label, key, fmt in _ROWS])
+    return table + ("\n\n" + ratio_table(ratios) if ratios else "")
+
+
+def ratio_table(ratios: Mapping[str, float], extra_rows: Sequence[Sequence[str]] = ()) -> str:
+    """Ratios between runs as a two-column Markdown table (then ``extra_rows``)."""
+    return render_table(["ratio", "value"], [*([name, f"{value:.2f}"] for name, value in ratios.items()), *extra_rows])

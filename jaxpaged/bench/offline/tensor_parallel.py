@@ -20,6 +20,7 @@ from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.bench.output import markdown_table as render_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +83,8 @@ def bench_tensor_parallel(config: ModelConfig, sizes: list[int], *, decode_batch
 def markdown_table(results: list[TPResult]) -> str:
     """The results as a Markdown table, with ratios to the first size."""
     base = results[0]
-    lines = ["| TP | decode step (ms) | vs TP=1 | prefill step (ms) | vs TP=1 | weights per device (MB) "
-             "| KV pool per device (MB) | compiles |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r.tensor_parallel_size} | {r.decode_ms:.1f} | {r.decode_ms / base.decode_ms:.2f}x "
-                     f"| {r.prefill_ms:.1f} | {r.prefill_ms / base.prefill_ms:.2f}x "
-                     f"| {r.weight_bytes_per_device / 1e6:.2f} | {r.pool_bytes_per_device / 1e6:.2f} "
-                     f"| {r.compiles} |")
-    return "\n".join(lines)
+    rows = [[r.tensor_parallel_size, f"{r.decode_ms:.1f}", f"{r.decode_ms / base.decode_ms:.2f}x",
+             f"{r.prefill_ms:.1f}", f"{r.prefill_ms / base.prefill_ms:.2f}x", f"{r.weight_bytes_per_device / 1e6:.2f}",
+             f"{r.pool_bytes_per_device / 1e6:.2f}", r.compiles] for r in results]
+    return render_table(["TP", "decode step (ms)", "vs TP=1", "prefill step (ms)", "vs TP=1", "weights per device (MB)",
+                         "KV pool per device (MB)", "compiles"], rows, align="r" * 8)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from jaxpaged.bench.offline.report import median_summary
+from jaxpaged.bench.offline.report import median_summary, ratio_table
 from jaxpaged.bench.offline.throughput import BackendRun, summarize
 from jaxpaged.bench.offline.throughput_floor import GemmFloor
+from jaxpaged.bench.output import markdown_table
 
 _RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_throughput")
 
@@ -67,13 +68,9 @@ def throughput_table(result: Mapping) -> str:
     """A metrics-by-backend Markdown table of the medians, then the ratios and greedy agreement if present."""
     medians = result["median"]
     names = list(medians)
-    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for label, key, fmt in _ROWS:
-        if key not in medians[names[0]]:
-            continue
-        lines.append(f"| {label} | " + " | ".join(fmt.format(medians[n][key]) for n in names) + " |")
+    table = markdown_table(["metric", *names], [[label, *(fmt.format(medians[n][key]) for n in names)]
+                                                for label, key, fmt in _ROWS if key in medians[names[0]]])
     if "ratios" in result:
-        lines += ["", "| ratio | value |", "|---|---:|"]
-        lines += [f"| {name} | {value:.2f} |" for name, value in result["ratios"].items()]
-        lines.append(f"| prompts with identical outputs | {result['token_agreement']:.0%} |")
-    return "\n".join(lines)
+        table += "\n\n" + ratio_table(result["ratios"],
+                                       [["prompts with identical outputs", f"{result['token_agreement']:.0%}"]])
+    return table

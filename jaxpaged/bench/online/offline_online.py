@@ -23,6 +23,7 @@ from jaxpaged.bench.online.online_client import RequestResult
 from jaxpaged.bench.online.online_report import ROWS
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.bench.output import markdown_table
 
 
 def result_from_output(output: RequestOutput) -> RequestResult:
@@ -77,7 +78,7 @@ def http_cost(offline: Mapping[str, float], http: Mapping[str, float]) -> dict[s
 def comparison_table(offline: Mapping[str, float], http: Mapping[str, float]) -> str:
     """A Markdown table: offline, HTTP, and HTTP - offline (latencies) or HTTP / offline (throughputs)."""
     cost = http_cost(offline, http)
-    lines = ["| metric | offline | HTTP | HTTP - offline |", "|---|---:|---:|---:|"]
+    rows = []
     for label, key, fmt in ROWS:
         if key not in offline or not (np.isfinite(offline[key]) or np.isfinite(http[key])):
             continue
@@ -85,8 +86,8 @@ def comparison_table(offline: Mapping[str, float], http: Mapping[str, float]) ->
             delta = f"x{cost[key]:.3f}" if key.endswith("throughput") else f"{cost[key]:+.1f}"
         else:
             delta = ""
-        lines.append(f"| {label} | {fmt.format(offline[key])} | {fmt.format(http[key])} | {delta} |")
-    return "\n".join(lines)
+        rows.append([label, fmt.format(offline[key]), fmt.format(http[key]), delta])
+    return markdown_table(["metric", "offline", "HTTP", "HTTP - offline"], rows)
 
 
 def compare_offline_http(run_offline: Callable[[], tuple[list[RequestResult], float]],

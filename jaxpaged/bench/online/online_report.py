@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 
 from jaxpaged.bench.online.online_metrics import LATENCY_METRICS, PERCENTILES
+from jaxpaged.bench.output import markdown_table
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 _STATS = ("mean", "median") + tuple(f"p{p}" for p in PERCENTILES)
@@ -34,10 +35,5 @@ def _cell(fmt: str, value: float | None) -> str:
 def online_markdown_table(columns: Mapping[str, Mapping[str, float]]) -> str:
     """A metric-by-run Markdown table; rows no column has (e.g. goodput without SLOs) are left out."""
     names = list(columns)
-    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for label, key, fmt in ROWS:
-        cells = [_cell(fmt, columns[n].get(key)) for n in names]
-        if all(c == "-" for c in cells):
-            continue
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[label, *(_cell(fmt, columns[n].get(key)) for n in names)] for label, key, fmt in ROWS]
+    return markdown_table(["metric", *names], [row for row in rows if any(c != "-" for c in row[1:])])

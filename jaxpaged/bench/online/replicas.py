@@ -1,6 +1,6 @@
 """Routing policies over engine replicas on Ray Serve, side by side on one cluster per replica count.
 
-For each replica count, `scripts/serve.py --data_parallel_size=N` is started
+For each replica count, `jaxpaged serve --data_parallel_size=N` is started
 once (with its debug endpoints); then for each policy in turn the ingress is
 switched to it (``POST /debug/routing_policy``), every replica's prefix cache is
 reset, and the same request set is sent at the same arrivals. Untimed
@@ -23,6 +23,7 @@ from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.output import markdown_table as render_table
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
 
@@ -88,10 +89,7 @@ ROWS = (("prefix hit rate", "prefix_hit_rate", "{:.1%}"),
 def markdown_table(by_replicas: Mapping[int, Mapping[str, Mapping]]) -> str:
     """One column per (replica count, policy), one row per metric, plus the requests each replica got."""
     columns = [(n, p) for n, runs in by_replicas.items() for p in runs]
-    lines = ["| metric | " + " | ".join(f"{n} replicas, {p}" for n, p in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
-    for label, key, fmt in ROWS:
-        lines.append(f"| {label} | " + " | ".join(fmt.format(by_replicas[n][p][key]) for n, p in columns) + " |")
-    lines.append("| requests per replica | " + " | ".join(
-        "/".join(str(c) for c in by_replicas[n][p]["requests_per_replica"]) for n, p in columns) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[label, *(fmt.format(by_replicas[n][p][key]) for n, p in columns)] for label, key, fmt in ROWS]
+    rows.append(["requests per replica",
+                 *("/".join(str(c) for c in by_replicas[n][p]["requests_per_replica"]) for n, p in columns)])
+    return render_table(["metric", *(f"{n} replicas, {p}" for n, p in columns)], rows) + "\n"

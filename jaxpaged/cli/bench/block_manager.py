@@ -5,13 +5,13 @@ time to admit a prompt cold and fully cached, per hash algorithm, and each
 eviction policy's cost per block evicted, released and hit. Prints a
 Markdown table and writes JSON.
 
-    .venv/bin/python scripts/bench_block_manager.py --json_out=out/bench_block_manager.json
+    jaxpaged bench block-manager --json_out=out/bench_block_manager.json
 """
 
 from __future__ import annotations
 
 
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cache.eviction import EVICTION_POLICIES

@@ -20,7 +20,7 @@ head, K/V write, sampling, ...: jaxpaged/bench/offline/step_profile.py).
 from __future__ import annotations
 
 from jaxpaged.bench.offline.cpu_efficiency import markdown, measure
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 

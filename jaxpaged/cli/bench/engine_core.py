@@ -1,6 +1,6 @@
 """The simulated-H200 server in one process vs the engine core split off vs two API servers, side by side.
 
-    python scripts/bench_engine_core.py --model=llama3-8b --concurrency=64,256,512 --random_output_len=256 \
+    jaxpaged bench engine-core --model=llama3-8b --concurrency=64,256,512 --random_output_len=256 \
         --json_out=out/bench_engine_core.json --md_out=out/bench_engine_core.md
 
 For each configuration (`--engine_core=thread`, `process`, `process` with
@@ -23,10 +23,10 @@ import resource
 from jaxpaged.bench.online.datasets import random_requests
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.bench.online.http_bench import DEVICE_BUSY_METRIC, HttpBenchFlags
+from jaxpaged.cli.http_bench import DEVICE_BUSY_METRIC, HttpBenchFlags
 from jaxpaged.bench.online.online_client import fetch_metric, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess
 
 FLAGS = FlagSet()

@@ -1,6 +1,6 @@
 """Host time per engine step at GPU batch sizes, split into its parts, and the device-busy fraction.
 
-    python scripts/bench_host_overhead.py --num_seqs=64,256,512 --json_out=out/host.json --md_out=out/host.md
+    jaxpaged bench host-overhead --num_seqs=64,256,512 --json_out=out/host.json --md_out=out/host.md
 
 The engine runs over a stand-in device (`jaxpaged.bench.simulator.host_overhead`): the
 real persistent batch and layout, steps that take the cost model's predicted
@@ -21,7 +21,8 @@ import platform
 import statistics
 
 
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.simulator.host_overhead import HostOverhead, measure_host_overhead
 from jaxpaged.outputs import RequestOutputKind

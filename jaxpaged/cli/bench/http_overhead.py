@@ -1,16 +1,16 @@
 """What the HTTP layer costs: one request set offline (engine in-process) and over HTTP, side by side.
 
-    python scripts/bench_http_overhead.py --model=tiny --dataset_name=random --num_prompts=16 \
+    jaxpaged bench http-overhead --model=tiny --dataset_name=random --num_prompts=16 \
         --random_input_len=64 --random_output_len=32 --request_rate=4 --repeats=3 \
         --json_out=out/http_overhead.json --md_out=out/http_overhead.md
 
-Starts scripts/serve.py on a free loopback port with the same engine settings
+Starts jaxpaged serve on a free loopback port with the same engine settings
 as the offline engine (model, block size, KV budget, limits, prefix caching
 on), warms both up with one untimed run, then alternates timed runs; both
 sides reset their prefix cache before every run. Reports medians: offline,
 HTTP, and HTTP - offline per latency (ms) or HTTP / offline per throughput.
 The request set and arrivals come from the same flags as
-``scripts/bench_serving.py --backend=http``.
+``jaxpaged bench serving --backend=http``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from absl import app
 
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.bench.online.http_bench import HttpBenchFlags
+from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.bench.online.offline_online import (
     compare_offline_http,
@@ -32,7 +32,7 @@ from jaxpaged.bench.online.offline_online import (
 )
 from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.checkpoint import load_model
@@ -50,7 +50,7 @@ WARMUP = FLAGS.DEFINE_integer("warmup_runs", 1, "untimed runs per side first (th
 START_SERVER = FLAGS.DEFINE_boolean("start_server", True,
                                     "start serve.py with the offline engine's settings; false: use the server at "
                                     "--base_url, which must run with the settings this script prints")
-SERVE_ARGS = FLAGS.DEFINE_multi_string("serve_arg", [], "extra scripts/serve.py flag, e.g. --serve_arg=--foo=1")
+SERVE_ARGS = FLAGS.DEFINE_multi_string("serve_arg", [], "extra jaxpaged serve flag, e.g. --serve_arg=--foo=1")
 FLAGS.positive("repeats")
 FLAGS.non_negative("warmup_runs")
 OUT = OutputFlags(FLAGS)

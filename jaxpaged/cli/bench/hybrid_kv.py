@@ -1,6 +1,6 @@
 """Hybrid KV cache manager vs all-full layers on CPU: peak KV held and throughput, side by side in one run.
 
-    python scripts/bench_hybrid_kv.py --num_prompts=8 --prompt_len=2048 --window=128
+    jaxpaged bench hybrid-kv --num_prompts=8 --prompt_len=2048 --window=128
 
 A tiny Gemma-3-like model (6 layers: 5 sliding of window W, 1 full; Llama math)
 serves the same prompts twice with the same weights: once with its windows (the
@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import load_config

@@ -1,6 +1,6 @@
 """The cost of penalties + logit_bias on a decode step, and of prompt logprobs on a prefill, side by side.
 
-    python scripts/bench_logit_controls.py --model=llama-100m --decode_batch=32 --decode_context=512 \
+    jaxpaged bench logit-controls --model=llama-100m --decode_batch=32 --decode_context=512 \
         --prefill_len=512 --repeats=10 --json_out=out/logit_controls.json --md_out=out/logit_controls.md
 """
 
@@ -11,7 +11,8 @@ import numpy as np
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.logit_controls import penalised, side_by_side, step_pair, with_prompt_logprobs
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner

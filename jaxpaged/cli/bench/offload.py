@@ -1,12 +1,12 @@
 """Benchmarks the memory tiers and the fp8 KV cache; prints Markdown, writes JSON.
 
-    .venv/bin/python scripts/bench_offload.py --json_out=out/bench_offload.json
+    jaxpaged bench offload --json_out=out/bench_offload.json
 """
 
 from __future__ import annotations
 
 
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import list_configs
 from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown

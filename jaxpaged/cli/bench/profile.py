@@ -1,6 +1,6 @@
 """Profile a short serving workload: a TensorBoard / XProf / Perfetto trace and the host share.
 
-    python scripts/profile_serving.py --model=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
+    jaxpaged bench profile --model=small --workload=chatbot --num_requests=8 --trace_dir=traces/chatbot
 
 Open the trace with `tensorboard --logdir traces/` (profile plugin) or load the
 `.trace.json.gz` under `plugins/profile/*/` into https://ui.perfetto.dev. The
@@ -11,7 +11,7 @@ sit between the device steps ("device_step" and the XLA executions).
 from __future__ import annotations
 
 
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.workload_flags import WorkloadFlags

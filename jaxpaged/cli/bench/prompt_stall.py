@@ -1,6 +1,6 @@
 """How long one huge prompt stalls the other streams: the longest gap between a stream's outputs.
 
-    python scripts/bench_prompt_stall.py --prompt_chars=20000000 --repeats=3
+    jaxpaged bench prompt-stall --prompt_chars=20000000 --repeats=3
 
 One greedy stream decodes on an `AsyncEngine` (the server's engine loop, no
 HTTP) while, 0.3 s in, another client adds a text prompt of `--prompt_chars`

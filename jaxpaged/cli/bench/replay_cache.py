@@ -4,7 +4,7 @@ Requests go one at a time, in trace order, through the real KVCacheManager with
 no model (every prompt block touched; ``--decode`` also caches the generated
 blocks). Prints a Markdown table, writes JSON and one PNG per block size.
 
-    .venv/bin/python scripts/replay_cache.py --block_sizes=512,64 --json_out=out/replay_cache.json
+    jaxpaged bench replay-cache --block_sizes=512,64 --json_out=out/replay_cache.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.cache_replay import markdown_table, sweep
 from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.traces import CONVERSATION_TRACE, load_trace
 

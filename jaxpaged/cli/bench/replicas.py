@@ -1,13 +1,13 @@
 """Prefix-aware vs round-robin vs least-loaded routing over engine replicas on Ray Serve.
 
-    python scripts/bench_replicas.py --model=tiny --replicas=2,4 --num_prefixes=8 --prefix_len=512 \
+    jaxpaged bench replicas --model=tiny --replicas=2,4 --num_prefixes=8 --prefix_len=512 \
         --suffix_len=128 --output_len=16 --num_requests=64 --request_rate=2 \
         --json_out=out/bench_replicas.json --md_out=out/bench_replicas.md
 
 A prefix-repetition workload (``--num_prefixes`` shared prefixes of
 ``--prefix_len`` tokens, each request one of them plus its own
 ``--suffix_len`` tokens) sent at Poisson arrivals to
-``scripts/serve.py --data_parallel_size=N`` for each N of ``--replicas``; on
+``jaxpaged serve --data_parallel_size=N`` for each N of ``--replicas``; on
 each cluster the three policies run one after another on the same requests,
 each from empty caches (jaxpaged.bench.online.replicas). Reports the prefix hit
 rate, TTFT p50/p99 and throughput per policy, side by side.
@@ -19,7 +19,7 @@ import logging
 import os
 
 
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests

@@ -3,8 +3,8 @@
     jaxpaged bench serving --model=small --workload=chatbot --num_requests=16 \
         --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
-With ``--backend=http`` it drives a running server (scripts/serve.py) over
-async HTTP instead, as ``vllm bench serve`` does (jaxpaged/bench/online/http_bench.py):
+With ``--backend=http`` it drives a running server (jaxpaged serve) over
+async HTTP instead, as ``vllm bench serve`` does (jaxpaged/cli/http_bench.py):
 
     jaxpaged bench serving --backend=http --base_url=http://127.0.0.1:8000 \
         --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
@@ -28,10 +28,10 @@ import logging
 from tqdm.auto import tqdm
 
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.bench.online.http_bench import HttpBenchFlags
+from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.bench.offline.report import markdown_table
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.output import markdown_table as render_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.bench.offline.serving import MODES, compare_modes

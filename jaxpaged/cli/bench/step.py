@@ -1,6 +1,6 @@
 """Prefill and decode step timings on one config (the foundation's step benchmark).
 
-    python scripts/bench_step.py --model=small --prefill_len=512 --decode_batch=32
+    jaxpaged bench step --model=small --prefill_len=512 --decode_batch=32
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model

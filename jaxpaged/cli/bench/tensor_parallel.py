@@ -1,6 +1,6 @@
 """Tensor parallelism on forced host CPU devices: step time and memory per device for TP = 1, 2, 4.
 
-    python scripts/bench_tensor_parallel.py --model=small --sizes=1,2,4 --json_out=out/tp.json
+    jaxpaged bench tensor-parallel --model=small --sizes=1,2,4 --json_out=out/tp.json
 
 XLA_FLAGS defaults to 4 forced host devices (set it yourself for more). The CPU
 gains no speed from splitting: the "devices" share the same cores and memory,
@@ -15,7 +15,7 @@ import os
 
 from jaxpaged import distributed
 from jaxpaged.bench.offline.tensor_parallel import bench_tensor_parallel, markdown_table
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import load_config

@@ -1,6 +1,6 @@
 """Offline throughput of jaxpaged and Hugging Face transformers on the same weights and prompts.
 
-    python scripts/bench_throughput.py --backend=both --model=llama-100m --num_prompts=64 \
+    jaxpaged bench throughput --backend=both --model=llama-100m --num_prompts=64 \
         --input_len=256 --prefix_len=64 --output_len=64 --repeats=3 \
         --json_out=out/bench_throughput.json --md_out=out/bench_throughput.md
 
@@ -32,7 +32,7 @@ from absl import logging
 
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.bench.output import OutputFlags
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.offline.throughput import (
     EngineLimits,
     HFBackend,

@@ -1,6 +1,6 @@
 """Simulated serving of a sliding-window model: the hybrid KV cache manager vs every layer as full attention.
 
-    python scripts/simulate_hybrid_kv.py --model=gemma-3-27b --profile=h200-141gb --context_lens=8192,32768
+    jaxpaged simulate hybrid-kv --model=gemma-3-27b --profile=h200-141gb --context_lens=8192,32768
 
 For each context, `--num_requests` requests (prompt = context - max_tokens,
 all arriving at once, no shared prefixes) are served twice in simulated time on
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from absl import app
 
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import load_config
 from jaxpaged.sim.driver import make_sim_engine, simulate

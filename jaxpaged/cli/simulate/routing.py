@@ -1,6 +1,6 @@
 """Prefix-aware routing at scale, simulated: hit rate and goodput vs replica count and routing policy.
 
-    python scripts/simulate_routing.py --model=llama3-8b --profile=a100-80gb --kv_cache_gb=4 \
+    jaxpaged simulate routing --model=llama3-8b --profile=a100-80gb --kv_cache_gb=4 \
         --workloads=chatbot,multiturn --replicas=8,16,64 --policies=round_robin,least_loaded,prefix_aware \
         --requests_per_replica=150 --rate_per_replica=40 --scales=output_len=64 \
         --json_out=routing.json --md_out=routing.md
@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 
-from jaxpaged.bench.output import OutputFlags, markdown_table
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.router import POLICIES, make_policy

@@ -1,8 +1,8 @@
 """Simulated serving: the real scheduler and KV cache manager over a roofline cost model.
 
-    python scripts/simulate_serving.py --model=llama3-70b --profile=a100-80gb \
+    jaxpaged simulate serving --model=llama3-70b --profile=a100-80gb \
         --weight_bytes_per_param=0.5 --kv_cache_gb=45 --workload=chatbot --num_requests=2000 \
-        --rates=0.5,1,1.5,2,2.5,3,4 --prefix_caching=off,on --plot=docs/plots/sim_sweep.png
+        --rates=0.5,1,1.5,2,2.5,3,4 --prefix_caching=off,on --plot_dir=docs/plots
 
 For each prefix-caching mode: serve the workload at each offered Poisson rate
 (rate 0 = every request at once, the saturated throughput), report p50/p99
@@ -15,7 +15,7 @@ and `--workload` are not used), served once per `--eviction_policies` entry; the
 TTFT p50/p99, TPOT, goodput (requests meeting `--goodput_ttft_s` and `--goodput_tpot_ms`) and the KV
 residency numbers (evictions by reason, sampled block lifetimes).
 
-    python scripts/simulate_serving.py --model=llama3-8b --profile=h200-141gb \
+    jaxpaged simulate serving --model=llama3-8b --profile=h200-141gb \
         --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
         --eviction_policies=lru,lfu,sieve,slru
 """
@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 
 
-from jaxpaged.bench.output import OutputFlags, markdown_row, markdown_table
+from jaxpaged.bench.output import markdown_row, markdown_table
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cache.eviction import EVICTION_POLICIES
@@ -64,6 +65,7 @@ GOOD_TPOT = FLAGS.DEFINE_float("goodput_tpot_ms", 100.0, "goodput SLO: time per 
 METRICS_SAMPLE = FLAGS.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose "
                                     "residency (lifetime, idle before evict, reuse gaps) is measured")
 OUT = OutputFlags(FLAGS, plot_dir=None)
+PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_sweep.png", "file name of the rate sweep's PNG in --plot_dir")
 SWEEP_HEADER = ["prefix caching", "offered (req/s)", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
                 "p50 TPOT (ms)", "hit rate", "preemptions", "wall (s)"]
 TRACE_HEADER = ["policy", "hit rate", "p50 TTFT (s)", "p99 TTFT (s)", "p50 TPOT (ms)", "throughput (req/s)",
@@ -132,7 +134,7 @@ def main(argv):
                "scales": parse_key_values(SCALES.value), "num_blocks": base.num_blocks(),
                "ttft_p99_bound_s": BOUND.value, "results": results},
               markdown_table(SWEEP_HEADER, rows), echo=False,
-              plots={"sim_sweep.png": lambda path: plot_sweep(curves, path, bound_s=BOUND.value, title=title)})
+              plots={PLOT_NAME.value: lambda path: plot_sweep(curves, path, bound_s=BOUND.value, title=title)})
 
 
 def run_trace() -> None:
