@@ -32,7 +32,7 @@ def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
-    """A GitHub Markdown table; ``align`` has one letter per column, ``l`` or ``r`` (default: first left, rest right)."""
+    """A GitHub Markdown table; ``align``: a letter per column, ``l`` or ``r`` (default: first left, rest right)."""
     align = align or "l" + "r" * (len(header) - 1)
     if len(align) != len(header) or any(len(row) != len(header) for row in rows):
         raise ValueError(f"every row needs {len(header)} cells and align {len(header)} letters")

@@ -12,6 +12,7 @@ block size's.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -73,6 +74,7 @@ def engine_fields() -> list[dataclasses.Field]:
 def _kind(field: dataclasses.Field) -> type:
     hint = typing.get_type_hints(EngineConfig)[field.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    args = [str if isinstance(a, type) and issubclass(a, os.PathLike) else a for a in args]  # a path: its text
     if len(args) != 1 or args[0] not in (bool, int, float, str):
         raise TypeError(f"EngineConfig.{field.name}: no flag type for {hint} (add it to NOT_FLAGS or here)")
     return args[0]

@@ -213,7 +213,8 @@ def benchmark_phase(cfg: AttentionBenchConfig, phase: str, num_seqs: int, query_
     return rows
 
 
-def mosaic_candidate(cfg: AttentionBenchConfig, inputs: dict, paged_args: tuple, static: dict) -> tuple[Callable | None, tuple, str]:
+def mosaic_candidate(cfg: AttentionBenchConfig, inputs: dict, paged_args: tuple,
+                     static: dict) -> tuple[Callable | None, tuple, str]:
     """The Mosaic GPU kernel: compiled on a GPU, interpreted on CPU with --backend_interpret."""
     on_cpu = jax.default_backend() == "cpu"
     if on_cpu and not cfg.backend_interpret:
@@ -297,7 +298,8 @@ def markdown(report: dict) -> str:
                      fmt(r.get("gb_per_s"), ".1f"), fmt(r.get("pct_peak"), ".1f"), fmt(r.get("pallas_speedup"), ".2f"),
                      fmt(r.get("max_abs_err_vs_xla"), ".2e"), r["note"]])
     lines += [markdown_table(["phase", "impl", "median ms", "first call s", "K/V GB/s", "% peak HBM", "time / pallas",
-                              "max abs err", "note"], rows, align="l" * 9), "", "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
+                              "max abs err", "note"], rows, align="l" * 9), "",
+              "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
     return "\n".join(lines)
 
 
@@ -352,7 +354,8 @@ def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
     runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
                for b in CPU_BACKENDS}
     # The backends alternate per workload, so a change in the machine's load hits both alike.
-    model_rows = {n: {b: median_step_seconds(runners[b], prefills[n], repeats) * 1e3 for b in CPU_BACKENDS} for n in lens}
+    model_rows = {n: {b: median_step_seconds(runners[b], prefills[n], repeats) * 1e3 for b in CPU_BACKENDS}
+                  for n in lens}
     decode_row = {b: median_step_seconds(runners[b], decode, repeats) * 1e3 for b in CPU_BACKENDS}
     for n in lens:
         add("model prefill", n, model_rows[n], config.name)
@@ -370,11 +373,13 @@ def sweep_markdown(report: dict) -> str:
         f"# CPU attention backends — {report['machine']['device']} (JAX {report['machine']['jax']})", "",
         "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), "",
     ]
-    rows = [[r["section"], r["tokens"], r["shape"], f"{r['xla_reference']:.1f}", f"{r['xla']:.1f}", f"{r['speedup']:.1f}x",
+    rows = [[r["section"], r["tokens"], r["shape"], f"{r['xla_reference']:.1f}", f"{r['xla']:.1f}",
+             f"{r['speedup']:.1f}x",
              f"{r['xla_reference_tokens_per_s']:.0f}", f"{r['xla_tokens_per_s']:.0f}",
              format(r["max_abs_err"], ".1e") if "max_abs_err" in r else ""] for r in report["results"]]
     lines += [markdown_table(["section", "tokens", "shape", "xla_reference ms", "xla ms", "speedup",
-                              "xla_reference tok/s", "xla tok/s", "max abs err"], rows, align="l" * 9), "", "Whole-model prefill tokens/s, longest over shortest length: "
+                              "xla_reference tok/s", "xla tok/s", "max abs err"], rows, align="l" * 9), "",
+              "Whole-model prefill tokens/s, longest over shortest length: "
               + ", ".join(f"{k}: {v:.2f}" for k, v in report["long_over_short_prefill"].items()), ""]
     return "\n".join(lines)
 

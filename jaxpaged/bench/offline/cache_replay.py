@@ -45,7 +45,8 @@ class ReplayResult:
 
 
 def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | float,
-                 block_size: int = EngineConfig.block_size, policy: str = "lru", decode: bool = False, hash_algo: str = "xxh3_128",
+                 block_size: int = EngineConfig.block_size, policy: str = "lru", decode: bool = False,
+                 hash_algo: str = "xxh3_128",
                  prompts: Sequence[np.ndarray] | None = None) -> ReplayResult:
     """Replays ``requests`` through a pool of ``capacity_tokens // block_size`` blocks (``inf``: one big
     enough for the whole trace, the unbounded hit rate); ``prompts`` reuses token ids already made."""

@@ -72,7 +72,8 @@ def markdown(result: dict) -> str:
     rows = [
         [f"decode step, {result['decode_batch']} seqs x {result['decode_context']} ctx (ms)",
          f"{result['decode_step_ms']:.1f}"],
-        [f"its weight GEMMs alone (ms; {result['matmul_gflops_per_s']:.0f} GFLOP/s)", f"{result['matmul_floor_ms']:.1f}"],
+        [f"its weight GEMMs alone (ms; {result['matmul_gflops_per_s']:.0f} GFLOP/s)",
+         f"{result['matmul_floor_ms']:.1f}"],
         ["**decode step / matmul floor**", f"**{result['decode_over_floor']:.2f}x**"],
         *([f"prefill of {n} tokens (tokens/s)", f"{result['prefill_tokens_per_s'][n]:.0f}"] for n in lens),
         [f"**prefill tokens/s, {lens[-1]} over {lens[0]}**", f"**{result['long_over_short_prefill']:.2f}**"],

@@ -94,7 +94,8 @@ def main(argv):
     ratios = [h["seconds"] / f["seconds"] for h, f in zip(passes["hybrid"], passes["all-full"])]
     table = markdown_table(
         ["layout", "peak KV blocks", "block bytes", "peak KV MB", "tokens/s (prompt+output)", "compiles in run"],
-        [[name, r["peak_blocks"], f"{r['block_bytes']:,}", f"{r['peak_kv_bytes'] / 1e6:.2f}", f"{r['tokens_per_s']:.0f}",
+        [[name, r["peak_blocks"], f"{r['block_bytes']:,}", f"{r['peak_kv_bytes'] / 1e6:.2f}",
+          f"{r['tokens_per_s']:.0f}",
           r["compiles_in_run"]] for name, r in results.items()])
     OUT.write(results, table)
     h, f = results["hybrid"], results["all-full"]

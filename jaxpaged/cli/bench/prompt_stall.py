@@ -11,65 +11,41 @@ prompt, side by side (docs/BENCHMARKS.md, "A huge prompt and the other streams")
 
 from __future__ import annotations
 
-import asyncio
 import statistics
-import time
 
-
+from jaxpaged.bench.online.prompt_stall import stall_rounds
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.outputs import RequestOutputKind
-from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import AsyncEngine
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 PROMPT_CHARS = FLAGS.DEFINE_integer("prompt_chars", 20_000_000, "characters of the huge prompt")
 REPEATS = FLAGS.DEFINE_integer("repeats", 3, "rounds with and without the huge prompt")
 MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 600, "tokens the measured stream decodes")
-MODEL = FLAGS.DEFINE_string("model", "tiny", "a shipped model config name, a config JSON or a checkpoint directory")
+ENGINE = EngineFlags(FLAGS, ["model", "num_blocks", "max_model_len"],
+                     defaults={"num_blocks": 256, "max_model_len": 1024})
+OUT = OutputFlags(FLAGS)
 FLAGS.register_validator("prompt_chars", lambda v: v > 0, message="--prompt_chars must be > 0")
 FLAGS.register_validator("repeats", lambda v: v > 0, message="--repeats must be > 0")
 FLAGS.register_validator("max_tokens", lambda v: 1 < v <= 900, message="--max_tokens must be in [2, 900]")
 
 
-async def longest_gap(async_engine: AsyncEngine, tag: str, huge: bool) -> float:
-    """The stream's longest gap between two outputs (seconds), with or without a huge prompt added meanwhile."""
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS.value, ignore_eos=True,
-                            output_kind=RequestOutputKind.DELTA)
-    stream = await async_engine.add_request(tag, [1, 2, 3], params)
-
-    async def add_huge():
-        await asyncio.sleep(0.3)
-        try:
-            await async_engine.add_request(tag + "-huge", "y" * PROMPT_CHARS.value, SamplingParams(max_tokens=2))
-        except ValueError:
-            pass  # refused: longer than max_model_len
-
-    other = asyncio.ensure_future(add_huge()) if huge else None
-    times = [time.perf_counter() async for _ in stream]
-    if other is not None:
-        await other
-    return max(b - a for a, b in zip(times, times[1:]))
-
-
 def main(argv):
-    """Measure, then print one Markdown table."""
+    """Measure, then print and write one Markdown table."""
     del argv
-    engine = Engine(EngineConfig(model=MODEL.value, num_blocks=256, max_model_len=1024))
-    async_engine = AsyncEngine(engine)
+    from jaxpaged.engine import Engine
+    from jaxpaged.server.async_engine import AsyncEngine
+    async_engine = AsyncEngine(Engine(ENGINE.config()))
     async_engine.start()
-
-    async def rounds():
-        await longest_gap(async_engine, "warm-up", False)
-        gaps = {False: [], True: []}
-        for r in range(REPEATS.value):
-            for huge in (False, True):
-                gaps[huge].append(await longest_gap(async_engine, f"r{r}-{huge}", huge))
-        return gaps
-
-    gaps = asyncio.run(rounds())
-    async_engine.shutdown()
+    try:
+        gaps = stall_rounds(async_engine, repeats=REPEATS.value, max_tokens=MAX_TOKENS.value,
+                            prompt_chars=PROMPT_CHARS.value)
+    finally:
+        async_engine.shutdown()
     quiet, loud = statistics.median(gaps[False]), statistics.median(gaps[True])
-    print(f"| stream alone: longest gap | with a {PROMPT_CHARS.value:,}-character prompt | ratio |")
-    print("|---|---|---|")
-    print(f"| {quiet * 1e3:.0f} ms | {loud * 1e3:.0f} ms | {loud / quiet:.2f}x |")
+    table = markdown_table(["stream alone: longest gap", f"with a {PROMPT_CHARS.value:,}-character prompt", "ratio"],
+                           [[f"{quiet * 1e3:.0f} ms", f"{loud * 1e3:.0f} ms", f"{loud / quiet:.2f}x"]], align="lll")
+    OUT.write({"engine": ENGINE.kwargs(), "prompt_chars": PROMPT_CHARS.value, "max_tokens": MAX_TOKENS.value,
+               "longest_gap_s": {"alone": gaps[False], "with_huge_prompt": gaps[True]},
+               "median_alone_s": quiet, "median_with_huge_prompt_s": loud}, table)
