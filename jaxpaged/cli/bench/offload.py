@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.config import list_configs
 from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown
@@ -23,6 +24,7 @@ _PLAN_MODELS = FLAGS.DEFINE_list("plan_models", ["small", "llama3-8b", "llama3-7
 _PLAN_BYTES = FLAGS.DEFINE_integer("plan_bytes", 16 << 30, "KV budget for the capacity planner table.")
 _PLAN_SEQ_LEN = FLAGS.DEFINE_integer("plan_seq_len", 4096, "Sequence length for the planner's concurrency.")
 _PARTS = FLAGS.DEFINE_list("parts", ["capacity", "ttft", "budget"], "Which benchmarks to run.")
+_BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
 OUT = OutputFlags(FLAGS, json_out="out/bench_offload.json")
 
 FLAGS.model_name("model")
@@ -37,9 +39,10 @@ def main(argv: list[str]) -> None:
     del argv
     results = {}
     if "capacity" in _PARTS.value:
-        results["capacity"] = capacity_table(_PLAN_MODELS.value, _PLAN_BYTES.value, 16, _PLAN_SEQ_LEN.value)
+        results["capacity"] = capacity_table(_PLAN_MODELS.value, _PLAN_BYTES.value, _BLOCK_SIZE.value,
+                                             _PLAN_SEQ_LEN.value)
     if "ttft" in _PARTS.value:
-        results["ttft"] = bench_ttft(_MODEL.value, _PREFIX_LEN.value, _REPEATS.value)
+        results["ttft"] = bench_ttft(_MODEL.value, _PREFIX_LEN.value, _REPEATS.value, block_size=_BLOCK_SIZE.value)
     if "budget" in _PARTS.value:
         results["budget"] = bench_budget(_MODEL.value, _KV_BYTES.value, _NUM_REQUESTS.value,
                                          _PROMPT_LEN.value, _MAX_TOKENS.value)
