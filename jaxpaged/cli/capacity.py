@@ -15,10 +15,10 @@ from __future__ import annotations
 import dataclasses
 
 
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
 
 FLAGS = FlagSet()

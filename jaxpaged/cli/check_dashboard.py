@@ -24,11 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.online.dashboard import DASHBOARD, dashboard_queries
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess, free_port
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 _MODEL = FLAGS.DEFINE_string("model", "tiny", "model the server runs")

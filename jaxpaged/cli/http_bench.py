@@ -29,9 +29,9 @@ from jaxpaged.bench.online.datasets import (
 from jaxpaged.bench.online.online_client import fetch_metric, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics, parse_goodput
 from jaxpaged.bench.online.online_report import online_markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")

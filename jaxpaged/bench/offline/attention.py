@@ -21,15 +21,15 @@ from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import load_config
+from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, build_step_input
-from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels import ragged_paged_attention_mgpu as mgpu
+from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
-from jaxpaged.engine.config import EngineConfig
 
 
 @dataclasses.dataclass(frozen=True)

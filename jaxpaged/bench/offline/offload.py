@@ -12,13 +12,13 @@ import time
 
 import numpy as np
 
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.capacity import kv_capacity
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.bench.output import markdown_table
 
 FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 

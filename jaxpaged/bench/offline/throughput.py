@@ -20,10 +20,10 @@ from pathlib import Path
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
+from jaxpaged.engine.config import EngineConfig
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.engine.config import EngineConfig
 
 BACKENDS = ("jaxpaged", "hf")
 

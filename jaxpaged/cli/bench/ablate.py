@@ -12,13 +12,13 @@ import functools
 
 from tqdm.auto import tqdm
 
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.bench.offline.ablation import ABLATION_METRICS, sweep_block_sizes
 from jaxpaged.bench.offline.plots import plot_metric_vs_block_size
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.checkpoint import load_model
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.workloads import WORKLOADS as WORKLOADS_BY_NAME
 
 FLAGS = FlagSet()

@@ -40,9 +40,9 @@ import jax
 
 from jaxpaged.bench.offline.attention import (AttentionBenchConfig, benchmark_phase, cpu_sweep, decode_targets,
                                               long_over_short, machine, markdown, sweep_markdown)
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 FLAGS.DEFINE_integer("batch", 64, "Decode sequences.")

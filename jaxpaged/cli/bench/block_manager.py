@@ -11,12 +11,12 @@ Markdown table and writes JSON.
 from __future__ import annotations
 
 
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.bench.offline.block_manager import BenchConfig, markdown_table, run_benchmarks
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
-from jaxpaged.bench.offline.block_manager import BenchConfig, markdown_table, run_benchmarks
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 _NUM_BLOCKS = FLAGS.DEFINE_integer("num_blocks", 4096, "Physical blocks in the pool.")

@@ -20,9 +20,9 @@ head, K/V write, sampling, ...: jaxpaged/bench/offline/step_profile.py).
 from __future__ import annotations
 
 from jaxpaged.bench.offline.cpu_efficiency import markdown, measure
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "small", "a shipped model config name or a config JSON")

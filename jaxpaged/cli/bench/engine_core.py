@@ -21,13 +21,13 @@ import resource
 
 
 from jaxpaged.bench.online.datasets import random_requests
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.cli.http_bench import DEVICE_BUSY_METRIC, HttpBenchFlags
 from jaxpaged.bench.online.online_client import fetch_metric, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.http_bench import DEVICE_BUSY_METRIC, HttpBenchFlags
+from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.workload_flags import WorkloadFlags
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

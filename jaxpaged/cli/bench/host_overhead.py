@@ -22,9 +22,9 @@ import statistics
 
 
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.simulator.host_overhead import HostOverhead, measure_host_overhead
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.outputs import RequestOutputKind
 
 FLAGS = FlagSet()

@@ -30,12 +30,12 @@ from jaxpaged.bench.online.offline_online import (
     comparison_table,
     offline_results,
 )
+from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.checkpoint import load_model
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.engine import Engine
 from jaxpaged.mathutils import cdiv
 from jaxpaged.workloads import WORKLOADS

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from jaxpaged.bench.offline.latency import PERCENTILES, latency_summary, measure_latency, random_prompts
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 ENGINE = EngineFlags(FLAGS)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.logit_controls import penalised, side_by_side, step_pair, with_prompt_logprobs
 from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model

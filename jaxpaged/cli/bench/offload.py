@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import list_configs
-from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown
 
 FLAGS = FlagSet()
 _MODEL = FLAGS.DEFINE_string("model", "small", "Model config for the timed runs.")

@@ -11,13 +11,13 @@ sit between the device steps ("device_step" and the XLA executions).
 from __future__ import annotations
 
 
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.bench.offline.profiling import profile_workload
 from jaxpaged.bench.offline.serving import engine_config, make_runner
 from jaxpaged.checkpoint import load_model
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.engine import Engine
 from jaxpaged.workloads import WORKLOADS
 

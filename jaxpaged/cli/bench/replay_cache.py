@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.cache_replay import markdown_table, sweep
 from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cache.eviction import EVICTION_POLICIES
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.traces import CONVERSATION_TRACE, load_trace
 
 FLAGS = FlagSet()

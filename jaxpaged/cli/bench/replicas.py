@@ -19,11 +19,11 @@ import logging
 import os
 
 
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
 from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_policies
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "tiny", "model for every replica (a shipped config name or a directory)")

@@ -27,15 +27,15 @@ import logging
 
 from tqdm.auto import tqdm
 
+from jaxpaged.bench.offline.report import markdown_table
+from jaxpaged.bench.offline.serving import MODES, compare_modes
+from jaxpaged.bench.output import markdown_table as render_table
+from jaxpaged.checkpoint import load_model
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.bench.offline.report import markdown_table
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.bench.output import markdown_table as render_table
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.bench.offline.serving import MODES, compare_modes
-from jaxpaged.checkpoint import load_model
+from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.metrics import attach_metrics, kv_residency_summary
 from jaxpaged.workloads import WORKLOADS
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 from jaxpaged.mathutils import cdiv

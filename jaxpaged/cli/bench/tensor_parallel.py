@@ -15,9 +15,9 @@ import os
 
 from jaxpaged import distributed
 from jaxpaged.bench.offline.tensor_parallel import bench_tensor_parallel, markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 
 FLAGS = FlagSet()

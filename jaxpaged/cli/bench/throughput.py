@@ -41,8 +41,8 @@ from jaxpaged.bench.offline.throughput import (
     hf_checkpoint,
     make_prompts,
 )
-from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
 from jaxpaged.bench.offline.throughput_floor import measure_gemm_floor
+from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
 from jaxpaged.checkpoint import load_model, read_hf_config
 
 FLAGS = FlagSet()

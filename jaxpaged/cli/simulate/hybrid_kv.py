@@ -19,8 +19,8 @@ from pathlib import Path
 from absl import app
 
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment

@@ -19,9 +19,9 @@ import dataclasses
 
 
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.router import POLICIES, make_policy
 from jaxpaged.sim.cluster import simulate_cluster
 from jaxpaged.sim.scenario import Deployment

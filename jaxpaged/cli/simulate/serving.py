@@ -26,10 +26,10 @@ import dataclasses
 
 
 from jaxpaged.bench.output import markdown_row, markdown_table
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
-from jaxpaged.cache.eviction import EVICTION_POLICIES
+from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.sim import scenario
 from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import WORKLOADS, make_workload
