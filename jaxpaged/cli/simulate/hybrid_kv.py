@@ -19,12 +19,11 @@ from pathlib import Path
 from absl import app
 
 from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.simulator.hybrid_kv import hybrid_capacity, run
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
-from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import WorkloadRequest
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "gemma-3-27b", "a shipped model config with sliding-window layers")
@@ -36,21 +35,6 @@ MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 1024, "tokens generated per requ
 OUT = OutputFlags(FLAGS)
 FLAGS.model_name("model")
 FLAGS.positive("max_tokens")
-
-
-def run(deployment: Deployment, context_len: int, num_requests: int, max_tokens: int) -> dict:
-    """One simulated run; the most sequences running at once is sampled after every step."""
-    engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
-    peak = [0]
-    engine.stat_loggers.append(lambda e, outputs: peak.__setitem__(0, max(peak[0], len(e.scheduler.running))))
-    prompt_len = context_len - max_tokens
-    requests = [WorkloadRequest(f"r{i}", [(i * 7919 + j) % 30000 + 1 for j in range(prompt_len)], max_tokens)
-                for i in range(num_requests)]
-    result = simulate(engine, clock, requests)
-    return {"num_blocks": engine.num_blocks, "kv_layout_groups": len(getattr(engine.kv, "windows", (None,))),
-            "peak_running": peak[0], "num_preemptions": result.num_preemptions,
-            "simulated_s": result.duration_s, "output_tokens_per_s": result.output_tokens / result.duration_s,
-            "wall_s": result.wall_s}
 
 
 def main(argv):
@@ -69,7 +53,7 @@ def main(argv):
         for context_len in map(int, CONTEXT_LENS.value):
             results = {}
             for name, deployment in layouts.items():
-                n = NUM_REQUESTS.value or max(4, int(1.5 * _capacity(layouts["hybrid"], context_len)))
+                n = NUM_REQUESTS.value or max(4, int(1.5 * hybrid_capacity(layouts["hybrid"], context_len)))
                 results[name] = run(deployment, context_len, n, MAX_TOKENS.value)
             rows.append({"context_len": context_len, "num_requests": n, **results})
     table = markdown_table(
@@ -78,11 +62,3 @@ def main(argv):
           row[name]["num_preemptions"], f"{row[name]['output_tokens_per_s']:,.0f}"] for row in rows for name in layouts],
         align="rrlrrrr")
     OUT.write({"rows": rows}, table)
-
-
-def _capacity(deployment: Deployment, context_len: int) -> int:
-    """Sequences of `context_len` the hybrid pool holds at once (the capacity arithmetic)."""
-    from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
-    layout = kv_cache_layout(deployment.model_config.layer_windows)
-    per_seq = sum(blocks_for_context(w, context_len, deployment.block_size) for w in layout.windows)
-    return deployment.num_blocks() // per_seq
