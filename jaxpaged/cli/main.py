@@ -78,8 +78,3 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main() -> None:
     """The console entry point."""
     sys.exit(run())
-
-
-def forward(command: str) -> None:
-    """A ``scripts/*.py`` shim: run ``jaxpaged COMMAND`` with the script's own arguments, then exit."""
-    sys.exit(run([PROG, *command.split(), *sys.argv[1:]]))

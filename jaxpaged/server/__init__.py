@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP serving: an engine loop in its own thread, and a FastAPI app in front.
 
-    python scripts/serve.py --model=tiny --host=127.0.0.1 --port=8000
+    jaxpaged serve --model=tiny --host=127.0.0.1 --port=8000
 """
 
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError

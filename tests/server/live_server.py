@@ -1,4 +1,4 @@
-"""Starting `scripts/serve.py` as subprocesses on 127.0.0.1 for the server tests.
+"""Starting `jaxpaged serve` as subprocesses on 127.0.0.1 for the server tests.
 
 Unlike `jaxpaged.bench.online.server_process.ServerProcess` (one server, log to a file),
 these keep the output on a pipe the tests read, and wait on a group of
@@ -20,8 +20,8 @@ WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (n
 
 
 def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
-    """Run serve.py with `flags` (one of them `--port=`); output collected on stdout."""
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", *flags],
+    """Run `jaxpaged serve` with `flags` (one of them `--port=`); output collected on stdout."""
+    return subprocess.Popen([sys.executable, "-m", "jaxpaged", "serve", "--model=tiny", *flags],
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

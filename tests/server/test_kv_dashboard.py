@@ -1,7 +1,7 @@
 """Issue 28 items 1, 4 and 5 over HTTP: the Grafana dashboard's PromQL against a live server's /metrics, the
 residency metrics, and pinned prefixes (`POST /v1/cache/pin`, the `pin_ttl_s` request field).
 
-One `scripts/serve.py` for the module: tiny model, a 32-block pool, LRU (a policy that protects reused
+One `jaxpaged serve` for the module: tiny model, a 32-block pool, LRU (a policy that protects reused
 blocks would keep the unpinned control prefix too), every cached block sampled.
 """
 

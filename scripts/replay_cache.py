@@ -1,5 +1,0 @@
-"""Formerly a script: now `jaxpaged bench replay-cache`, which this forwards its arguments to."""
-from jaxpaged.cli.main import forward
-
-if __name__ == "__main__":  # multiprocessing re-imports this module in its children
-    forward("bench replay-cache")
