@@ -11,7 +11,7 @@
 #   3. benchmarks both kernels beside the XLA paths: decode at batch 64 x 8K context
 #      and a 4 x 512-token prefill chunk, Llama-3-8B heads, bf16 then fp8 K/V, with
 #      achieved HBM bandwidth as a fraction of peak (OUTDIR/bench_attention_{bf16,fp8}.*),
-#   4. runs the engine once (bench_throughput, random weights with Llama-3-8B layer
+#   4. runs the engine once (`jaxpaged bench throughput`, random weights with Llama-3-8B layer
 #      shapes, 4 of its 32 layers), on the Mosaic kernel if its benchmark rows passed,
 #      else on the Triton kernel (OUTDIR/bench_throughput.*).
 # Stages are time-boxed; a failing stage is recorded and the next one still runs.
@@ -69,7 +69,7 @@ if "$PYTHON" -c "import absl" 2>/dev/null; then
   for dtype in bfloat16 float8_e4m3fn; do
     tag=$([ "$dtype" = bfloat16 ] && echo bf16 || echo fp8)
     log "== benchmark: decode 64 x 8K + prefill 4 x 512, Llama-3-8B heads, $tag K/V"
-    timeout 80 "$PYTHON" scripts/bench_attention.py --batch=64 --context_len=8192 --num_q_heads=32 \
+    timeout 80 "$PYTHON" -m jaxpaged bench attention --batch=64 --context_len=8192 --num_q_heads=32 \
       --num_kv_heads=8 --head_dim=128 --block_size=16 --dtype="$dtype" --repeats=20 \
       --prefill_batch=4 --prefill_chunk=512 \
       --json_out="$OUTDIR/bench_attention_$tag.json" --md_out="$OUTDIR/bench_attention_$tag.md" \
@@ -86,14 +86,14 @@ ok = [r for r in rows if r["impl"] == "pallas_mosaic" and "median_s" in r and r[
 sys.exit(0 if len(ok) == 2 else 1)
 PY
   then kernel=mosaic; else kernel=triton; export JAXPAGED_ATTENTION_BACKEND=pallas; fi
-  log "== engine: bench_throughput, Llama-3-8B layer shapes (4 layers, random weights), $kernel kernel"
+  log "== engine: jaxpaged bench throughput, Llama-3-8B layer shapes (4 layers, random weights), $kernel kernel"
   "$PYTHON" - "$WORK/llama3-8b-4l.json" <<'PY'
 import json, sys
 config = json.load(open("configs/llama3-8b.json"))
 config.update(name="llama3-8b-4layers", num_layers=4)
 json.dump(config, open(sys.argv[1], "w"))
 PY
-  timeout 170 "$PYTHON" scripts/bench_throughput.py --backend=jaxpaged --model="$WORK/llama3-8b-4l.json" \
+  timeout 170 "$PYTHON" -m jaxpaged bench throughput --backend=jaxpaged --model="$WORK/llama3-8b-4l.json" \
     --checkpoint_dir="$WORK/checkpoints" --compile_cache_dir="$WORK/jax-cache" --num_prompts=64 \
     --input_len=512 --prefix_len=64 --output_len=64 --max_num_batched_tokens=2048 --gemm_floor=false \
     --json_out="$OUTDIR/bench_throughput.json" --md_out="$OUTDIR/bench_throughput.md" \

@@ -2,7 +2,7 @@
 
 Runners: `ModelRunner` (the jitted step over a device pool), the simulator's
 `SimulatedRunner` (a cost model and a clock), and wrappers that time or record
-steps (`jaxpaged.bench.timing.TimedRunner`, `jaxpaged.sim.validate.RecordingRunner`).
+steps (`jaxpaged.bench.offline.timing.TimedRunner`, `jaxpaged.sim.validate.RecordingRunner`).
 """
 
 from __future__ import annotations

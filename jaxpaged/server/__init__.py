@@ -2,7 +2,7 @@
 `EngineClient` — the engine core in its own process (`core/`, the default), an engine loop in a thread
 of this process (`AsyncEngine`), or replicas on Ray Serve (`replicas/`).
 
-    python scripts/serve.py --model=tiny --host=127.0.0.1 --port=8000
+    jaxpaged serve --model=tiny --host=127.0.0.1 --port=8000
 """
 
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError

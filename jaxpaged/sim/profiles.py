@@ -4,7 +4,7 @@ GPU figures are vendor datasheet peaks (dense bf16/fp16 tensor-core FLOP/s,
 HBM bandwidth) for the SXM parts, so simulated times are a roofline: an upper
 bound on speed that real kernels approach but do not reach. The "cpu" profile
 is fitted to measured steps of the small config on this machine
-(`scripts/calibrate_cpu_profile.py` writes `cpu_profile.json` beside this file).
+(`jaxpaged calibrate` writes `cpu_profile.json` beside this file).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def get_profile(name: str) -> DeviceProfile:
         return GPU_PROFILES[name]
     if name == "cpu":
         if not CPU_PROFILE_PATH.exists():
-            raise ValueError("no calibrated cpu profile: run scripts/calibrate_cpu_profile.py first")
+            raise ValueError("no calibrated cpu profile: run `jaxpaged calibrate` first")
         return load_profile_file(CPU_PROFILE_PATH)
     if Path(name).suffix == ".json":
         return load_profile_file(Path(name))

@@ -6,7 +6,7 @@ the time the roofline cost model predicts for it on a device profile (an H200
 by default) and samples a fixed token that is never EOS. Its KV pool holds as
 many blocks as the device's memory leaves after the weights (vLLM's
 `gpu_memory_utilization` rule), unless the config names a pool size. No model
-is built and nothing is compiled, so `serve.py --device=simulated` starts in
+is built and nothing is compiled, so `jaxpaged serve --device=simulated` starts in
 seconds and lets the HTTP server, the scheduler and the load generator be
 measured at the step rates a GPU would impose; the runner counts the seconds
 its device was busy (`jaxpaged:device_busy_seconds` in `/metrics`).

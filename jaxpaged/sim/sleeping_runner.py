@@ -8,8 +8,8 @@ engine's host work (scheduling, layout, output processing) runs for real
 beside it, so the share of wall time the device thread is busy shows whether
 the host keeps such a device fed. The CPU stays free while the "device" runs.
 
-It serves two uses: the host-overhead benchmark (`jaxpaged.bench.host_overhead`)
-and `serve.py --device=simulated`, which runs the whole server over it
+It serves two uses: the host-overhead benchmark (`jaxpaged.bench.simulator.host_overhead`)
+and `jaxpaged serve --device=simulated`, which runs the whole server over it
 (`jaxpaged.sim.realtime`).
 """
 

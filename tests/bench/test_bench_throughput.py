@@ -1,4 +1,4 @@
-"""scripts/bench_throughput.py: jaxpaged against Hugging Face transformers on one checkpoint.
+"""`jaxpaged bench throughput`: jaxpaged against Hugging Face transformers on one checkpoint.
 
 transformers' Llama is the independent reference here: the greedy tokens
 jaxpaged generates from a checkpoint we wrote must be the ones transformers
@@ -8,16 +8,14 @@ the real `LlamaForCausalLM`.
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jaxpaged.bench.hf_backend import MISSING_EXTRA
-from jaxpaged.bench.throughput import (
+from jaxpaged.bench.offline.hf_backend import MISSING_EXTRA
+from jaxpaged.bench.offline.throughput import (
     HFBackend,
     JaxpagedBackend,
     PromptSpec,
@@ -25,6 +23,7 @@ from jaxpaged.bench.throughput import (
     make_prompts,
 )
 from jaxpaged.checkpoint import read_hf_config
+from jaxpaged.cli import main as cli
 
 # the tests that run transformers need the hf extra (`make test` installs it); the rest run without it
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("torch") is None
@@ -32,7 +31,6 @@ needs_hf = pytest.mark.skipif(importlib.util.find_spec("torch") is None
                               reason="torch/transformers missing: pip install -e '.[hf]'")
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench_throughput.py"
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
 OUTPUT_LEN = 10
 
@@ -108,17 +106,26 @@ def test_hf_checkpoint_rejects_an_unknown_model(tmp_path):
         hf_checkpoint("no-such-model", tmp_path)
 
 
-def _run(*args: str, block_torch: bool = False) -> subprocess.CompletedProcess:
-    """The script in a subprocess; with `block_torch`, `import torch` fails in it as if the extra were missing."""
-    argv = [str(SCRIPT), *args]
-    if block_torch:
-        code = ("import runpy, sys; sys.modules['torch'] = None; "
-                f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-        command = [sys.executable, "-c", code]
-    else:
-        command = [sys.executable, *argv]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+class Run:
+    """What one in-process `jaxpaged bench throughput` call returned and printed."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """Run the command in this process; with ``block_torch``, ``import torch`` fails as if the extra were missing."""
+    def run(*args: str, block_torch: bool = False) -> Run:
+        if block_torch:
+            monkeypatch.setitem(sys.modules, "torch", None)
+        try:
+            code = cli.run(["jaxpaged", "bench", "throughput", *args])
+        except SystemExit as exit_:
+            code = exit_.code
+        out = capsys.readouterr()
+        return Run(code, out.out, out.err)
+    return run
 
 
 TINY = ["--model=tiny", "--num_prompts=4", "--input_len=20", "--prefix_len=8", f"--output_len={OUTPUT_LEN}",
@@ -126,8 +133,8 @@ TINY = ["--model=tiny", "--num_prompts=4", "--input_len=20", "--prefix_len=8", f
 
 
 @needs_hf
-def test_script_runs_both_backends_side_by_side(tmp_path):
-    proc = _run(*TINY, "--backend=both", "--repeats=2", f"--checkpoint_dir={tmp_path}/ck",
+def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
+    proc = run_cli(*TINY, "--backend=both", "--repeats=2", f"--checkpoint_dir={tmp_path}/ck",
                 f"--json_out={tmp_path}/t.json", f"--md_out={tmp_path}/t.md")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "t.json").read_text())
@@ -164,26 +171,31 @@ def test_script_runs_both_backends_side_by_side(tmp_path):
     (["--output_len=0"], "--output_len must be a finite number >= 1"),
     (["--model=no-such-model"], "--model must be a shipped config"),
 ])
-def test_script_rejects_bad_flags(args, message):
-    proc = _run(*TINY, *args)
+def test_cli_rejects_bad_flags(args, message, run_cli):
+    proc = run_cli(*TINY, *args)
     assert proc.returncode != 0
     assert "FATAL Flags parsing error" in proc.stderr and message in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_hf_backend_without_the_extra_says_which_to_install(tmp_path):
-    proc = _run(*TINY, "--backend=hf", f"--checkpoint_dir={tmp_path}/ck", block_torch=True)
+def test_hf_backend_without_the_extra_says_which_to_install(tmp_path, run_cli):
+    proc = run_cli(*TINY, "--backend=hf", f"--checkpoint_dir={tmp_path}/ck", block_torch=True)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if MISSING_EXTRA in line]
     assert len(lines) == 1 and lines[0].startswith("cannot run --backend=hf")
     assert "Traceback" not in proc.stderr
 
 
-def test_both_without_the_extra_runs_jaxpaged_alone(tmp_path):
-    proc = _run(*TINY, "--backend=both", f"--checkpoint_dir={tmp_path}/ck", f"--json_out={tmp_path}/t.json",
-                block_torch=True)
+def test_both_without_the_extra_runs_jaxpaged_alone(tmp_path, run_cli):
+    proc = run_cli(*TINY, "--backend=both", f"--checkpoint_dir={tmp_path}/ck", f"--json_out={tmp_path}/t.json",
+                   f"--md_out={tmp_path}/t.md", block_torch=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(MISSING_EXTRA in line for line in proc.stderr.splitlines()) == 1
     result = json.loads((tmp_path / "t.json").read_text())
     assert list(result["median"]) == ["jaxpaged"] and "ratios" not in result
     assert result["median"]["jaxpaged"]["output_tokens"] == 4 * OUTPUT_LEN
+    assert set(result["memory_environment"]) == {"transparent_hugepage", "GLIBC_TUNABLES"}  # the one writer's
+    table = (tmp_path / "t.md").read_text()
+    assert table.startswith("| metric | jaxpaged |\n|---|---:|") and table in proc.stdout
+    tokens_row = next(line for line in table.splitlines() if line.startswith("| output tokens"))
+    assert tokens_row.split("|")[2].strip() == str(4 * OUTPUT_LEN)

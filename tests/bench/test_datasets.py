@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from jaxpaged.bench.datasets import (BenchRequest, from_workload, load_bench_tokenizer, prefix_repetition_requests,
+from jaxpaged.bench.online.datasets import (BenchRequest, from_workload, load_bench_tokenizer, prefix_repetition_requests,
                                      random_requests, sharegpt_requests, with_prompt_format)
 from jaxpaged.tokenizer import ByteTokenizer
 from jaxpaged.workloads import TOKEN_ID_LIMIT, make_workload

@@ -1,16 +1,13 @@
 """The matmul floor (a step's weight GEMMs alone) and the CPU-efficiency script built on it."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from jaxpaged.bench.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
+from jaxpaged.bench.offline import cpu_efficiency
+from jaxpaged.bench.offline.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])  # untied and tied embeddings
@@ -38,11 +35,8 @@ def test_flops_per_row_split_the_stack_from_the_lm_head(name):
     assert head == 2 * h * config.vocab_size
 
 
-def test_cpu_efficiency_script_measures_on_one_runner():
-    spec = importlib.util.spec_from_file_location("bench_cpu_efficiency", ROOT / "scripts/bench_cpu_efficiency.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    result = script.measure("tiny", decode_batch=4, decode_context=40, prefill_lens=[32, 96],
+def test_cpu_efficiency_measures_on_one_runner():
+    result = cpu_efficiency.measure("tiny", decode_batch=4, decode_context=40, prefill_lens=[32, 96],
                             block_size=16, repeats=2)
     rounds = np.array(result["decode_rounds_ms"])
     assert rounds.shape == (2, 2)  # one (decode step, floor) pair per repeat, alternating
@@ -51,6 +45,6 @@ def test_cpu_efficiency_script_measures_on_one_runner():
     tps = result["prefill_tokens_per_s"]
     assert result["long_over_short_prefill"] == pytest.approx(tps["96"] / tps["32"])
     assert result["compiles"] == 3  # one decode shape and one per prefill length
-    assert "**decode step / matmul floor**" in script.markdown(result)
+    assert "**decode step / matmul floor**" in cpu_efficiency.markdown(result)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        script.measure("tiny", 4, 40, [10_000], 16, 1)
+        cpu_efficiency.measure("tiny", 4, 40, [10_000], 16, 1)

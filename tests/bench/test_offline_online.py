@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from jaxpaged.bench.datasets import BenchRequest, random_requests
-from jaxpaged.bench.offline_online import (compare_offline_http, comparison_table, http_cost, median_metrics,
+from jaxpaged.bench.online.datasets import BenchRequest, random_requests
+from jaxpaged.bench.online.offline_online import (compare_offline_http, comparison_table, http_cost, median_metrics,
                                            offline_results)
-from jaxpaged.bench.online_metrics import compute_metrics
+from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.engine import Engine, EngineConfig
 
 

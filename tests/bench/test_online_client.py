@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from jaxpaged.bench.datasets import BenchRequest
-from jaxpaged.bench.online_client import (CompletionStream, RequestResult, SSEDecoder, completion_body,
+from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.online_client import (CompletionStream, RequestResult, SSEDecoder, completion_body,
                                           run_requests)
 
 

@@ -1,22 +1,19 @@
-"""The online benchmark end to end against one live scripts/serve.py subprocess (tiny model, loopback)."""
+"""The online benchmark end to end against one live `jaxpaged serve` subprocess (tiny model, loopback)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from jaxpaged.bench.datasets import BenchRequest, prefix_repetition_requests, sharegpt_requests
-from jaxpaged.bench.online_client import fetch_model_name, run_requests
-from jaxpaged.bench.online_metrics import compute_metrics
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.datasets import BenchRequest, prefix_repetition_requests, sharegpt_requests
+from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
-# the engine settings of the server, which scripts/bench_http_overhead.py must mirror offline
+# the engine settings of the server, which `jaxpaged bench http-overhead` must mirror offline
 ENGINE = {"block_size": 16, "kv_budget_tokens": 1024, "max_model_len": 128, "max_num_seqs": 8,
           "max_num_batched_tokens": 256}
 ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0",
@@ -75,16 +72,8 @@ def test_text_prompts_with_arrivals_and_a_bad_request(server, tmp_path):
     assert results[1].success and results[1].output_tokens == 4
 
 
-def run_script(name, *args):
-    env = dict(os.environ, **ENV)
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
-def test_bench_serving_http_backend(server, tmp_path):
-    out = run_script("bench_serving.py", "--backend=http", f"--base_url={server.base_url}", "--dataset_name=prefix_repetition",
+def test_bench_serving_http_backend(server, tmp_path, run_command):
+    out = run_command("bench serving", "--backend=http", f"--base_url={server.base_url}", "--dataset_name=prefix_repetition",
                      "--num_prompts=5", "--prefix_repetition_prefix_len=16", "--prefix_repetition_suffix_len=4",
                      "--prefix_repetition_num_prefixes=2", "--prefix_repetition_output_len=6", "--request_rate=20",
                      "--burstiness=0.5", "--seed=3", "--goodput", "ttft:100000", "e2el:100000", "--progress=false",
@@ -98,9 +87,9 @@ def test_bench_serving_http_backend(server, tmp_path):
     assert (tmp_path / "h.md").read_text().startswith("| metric | http |") and "| TTFT p99 (ms) |" in out
 
 
-def test_bench_http_overhead_against_the_same_server(server, tmp_path):
+def test_bench_http_overhead_against_the_same_server(server, tmp_path, run_command):
     engine_flags = [f"--{k}={v}" for k, v in ENGINE.items()]  # the offline engine mirrors the server
-    run_script("bench_http_overhead.py", "--model=tiny", "--start_server=false", f"--base_url={server.base_url}",
+    run_command("bench http-overhead", "--model=tiny", "--start_server=false", f"--base_url={server.base_url}",
                *engine_flags, "--dataset_name=random",
                "--num_prompts=3", "--random_input_len=16", "--random_output_len=4", "--repeats=1",
                f"--compile_cache_dir={CACHE}", f"--json_out={tmp_path}/o.json", f"--md_out={tmp_path}/o.md")

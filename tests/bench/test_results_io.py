@@ -2,7 +2,9 @@
 
 import json
 
-from jaxpaged.bench.results_io import memory_environment, write_outputs
+import pytest
+
+from jaxpaged.bench.output import memory_environment, write_outputs
 
 
 def test_memory_environment_reads_the_bracketed_thp_mode(tmp_path, monkeypatch):
@@ -23,3 +25,28 @@ def test_outputs_carry_the_environment_and_only_go_where_asked(tmp_path, monkeyp
     assert list(tmp_path.rglob("*.md")) == []
     write_outputs({"x": 1}, "| a |", None, str(tmp_path / "t.md"))
     assert (tmp_path / "t.md").read_text() == "| a |\n"
+
+
+def test_markdown_table_aligns_and_refuses_ragged_rows():
+    from jaxpaged.bench.output import markdown_table
+    assert markdown_table(["metric", "a", "b"], [["x", 1, "2.0"]]) == "| metric | a | b |\n|---|---:|---:|\n| x | 1 | 2.0 |"
+    assert markdown_table(["p", "q"], [], align="rl").splitlines()[1] == "|---:|---|"
+    with pytest.raises(ValueError, match="2 cells"):
+        markdown_table(["p", "q"], [["only one"]])
+
+
+def test_output_flags_write_each_output_only_where_its_flag_points(tmp_path, capsys):
+    from jaxpaged.cli.output_flags import OutputFlags
+    from jaxpaged.cli.flagset import FlagSet
+    fs = FlagSet()
+    out = OutputFlags(fs, json_out=str(tmp_path / "default.json"), plot_dir="")
+    drawn = []
+    plots = {"p.png": lambda path: drawn.append(path) or path.write_bytes(b"png")}
+    fs.parse(["prog", f"--md_out={tmp_path}/t.md"])
+    assert out.write({"x": 1}, "| t |", plots=plots) == [] and drawn == []  # --plot_dir='' draws nothing
+    assert json.loads((tmp_path / "default.json").read_text())["x"] == 1
+    assert (tmp_path / "t.md").read_text() == "| t |\n" and capsys.readouterr().out.startswith("| t |")
+    fs.parse(["prog", "--json_out=", f"--plot_dir={tmp_path}/plots"])
+    (tmp_path / "default.json").unlink()
+    assert out.write({"x": 2}, plots=plots) == [tmp_path / "plots" / "p.png"] == drawn
+    assert not (tmp_path / "default.json").exists() and (tmp_path / "plots" / "p.png").read_bytes() == b"png"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxpaged.bench.step_profile import CATEGORIES, category_of, leaf_op_seconds, op_call_stacks, profile_step
+from jaxpaged.bench.offline.step_profile import CATEGORIES, category_of, leaf_op_seconds, op_call_stacks, profile_step
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner

@@ -2,7 +2,7 @@
 
 import json
 
-from jaxpaged.bench.block_manager import BenchConfig, markdown_table, raw_sha256_chain, run_benchmarks
+from jaxpaged.bench.offline.block_manager import BenchConfig, markdown_table, raw_sha256_chain, run_benchmarks
 
 
 def test_benchmark_runs_and_reports_every_measure():

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,11 +10,11 @@ import pytest
 
 from jaxpaged.checkpoint import (convert_hf_to_orbax, is_orbax_checkpoint_dir, load_model,
                                  load_params, save_hf_checkpoint, save_params)
+from jaxpaged.cli import main as cli
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 
 TOKENS = jnp.asarray([[1, 200, 33, 7, 7, 150, 64, 9]])
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "convert_checkpoint.py"
 
 
 def logits(model) -> np.ndarray:
@@ -59,14 +55,11 @@ def test_load_model_dispatch(tmp_path, tiny_model):
         load_model("no-such-config")
 
 
-def test_convert_script_end_to_end(tmp_path, tiny_model):
+def test_convert_command_end_to_end(tmp_path, tiny_model):
     hf_dir, out_dir = tmp_path / "hf", tmp_path / "orbax"
     save_hf_checkpoint(tiny_model, hf_dir)
     (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [257, 258]}))
-    # A subprocess, so the script's absl flags cannot collide with other scripts' in this process.
-    subprocess.run([sys.executable, str(SCRIPT), f"--hf_dir={hf_dir}", f"--out_dir={out_dir}",
-                    "--dtype=bfloat16"], check=True, capture_output=True, timeout=120,
-                   env=os.environ | {"JAX_PLATFORMS": "cpu"})
+    assert cli.run(["jaxpaged", "convert", f"--hf_dir={hf_dir}", f"--out_dir={out_dir}", "--dtype=bfloat16"]) == 0
     assert (out_dir / "generation_config.json").is_file()
     converted = load_model(out_dir)
     assert converted.embed_tokens.embedding.dtype == jnp.bfloat16

@@ -11,7 +11,7 @@ the tokenizer's special tokens.
 import openai
 import pytest
 
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.checkpoint import save_hf_checkpoint
 from jaxpaged.config import load_config
 from jaxpaged.llm import LLM

@@ -1,6 +1,6 @@
-"""Starting `scripts/serve.py` as subprocesses on 127.0.0.1 for the server tests.
+"""Starting `jaxpaged serve` as subprocesses on 127.0.0.1 for the server tests.
 
-Unlike `jaxpaged.bench.server_process.ServerProcess` (one server, log to a file),
+Unlike `jaxpaged.bench.online.server_process.ServerProcess` (one server, log to a file),
 these keep the output on a pipe the tests read, and wait on a group of
 processes (multi-host).
 """
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import httpx
 
-from jaxpaged.bench.server_process import free_port  # noqa: F401 - the tests import it from here
+from jaxpaged.bench.online.server_process import free_port  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (not a speed check)
 
 
 def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
-    """Run serve.py with `flags` (one of them `--port=`); output collected on stdout."""
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", *flags],
+    """Run `jaxpaged serve` with `flags` (one of them `--port=`); output collected on stdout."""
+    return subprocess.Popen([sys.executable, "-m", "jaxpaged", "serve", "--model=tiny", *flags],
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -44,7 +44,7 @@ def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:
 
 
 def serving(*flags: str):
-    """A module fixture's body: start serve.py on a free loopback port, yield its base URL, stop it after."""
+    """A module fixture's body: start `jaxpaged serve` on a free loopback port, yield its base URL, stop it after."""
     port = free_port()
     proc = start_server("--host=127.0.0.1", f"--port={port}", *flags)
     base = f"http://127.0.0.1:{port}"

@@ -111,7 +111,7 @@ def test_core_sigkill_fails_every_stream_then_nothing_is_left():
 
 
 def test_launcher_sigkill_drains_then_leaves_no_process():
-    """The launcher (serve.py's own process) killed with SIGKILL: its children get SIGTERM (PR_SET_PDEATHSIG),
+    """The launcher (jaxpaged serve's own process) killed with SIGKILL: its children get SIGTERM (PR_SET_PDEATHSIG),
     so the open stream is drained to its end and the core, the API servers and multiprocessing's helper exit."""
     proc, base, core, apis = _start("--device=simulated", "--model=llama3-8b")  # no model to build or compile
     children = children_of(proc.pid)

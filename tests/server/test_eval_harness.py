@@ -1,6 +1,6 @@
 """lm-evaluation-harness as a real client, and `echo` / prompt logprobs over HTTP with the official client.
 
-One live `serve.py` for the module, on a random-weight Llama checkpoint with a
+One live `jaxpaged serve` for the module, on a random-weight Llama checkpoint with a
 byte-level BPE `tokenizer.json` trained here. `lm_eval --model
 local-completions` runs fully offline (task YAMLs over JSON files written
 here, the tokenizer from the checkpoint directory) on a multiple-choice

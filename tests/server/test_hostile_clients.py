@@ -1,4 +1,4 @@
-"""No client can stop the live server, or keep it busy after leaving (`serve.py`, tiny model, one server).
+"""No client can stop the live server, or keep it busy after leaving (`jaxpaged serve`, tiny model, one server).
 
 Clients that hang up (official `openai` client with a short timeout, raw
 sockets closed mid-request), refused multi-prompt requests, malformed and

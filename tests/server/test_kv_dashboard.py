@@ -1,7 +1,7 @@
 """Issue 28 items 1, 4 and 5 over HTTP: the Grafana dashboard's PromQL against a live server's /metrics, the
 residency metrics, and pinned prefixes (`POST /v1/cache/pin`, the `pin_ttl_s` request field).
 
-One `scripts/serve.py` for the module: tiny model, a 32-block pool, LRU (a policy that protects reused
+One `jaxpaged serve` for the module: tiny model, a 32-block pool, LRU (a policy that protects reused
 blocks would keep the unpinned control prefix too), every cached block sampled.
 """
 
@@ -13,9 +13,9 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxpaged.bench.dashboard import dashboard_queries
-from jaxpaged.bench.server_process import ServerProcess
-from jaxpaged.bench.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.online.dashboard import dashboard_queries
+from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"

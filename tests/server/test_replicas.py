@@ -1,7 +1,7 @@
-"""Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`serve.py --data_parallel_size=2`),
+"""Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`jaxpaged serve --data_parallel_size=2`),
 each replica actor owning one engine core process (the default `--engine_core=process`).
 
-One cluster for the module, started as a `scripts/serve.py` subprocess and
+One cluster for the module, started as a `jaxpaged serve` subprocess and
 driven with the official `openai` client; each replica's XLA runs
 single-threaded so two cores suffice. The ingress's debug endpoints give each
 replica's actual cached hashes beside the router's index of it, and kill a
@@ -43,7 +43,7 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("replicas") / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "serve.py"), "--model=tiny", "--data_parallel_size=2",
+            [sys.executable, "-m", "jaxpaged", "serve", "--model=tiny", "--data_parallel_size=2",
              "--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
              f"--max_model_len={MAX_MODEL_LEN}", "--max_num_batched_tokens=256", "--enable_debug_endpoints"],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **ENV), stdout=log, stderr=subprocess.STDOUT)
@@ -79,7 +79,7 @@ def _wait(condition, proc=None, log_path=None, what="the condition"):
         except httpx.HTTPError:
             pass
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"serve.py exited while waiting for {what}:\n{Path(log_path).read_text()[-4000:]}")
+            raise RuntimeError(f"jaxpaged serve exited while waiting for {what}:\n{Path(log_path).read_text()[-4000:]}")
         if time.monotonic() > deadline:
             tail = Path(log_path).read_text()[-4000:] if log_path else ""
             raise TimeoutError(f"timed out waiting for {what}\n{tail}")

@@ -1,12 +1,12 @@
-"""The simulated device in real time: the engine over a `SleepingDeviceRunner`, and `serve.py --device=simulated`."""
+"""The simulated device in real time: the engine over a `SleepingDeviceRunner`, and `jaxpaged serve --device=simulated`."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from jaxpaged.bench.online_client import fetch_metric
-from jaxpaged.bench.server_process import ServerProcess
+from jaxpaged.bench.online.online_client import fetch_metric
+from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.config import load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.outputs import RequestOutputKind

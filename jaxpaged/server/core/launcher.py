@@ -1,6 +1,6 @@
 """`serve_split`: one engine core process and N API server processes on one port (`--engine_core=process`).
 
-The launcher (the process `serve.py` runs in) starts the core, then the API
+The launcher (the process `jaxpaged serve` runs in) starts the core, then the API
 servers, each listening on the same port with SO_REUSEPORT (the kernel
 spreads connections over them), each connected to the core over an `ipc://`
 socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG, set

@@ -1,0 +1,1 @@
+"""Offline benchmarks: the engine in-process, driven through workloads, steps and the cache alone."""

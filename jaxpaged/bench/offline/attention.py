@@ -1,0 +1,390 @@
+"""Paged attention timed side by side (`jaxpaged bench attention`): the Pallas kernels, the XLA gather, dense
+attention and JAX's bundled kernel; and the CPU backends (`--cpu_sweep`). What each implementation is and how it
+is timed: the command's help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpaged.attention import AttentionBackend
+from jaxpaged.bench.offline.timing import median_step_seconds
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.config import load_config
+from jaxpaged.engine.config import EngineConfig
+from jaxpaged.mathutils import cdiv
+from jaxpaged.model import init_model
+from jaxpaged.runner import ModelRunner
+from jaxpaged.step_input import ScheduledSeq, build_step_input
+from pallas_kernels import ragged_paged_attention_mgpu as mgpu
+from pallas_kernels.chunked_xla import chunked_paged_attention
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.reference import ragged_paged_attention_reference
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBenchConfig:
+    """The shapes, dtype and timing of one attention benchmark (`jaxpaged bench attention` fills it)."""
+
+    batch: int = 64
+    context_len: int = 8192
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    prefill_batch: int = 4
+    prefill_chunk: int = 512
+    repeats: int = 20
+    warmup: int = 2
+    backend_interpret: bool = False
+    sweep_prefill_lens: tuple[int, ...] = (512, 1024, 2048, 4096)
+    sweep_model: str = "small"
+    sweep_decode_batch: int = 64
+    sweep_decode_context: int = 320
+    sweep_repeats: int = 3
+    block_size: int = EngineConfig.block_size
+
+
+PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
+# Decode targets of issue 5 on an H200 (batch 64 x 8K, Llama-3-8B heads, bf16).
+TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_dense": 1 / 1.15}
+
+CPU_BACKENDS = ("xla_reference", "xla")
+
+
+def peak_bandwidth(device) -> float | None:
+    """Peak HBM bytes/s of a known GPU, else None."""
+    kind = getattr(device, "device_kind", "")
+    return next((peak for name, peak in PEAK_HBM_BYTES_PER_S.items() if name in kind), None)
+
+
+def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
+    """Median wall time of `fn(*args)` over `repeats` calls, after `warmup` calls."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first_call_s = time.perf_counter() - start
+    for _ in range(max(warmup - 1, 0)):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "first_call_s": first_call_s}
+
+
+def make_paged_inputs(cfg: AttentionBenchConfig, num_seqs: int, context_len: int, query_len: int, key: jax.Array,
+                      heads: tuple[int, int, int] | None = None, table_blocks: int | None = None) -> dict:
+    """A pool holding `num_seqs` contexts in shuffled blocks, queries at each context's end.
+
+    `heads` is (query heads, KV heads, head dim), the flags' by default; `table_blocks`
+    pads each block table to that width (a bucketed step's padding), default none.
+    """
+    block_size = cfg.block_size
+    heads, kv_heads, dim = heads or (cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim)
+    blocks_per_seq = max(cdiv(context_len, block_size), table_blocks or 0)
+    num_blocks = num_seqs * blocks_per_seq
+    kq, kk, kv, kp = jax.random.split(key, 4)
+    pool_dtype = jnp.dtype(cfg.dtype)
+    q_dtype = jnp.bfloat16 if pool_dtype.itemsize == 1 else pool_dtype
+    shape = (kv_heads, num_blocks, block_size, dim)
+    scales = None
+    if pool_dtype.itemsize == 1:
+        scales = jnp.full((kv_heads,), 0.5, jnp.float32)
+    tables = jax.random.permutation(kp, num_blocks).reshape(num_seqs, blocks_per_seq).astype(jnp.int32)
+    return {
+        "q": jax.random.normal(kq, (num_seqs * query_len, heads, dim), q_dtype),
+        "k_pages": jax.random.normal(kk, shape, jnp.bfloat16).astype(pool_dtype),
+        "v_pages": jax.random.normal(kv, shape, jnp.bfloat16).astype(pool_dtype),
+        "block_tables": tables,
+        "context_lens": jnp.full((num_seqs,), context_len, jnp.int32),
+        "query_start": jnp.arange(num_seqs, dtype=jnp.int32) * query_len,
+        "query_lens": jnp.full((num_seqs,), query_len, jnp.int32),
+        "k_scale": scales,
+        "v_scale": scales,
+    }
+
+
+def to_contiguous(pages: jax.Array, tables: jax.Array) -> jax.Array:
+    """`[Hkv, N, B, D]` pool + `[S, M]` tables -> contiguous `[S, Hkv, M * B, D]` cache."""
+    gathered = pages[:, tables]  # [Hkv, S, M, B, D]
+    kv_heads, seqs, blocks, block_size, dim = gathered.shape
+    return gathered.reshape(kv_heads, seqs, blocks * block_size, dim).transpose(1, 0, 2, 3)
+
+
+@functools.partial(jax.jit, static_argnames=("query_len", "sm_scale"))
+def dense_attention(q, k, v, context_lens, *, query_len: int, sm_scale: float, k_scale=None, v_scale=None):
+    """Causal attention of each sequence's last `query_len` queries over a contiguous cache.
+
+    q `[S * query_len, Hq, D]`; k, v `[S, Hkv, C, D]`; returns `[S * query_len, Hq, D]`.
+    """
+    seqs, kv_heads, ctx, dim = k.shape
+    heads = q.shape[1]
+    qs = q.reshape(seqs, query_len, kv_heads, heads // kv_heads, dim)
+    k = k.astype(q.dtype) if k.dtype.itemsize == 1 else k
+    v = v.astype(q.dtype) if v.dtype.itemsize == 1 else v
+    if jax.default_backend() == "cpu":  # XLA:CPU has no bf16 x bf16 -> f32 dot
+        qs, k, v = (x.astype(jnp.float32) for x in (qs, k, v))
+    scores = jnp.einsum("sqhgd,shcd->shgqc", qs, k, preferred_element_type=jnp.float32) * sm_scale
+    if k_scale is not None:
+        scores = scores * k_scale[None, :, None, None, None]
+    q_pos = context_lens[:, None] - query_len + jnp.arange(query_len)[None, :]
+    visible = jnp.arange(ctx)[None, None, :] <= q_pos[:, :, None]  # [S, Q, C]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v, preferred_element_type=jnp.float32)
+    if v_scale is not None:
+        out = out * v_scale[None, None, :, None, None]
+    return out.reshape(seqs * query_len, heads, dim).astype(q.dtype)
+
+
+def bundled_paged_attention() -> tuple[Callable | None, str]:
+    """JAX's deprecated GPU paged_attention, or None and the reason it is unavailable."""
+    if jax.default_backend() != "gpu":
+        return None, f"skipped: needs a GPU (backend is {jax.default_backend()})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from jax.experimental.pallas.ops.gpu import paged_attention as bundled
+    except Exception as error:  # noqa: BLE001 - any import failure means "not available"
+        return None, f"skipped: import failed ({error!r})"
+    return bundled.paged_attention, ""
+
+
+def benchmark_phase(cfg: AttentionBenchConfig, phase: str, num_seqs: int, query_len: int, key: jax.Array) -> list[dict]:
+    """Time every available implementation on one decode or prefill workload."""
+    inputs = make_paged_inputs(cfg, num_seqs, cfg.context_len, query_len, key)
+    sm_scale = cfg.head_dim**-0.5
+    scales = {"k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
+    paged_args = tuple(inputs[name] for name in (
+        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
+    kv_bytes = 2 * num_seqs * cfg.context_len * cfg.num_kv_heads * cfg.head_dim * inputs["k_pages"].dtype.itemsize
+    static = {"max_query_len": query_len, "sm_scale": sm_scale}
+
+    candidates: dict[str, tuple[Callable | None, tuple, str]] = {}
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and not cfg.backend_interpret:
+        candidates["pallas"] = (None, (), "skipped on CPU (pass --backend_interpret)")
+    else:
+        pallas = jax.jit(functools.partial(ragged_paged_attention, **static, **scales,
+                                           interpret=cfg.backend_interpret))
+        candidates["pallas"] = (pallas, paged_args, "interpret mode" if cfg.backend_interpret else "")
+    candidates["pallas_mosaic"] = mosaic_candidate(cfg, inputs, paged_args, static | scales)
+    reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static, **scales))
+    candidates["xla_gather"] = (reference, paged_args, "")
+    chunked = jax.jit(functools.partial(chunked_paged_attention, **static, **scales))
+    candidates["xla_chunked"] = (chunked, paged_args, "")
+    k_dense = to_contiguous(inputs["k_pages"], inputs["block_tables"])
+    v_dense = to_contiguous(inputs["v_pages"], inputs["block_tables"])
+    dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, **scales)
+    candidates["dense"] = (dense, (inputs["q"], k_dense, v_dense, inputs["context_lens"]), "contiguous cache")
+    if phase == "decode":
+        candidates["jax_bundled"] = bundled_candidate(inputs, sm_scale)
+    else:
+        candidates["jax_bundled"] = (None, (), "skipped: decode only")
+
+    expected = reference(*paged_args)
+    peak = peak_bandwidth(jax.devices()[0])
+    rows = []
+    for name, (fn, args, note) in candidates.items():
+        row = {"phase": phase, "impl": name, "note": note, "kv_bytes": kv_bytes}
+        if fn is not None:
+            try:
+                row.update(time_call(fn, args, cfg.repeats, cfg.warmup))
+                row["max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(
+                    fn(*args).astype(jnp.float32) - expected.astype(jnp.float32))))
+            except Exception as error:  # noqa: BLE001 - report a failing baseline, keep measuring
+                row["note"] = f"failed: {error!r}"[:300]
+        if "median_s" in row:
+            row["gb_per_s"] = kv_bytes / row["median_s"] / 1e9
+            row["pct_peak"] = 100 * kv_bytes / row["median_s"] / peak if peak else None
+        rows.append(row)
+    add_ratios(rows)
+    return rows
+
+
+def mosaic_candidate(cfg: AttentionBenchConfig, inputs: dict, paged_args: tuple,
+                     static: dict) -> tuple[Callable | None, tuple, str]:
+    """The Mosaic GPU kernel: compiled on a GPU, interpreted on CPU with --backend_interpret."""
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and not cfg.backend_interpret:
+        return None, (), "skipped on CPU (pass --backend_interpret)"
+    from jaxpaged.attention.backend import mosaic_gpu_available
+
+    q, k_pages = inputs["q"], inputs["k_pages"]
+    if not mosaic_gpu_available():
+        return None, (), f"skipped: JAX {jax.__version__} has no Mosaic GPU backend"
+    if not mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
+        return None, (), f"skipped: takes 16-bit queries and head_dim 64 or 128 (q {q.dtype}, {q.shape})"
+    interpret = mgpu.interpret_params(detect_races=False) if on_cpu else None
+    fn = jax.jit(functools.partial(mgpu.ragged_paged_attention_mgpu, **static, interpret=interpret))
+    return fn, paged_args, "Mosaic GPU interpret mode" if on_cpu else "Mosaic GPU (TMA + WGMMA)"
+
+
+def bundled_candidate(inputs: dict, sm_scale: float) -> tuple[Callable | None, tuple, str]:
+    """JAX's kernel on the same pool; it has no softmax scale, so q is pre-scaled."""
+    bundled, reason = bundled_paged_attention()
+    if bundled is None:
+        return None, (), reason
+    q = (inputs["q"].astype(jnp.float32) * sm_scale).astype(inputs["q"].dtype)
+    if inputs["k_scale"] is not None:
+        return None, (), "skipped: its fp8 path takes per-token scale pages"
+    args = (q, inputs["k_pages"], inputs["v_pages"], inputs["block_tables"], inputs["context_lens"])
+    return bundled, args, "jax.experimental.pallas.ops.gpu.paged_attention"
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """`pallas_speedup`: this implementation's time over the Pallas kernel's."""
+    pallas = next((r for r in rows if r["impl"] == "pallas" and "median_s" in r), None)
+    for row in rows:
+        if pallas and "median_s" in row:
+            row["pallas_speedup"] = row["median_s"] / pallas["median_s"]
+
+
+def decode_targets(rows: list[dict]) -> dict:
+    """Issue-5 decode targets met or not (None where a figure is missing)."""
+    by_impl = {r["impl"]: r for r in rows if r["phase"] == "decode"}
+    pallas = by_impl.get("pallas", {})
+
+    def ratio(name):
+        return by_impl.get(name, {}).get("pallas_speedup")
+
+    def meets(value, target):
+        return None if value is None else bool(value >= target)
+
+    return {
+        "pct_peak>=70": meets(pallas.get("pct_peak"), TARGETS["pct_peak"]),
+        "vs_xla_gather>=3x": meets(ratio("xla_gather"), TARGETS["vs_xla_gather"]),
+        "vs_jax_bundled>=1.2x": meets(ratio("jax_bundled"), TARGETS["vs_jax_bundled"]),
+        "within_15pct_of_dense": meets(ratio("dense"), TARGETS["vs_dense"]),
+        "mosaic_pct_peak>=70": meets(by_impl.get("pallas_mosaic", {}).get("pct_peak"), TARGETS["pct_peak"]),
+    }
+
+
+def machine() -> dict:
+    device = jax.devices()[0]
+    return {
+        "device": getattr(device, "device_kind", str(device)),
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "host": platform.node(),
+        "peak_hbm_bytes_per_s": peak_bandwidth(device),
+    }
+
+
+def markdown(report: dict) -> str:
+    """The results as a Markdown table, with the machine and configuration above it."""
+    fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
+    lines = [
+        f"# Paged attention benchmark — {report['machine']['device']} (JAX {report['machine']['jax']})",
+        "",
+        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()),
+        "",
+    ]
+    rows = []
+    for r in report["results"]:
+        median_ms = r["median_s"] * 1e3 if "median_s" in r else None
+        rows.append([r["phase"], r["impl"], fmt(median_ms, ".3f"), fmt(r.get("first_call_s"), ".2f"),
+                     fmt(r.get("gb_per_s"), ".1f"), fmt(r.get("pct_peak"), ".1f"), fmt(r.get("pallas_speedup"), ".2f"),
+                     fmt(r.get("max_abs_err_vs_xla"), ".2e"), r["note"]])
+    lines += [markdown_table(["phase", "impl", "median ms", "first call s", "K/V GB/s", "% peak HBM", "time / pallas",
+                              "max abs err", "note"], rows, align="l" * 9), "",
+              "Decode targets: " + ", ".join(f"{k}: {v}" for k, v in report["decode_targets"].items()), ""]
+    return "\n".join(lines)
+
+
+def time_attention(inputs: dict, query_len: int, repeats: int) -> dict[str, float]:
+    """Median ms of each CPU backend's attention on one workload, and its max error vs the reference."""
+    args = tuple(inputs[name] for name in (
+        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
+    static = {"max_query_len": query_len, "sm_scale": args[0].shape[-1] ** -0.5,
+              "k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
+    fns = {"xla_reference": ragged_paged_attention_reference, "xla": chunked_paged_attention}
+    times, outs = {}, {}
+    for name, fn in fns.items():
+        jitted = jax.jit(functools.partial(fn, **static))
+        times[name] = time_call(jitted, args, repeats, warmup=1)["median_s"] * 1e3
+        outs[name] = jitted(*args).astype(jnp.float32)
+    times["max_abs_err"] = float(jnp.max(jnp.abs(outs["xla"] - outs["xla_reference"])))
+    return times
+
+
+def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
+    """xla_reference vs xla: attention alone and the whole model, prefill lengths and one decode batch."""
+    config = load_config(cfg.sweep_model)
+    model_heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    lens = [int(n) for n in cfg.sweep_prefill_lens]
+    batch, context, repeats, bs = (cfg.sweep_decode_batch, cfg.sweep_decode_context, cfg.sweep_repeats,
+                                   cfg.block_size)
+    key = jax.random.key(0)
+    rows = []
+
+    def add(section, tokens, times, extra=""):
+        rows.append({"section": section, "tokens": tokens, "shape": extra, **times})
+        print(rows[-1], flush=True)
+
+    for n in lens:
+        add("attention prefill", n, time_attention(make_paged_inputs(cfg, 1, n, n, key, model_heads), n, repeats),
+            f"1 seq, {model_heads[0]}/{model_heads[1]} heads x {model_heads[2]}")
+    table = 1 << (cdiv(context, bs) - 1).bit_length()  # the step's power-of-two table bucket
+    add("attention decode", batch, time_attention(make_paged_inputs(cfg, batch, context, 1, key, table_blocks=table),
+                                                  1, repeats),
+        f"{batch} x {context} ctx, {cfg.num_q_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}")
+
+    rng = np.random.default_rng(0)
+    prefill_blocks, decode_blocks = cdiv(max(lens), bs), cdiv(context + 1, bs)
+    num_blocks = prefill_blocks + batch * decode_blocks
+    perm = rng.permutation(num_blocks)
+    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[:prefill_blocks])], bs)
+                for n in lens}
+    decode_tables = perm[prefill_blocks:].reshape(batch, decode_blocks)
+    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, decode_tables[i])
+                               for i in range(batch)], bs)
+    model = init_model(config)
+    runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
+               for b in CPU_BACKENDS}
+    # The backends alternate per workload, so a change in the machine's load hits both alike.
+    model_rows = {n: {b: median_step_seconds(runners[b], prefills[n], repeats) * 1e3 for b in CPU_BACKENDS}
+                  for n in lens}
+    decode_row = {b: median_step_seconds(runners[b], decode, repeats) * 1e3 for b in CPU_BACKENDS}
+    for n in lens:
+        add("model prefill", n, model_rows[n], config.name)
+    add("model decode", batch, decode_row, f"{config.name}, {batch} x {context} ctx")
+    for row in rows:
+        row["speedup"] = row["xla_reference"] / row["xla"]
+        for backend in CPU_BACKENDS:
+            row[f"{backend}_tokens_per_s"] = row["tokens"] / row[backend] * 1e3
+    return rows
+
+
+def sweep_markdown(report: dict) -> str:
+    """The sweep as a Markdown table, plus each backend's long-over-short prefill throughput."""
+    lines = [
+        f"# CPU attention backends — {report['machine']['device']} (JAX {report['machine']['jax']})", "",
+        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), "",
+    ]
+    rows = [[r["section"], r["tokens"], r["shape"], f"{r['xla_reference']:.1f}", f"{r['xla']:.1f}",
+             f"{r['speedup']:.1f}x",
+             f"{r['xla_reference_tokens_per_s']:.0f}", f"{r['xla_tokens_per_s']:.0f}",
+             format(r["max_abs_err"], ".1e") if "max_abs_err" in r else ""] for r in report["results"]]
+    lines += [markdown_table(["section", "tokens", "shape", "xla_reference ms", "xla ms", "speedup",
+                              "xla_reference tok/s", "xla tok/s", "max abs err"], rows, align="l" * 9), "",
+              "Whole-model prefill tokens/s, longest over shortest length: "
+              + ", ".join(f"{k}: {v:.2f}" for k, v in report["long_over_short_prefill"].items()), ""]
+    return "\n".join(lines)
+
+
+def long_over_short(rows: list[dict]) -> dict[str, float]:
+    """Per backend: whole-model prefill tokens/s at the longest length over that at the shortest."""
+    prefill = sorted((r for r in rows if r["section"] == "model prefill"), key=lambda r: r["tokens"])
+    return {b: prefill[-1][f"{b}_tokens_per_s"] / prefill[0][f"{b}_tokens_per_s"] for b in CPU_BACKENDS}

@@ -1,0 +1,44 @@
+"""End-to-end latency of one batch, as vLLM's `bench latency`: the same batch generated again and again, timed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from jaxpaged.llm import LLM
+from jaxpaged.sampling_params import SamplingParams
+
+PERCENTILES = (10, 25, 50, 75, 90, 99)
+
+
+def random_prompts(batch_size: int, input_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """``batch_size`` prompts of ``input_len`` uniform random token ids below ``vocab_size``."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab_size, size=(batch_size, input_len)).tolist()
+
+
+def measure_latency(llm: LLM, prompts: list[list[int]], output_len: int, *, num_iters_warmup: int,
+                    num_iters: int) -> list[float]:
+    """Seconds per `generate` of the whole batch (``output_len`` tokens each, EOS ignored), ``num_iters`` times.
+
+    The warm-up calls compile every step shape first; the prefix cache is
+    emptied before each call, so no call reuses another's prompt blocks.
+    """
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0, detokenize=False)
+    latencies = []
+    for i in range(num_iters_warmup + num_iters):
+        if not llm.engine.kv.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be emptied: a block is still in use")
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        if i >= num_iters_warmup:
+            latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def latency_summary(latencies: list[float]) -> dict:
+    """Mean and the percentiles of ``latencies`` (seconds), with the raw list."""
+    return {"avg_latency_s": float(np.mean(latencies)),
+            "percentiles_s": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
+            "latencies_s": list(latencies)}

@@ -1,0 +1,74 @@
+"""The matmul floor of a step: its weight GEMMs alone, on the model's own weights.
+
+A decode step of `R` rows multiplies `R x hidden` activations by every weight
+matrix once (q, k, v, o, gate, up, down in each layer, then the LM head). Timing
+exactly those products, chained as the model chains them (with the residual
+adds and SiLU that join them, and no attention, norms, K/V write or sampling), gives the time the step
+could not go below at the FLOP/s this machine reaches for those shapes. A step
+within 2x of its floor spends at most as long on everything else as on the
+matmuls.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from jaxpaged.model import LlamaModel
+
+
+def model_weight_matrices(model: LlamaModel) -> list[list[Array]]:
+    """Each layer's `[in, out]` weight matrices in call order, then `[[lm_head]]`."""
+    layers = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        layers.append([m.kernel[...] for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                               mlp.gate_proj, mlp.up_proj, mlp.down_proj)])
+    head = model.embed_tokens.embedding[...].T if model.lm_head is None else model.lm_head.kernel[...]
+    return layers + [[head]]
+
+
+def _weight_gemms(x: Float[Array, "R H"], layers: list[list[Array]]) -> Float[Array, "R V"]:
+    """The step's GEMMs in the model's order; each result feeds the next so none is dropped."""
+    for q, k, v, o, gate, up, down in layers[:-1]:
+        attn = x @ q
+        kv = (x @ k).sum() + (x @ v).sum()  # K/V feed the cache, not the residual: keep them live
+        x = x + attn @ o + kv * 1e-30
+        x = x + (jax.nn.silu(x @ gate) * (x @ up)) @ down
+    return x @ layers[-1][0]
+
+
+def matmul_flops(model: LlamaModel, rows: int) -> int:
+    """FLOPs of the weight GEMMs for `rows` rows (2 per multiply-add)."""
+    return 2 * rows * sum(int(np.prod(w.shape)) for layer in model_weight_matrices(model) for w in layer)
+
+
+def weight_flops_per_row(model: LlamaModel) -> tuple[int, int]:
+    """(decoder layers' weight-GEMM FLOPs, LM head FLOPs) for one row: a token through the stack, a row of logits."""
+    *layers, head = model_weight_matrices(model)
+    layer_flops = 2 * sum(int(np.prod(w.shape)) for layer in layers for w in layer)
+    return layer_flops, 2 * int(np.prod(head[0].shape))
+
+
+def gemm_flops_per_second(model: LlamaModel, rows: int, repeats: int = 5) -> float:
+    """The FLOP/s this machine reaches on the model's own weight GEMMs at `rows` rows (median of `repeats`)."""
+    return matmul_flops(model, rows) / time_matmul_floor(model, rows, repeats)
+
+
+def time_matmul_floor(model: LlamaModel, rows: int, repeats: int = 10) -> float:
+    """Median seconds of the weight GEMMs of a `rows`-row step, after one compile-and-warm-up run."""
+    layers = model_weight_matrices(model)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(rows, model.config.hidden_size)) * 0.02,
+                    layers[0][0].dtype)
+    gemms = jax.jit(_weight_gemms)
+    jax.block_until_ready(gemms(x, layers))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(gemms(x, layers))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

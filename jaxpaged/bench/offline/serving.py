@@ -1,0 +1,93 @@
+"""The serving benchmark: one workload through several KV modes, side by side in one process.
+
+Modes share one model and one :class:`TimedRunner` (so one pool and one compile
+cache), the same KV budget and the same engine limits; only the KV manager
+differs. Modes run interleaved, repeat by repeat, so machine load hits them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.report import median_summary, mode_ratios, summarize
+from jaxpaged.bench.offline.timing import TimedRunner
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.runner import ModelRunner
+from jaxpaged.workloads import WorkloadRequest
+
+# mode name -> EngineConfig overrides
+MODES: dict[str, dict] = {
+    "prefix_on": {"kv_layout": "paged", "enable_prefix_caching": True},
+    "prefix_off": {"kv_layout": "paged", "enable_prefix_caching": False},
+    "contiguous": {"kv_layout": "contiguous", "enable_prefix_caching": False},
+}
+# pairs (a, b) whose ratios a/b the report quotes
+RATIO_PAIRS = (("prefix_on", "prefix_off"), ("prefix_on", "contiguous"), ("prefix_off", "contiguous"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSetup:
+    """What every mode shares: KV budget in blocks, block size and engine limits."""
+
+    num_blocks: int
+    block_size: int = EngineConfig.block_size
+    max_model_len: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    eviction_policy: str = "lru"
+    kv_cache_metrics_sample: float = 0.0
+
+
+def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConfig:
+    """The EngineConfig of ``mode`` under ``setup``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    return EngineConfig(model=model_name, block_size=setup.block_size, num_blocks=setup.num_blocks,
+                        max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
+                        max_num_batched_tokens=setup.max_num_batched_tokens,
+                        eviction_policy=setup.eviction_policy,
+                        kv_cache_metrics_sample=setup.kv_cache_metrics_sample, **MODES[mode])
+
+
+def make_runner(model, setup: ServingSetup) -> TimedRunner:
+    """One timed runner over a pool of ``setup.num_blocks`` blocks, shared by all modes."""
+    return TimedRunner(ModelRunner(model, setup.num_blocks, setup.block_size, max_num_seqs=setup.max_num_seqs))
+
+
+def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
+             *, on_finish: Callable[[RequestOutput], None] | None = None,
+             engine_hook: Callable[[Engine], None] | None = None) -> dict[str, float]:
+    """Run one mode on a fresh engine (fresh cache manager, shared runner) and summarize it.
+
+    ``engine_hook`` sees the engine before the run (e.g. to attach metrics).
+    """
+    engine = Engine(engine_config(setup, mode, model.config.name), model, runner=runner, clock=runner.clock)
+    if engine_hook is not None:
+        engine_hook(engine)
+    compiles, compile_s = runner.num_compiles, runner.compile_s
+    record = run_workload(engine, requests, on_finish=on_finish)
+    return summarize(record, num_compiles=runner.num_compiles - compiles, compile_s=runner.compile_s - compile_s)
+
+
+def compare_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest], *,
+                  modes: Sequence[str] = tuple(MODES), repeats: int = 1, warmup: bool = True,
+                  on_finish: Callable[[RequestOutput], None] | None = None,
+                  engine_hook: Callable[[Engine], None] | None = None) -> dict:
+    """Run every mode ``repeats`` times, interleaved; returns per-run, median and ratio results.
+
+    With ``warmup``, each mode first runs the workload once untimed, so the timed
+    runs find their step shapes compiled (``warmup`` in the result holds those runs;
+    any compile left in a timed run is excluded from its clock and counted).
+    """
+    runner = make_runner(model, setup)
+    warm = {mode: run_mode(model, runner, setup, mode, requests) for mode in modes} if warmup else {}
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+    for _ in range(repeats):
+        for mode in modes:
+            runs[mode].append(run_mode(model, runner, setup, mode, requests,
+                                       on_finish=on_finish, engine_hook=engine_hook))
+    medians = {mode: median_summary(r) for mode, r in runs.items()}
+    return {"warmup": warm, "runs": runs, "median": medians, "ratios": mode_ratios(medians, RATIO_PAIRS)}

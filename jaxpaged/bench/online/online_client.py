@@ -1,0 +1,249 @@
+"""The online benchmark's HTTP side: streamed OpenAI completions, timed chunk by chunk.
+
+:func:`run_requests` sends every request at its arrival offset (at most
+``max_concurrency`` in flight) to ``POST /v1/completions`` with ``stream`` and
+``stream_options.include_usage``, and records for each request what ``vllm
+bench serve`` records: the time to the first content chunk (TTFT), the gaps
+between content chunks (ITL), the time to the last content chunk (end-to-end
+latency), token counts from the final usage chunk, and success or the error
+text. Timing starts when the request is sent, after any wait for a
+concurrency slot. A stream counts as successful only if it ends with
+``data: [DONE]`` after at least one content chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import httpx
+
+from jaxpaged.bench.online.datasets import BenchRequest
+
+COMPLETIONS_PATH = "/v1/completions"
+DONE = "[DONE]"
+
+
+@dataclasses.dataclass
+class RequestResult:
+    """What one request did, in seconds of ``time.perf_counter``.
+
+    Attributes:
+      request_id: the bench request's id.
+      success: the stream completed (content, then ``[DONE]``) without an error.
+      error: why it failed ("" on success): HTTP status and body, an error chunk, or the exception.
+      prompt_len: prompt tokens (the server's ``usage.prompt_tokens`` when reported, else the dataset's count).
+      output_tokens: ``usage.completion_tokens``, or None when the server sent no usage.
+      cached_tokens: ``usage.prompt_tokens_details.cached_tokens``, or None.
+      start_time: when the request was sent.
+      ttft: send to first content chunk.
+      itl: gaps between consecutive content chunks.
+      latency: send to last content chunk (= ttft + sum(itl)).
+      text: the streamed text, concatenated.
+      finish_reason: of the last content chunk.
+    """
+
+    request_id: str
+    success: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    start_time: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = dataclasses.field(default_factory=list)
+    latency: float = 0.0
+    text: str = ""
+    finish_reason: str | None = None
+
+
+class SSEDecoder:
+    """Server-sent events from lines: feed each line, get an event's data when a blank line ends it."""
+
+    def __init__(self) -> None:
+        """Start between events."""
+        self._data: list[str] = []
+
+    def feed_line(self, line: str) -> str | None:
+        """Take one line (terminator optional); return the finished event's data, else None."""
+        line = line.rstrip("\r\n")
+        if not line:
+            return self.flush()
+        if line.startswith(":"):  # a comment (keep-alive)
+            return None
+        field, _, value = line.partition(":")
+        if field == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None  # event:, id:, retry: carry nothing the benchmark needs
+
+    def flush(self) -> str | None:
+        """The pending event's data (lines joined by newlines), or None when there is none."""
+        if not self._data:
+            return None
+        data, self._data = "\n".join(self._data), []
+        return data
+
+
+class CompletionStream:
+    """Folds a completion stream's data payloads, with their arrival times, into a :class:`RequestResult`."""
+
+    def __init__(self, result: RequestResult) -> None:
+        """Fill ``result``, whose ``start_time`` is when the request was sent."""
+        self.result = result
+        self.done = False
+        self._last_chunk_time: float | None = None
+
+    def on_payload(self, payload: str, now: float) -> None:
+        """Take one event's data that arrived at ``now``; ValueError for an error chunk or bad JSON."""
+        if self.done:
+            raise ValueError(f"data after [DONE]: {payload[:200]!r}")
+        if payload.strip() == DONE:
+            self.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            raise ValueError(f"a chunk is not JSON: {payload[:200]!r}") from None
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a chunk is not a JSON object: {payload[:200]!r}")
+        if "error" in chunk:
+            raise ValueError(f"error chunk: {json.dumps(chunk['error'])[:500]}")
+        choices = chunk.get("choices")
+        if choices:
+            self._on_content(choices[0], now)
+        usage = chunk.get("usage")
+        if usage:
+            self.result.output_tokens = usage.get("completion_tokens")
+            self.result.prompt_len = usage.get("prompt_tokens", self.result.prompt_len)
+            self.result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+    def _on_content(self, choice: dict, now: float) -> None:
+        r = self.result
+        if self._last_chunk_time is None:
+            r.ttft = now - r.start_time
+        else:
+            r.itl.append(now - self._last_chunk_time)
+        self._last_chunk_time = now
+        r.latency = now - r.start_time
+        r.text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        r.finish_reason = choice.get("finish_reason") or r.finish_reason
+
+    def finish(self) -> None:
+        """Mark the result successful, or ValueError when the stream ended early or held no content."""
+        if not self.done:
+            raise ValueError("the stream ended before data: [DONE]")
+        if self._last_chunk_time is None:
+            raise ValueError("the stream held no content chunk")
+        self.result.success = True
+
+
+def completion_body(request: BenchRequest, model: str, *, ignore_eos: bool = True,
+                    temperature: float = 0.0) -> dict:
+    """The streamed ``/v1/completions`` request body for ``request``."""
+    body = {"model": model, "prompt": request.prompt, "max_tokens": request.output_len,
+            "temperature": temperature, "ignore_eos": ignore_eos, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if request.cache_salt is not None:
+        body["cache_salt"] = request.cache_salt
+    return body
+
+
+async def send_completion(client: httpx.AsyncClient, request: BenchRequest, body: dict, *,
+                          clock: Callable[[], float] = time.perf_counter) -> RequestResult:
+    """POST ``body`` as a streamed completion and time its chunks; failures come back in the result."""
+    result = RequestResult(request.request_id, prompt_len=request.prompt_len)
+    result.start_time = clock()
+    stream, decoder = CompletionStream(result), SSEDecoder()
+    try:
+        async with client.stream("POST", COMPLETIONS_PATH, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode("utf-8", errors="replace")
+                result.error = f"HTTP {response.status_code}: {text[:500]}"
+                return result
+            async for line in response.aiter_lines():
+                payload = decoder.feed_line(line)
+                if payload is not None:
+                    stream.on_payload(payload, clock())
+            payload = decoder.flush()
+            if payload is not None:
+                stream.on_payload(payload, clock())
+        stream.finish()
+    except Exception as e:  # noqa: BLE001 - a benchmark records every failure and goes on
+        result.error = f"{type(e).__name__}: {e}"
+    return result
+
+
+def fetch_model_name(base_url: str, timeout_s: float = 10.0) -> str:
+    """The first model ``GET /v1/models`` lists."""
+    response = httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=timeout_s, trust_env=False)
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise ValueError(f"{base_url}/v1/models lists no model")
+    return models[0]["id"]
+
+
+def fetch_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float | None:
+    """The value of one unlabelled sample of the server's ``GET /metrics`` (None if it exports none)."""
+    response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s, trust_env=False)
+    response.raise_for_status()
+    for line in response.text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == name:
+            return float(value)
+    return None
+
+
+async def _run_requests(base_url: str, bodies: Sequence[tuple[BenchRequest, dict]], offsets: Sequence[float], *,
+                        max_concurrency: int | None, timeout_s: float,
+                        on_done: Callable[[RequestResult], None] | None,
+                        transport: httpx.AsyncBaseTransport | None) -> tuple[list[RequestResult], float]:
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    connections = max_concurrency or max(1, len(bodies))  # never queue in httpx's pool: it would count in TTFT
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, trust_env=False,
+                                 transport=transport) as client:
+        async def one(request: BenchRequest, body: dict) -> RequestResult:
+            if slots is None:
+                result = await send_completion(client, request, body)
+            else:
+                async with slots:
+                    result = await send_completion(client, request, body)
+            if on_done is not None:
+                on_done(result)
+            return result
+
+        start = time.perf_counter()
+        tasks = []
+        for (request, body), offset in zip(bodies, offsets, strict=True):
+            delay = start + offset - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(request, body)))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - start
+
+
+def run_requests(base_url: str, model: str, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
+                 max_concurrency: int | None = None, ignore_eos: bool = True, timeout_s: float = 600.0,
+                 on_done: Callable[[RequestResult], None] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> tuple[list[RequestResult], float]:
+    """Send ``requests[i]`` at ``offsets[i]`` seconds after the start; returns results (in order) and the duration.
+
+    The duration runs from the start to the last request's end. ``max_concurrency``
+    (None = unlimited) caps requests in flight; a request waiting for a slot is
+    sent late and its timings start when it is sent. ``transport`` replaces the
+    network (tests pass an ``httpx.MockTransport``).
+    """
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be at least 1 (or None = unlimited), got {max_concurrency}")
+    if len(offsets) != len(requests):
+        raise ValueError(f"{len(offsets)} arrival offsets for {len(requests)} requests")
+    bodies = [(r, completion_body(r, model, ignore_eos=ignore_eos)) for r in requests]
+    return asyncio.run(_run_requests(base_url.rstrip("/"), bodies, offsets, max_concurrency=max_concurrency,
+                                     timeout_s=timeout_s, on_done=on_done, transport=transport))

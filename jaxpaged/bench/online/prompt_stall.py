@@ -1,0 +1,48 @@
+"""How long one huge prompt stalls the other streams: the longest gap between a stream's outputs.
+
+One greedy stream decodes on an `AsyncEngine` (the server's engine loop, no
+HTTP) while, 0.3 s in, another client adds a text prompt far over
+`max_model_len`; `jaxpaged bench prompt-stall` runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.async_engine import AsyncEngine
+
+
+async def longest_gap(async_engine: AsyncEngine, tag: str, *, max_tokens: int, huge_prompt_chars: int | None) -> float:
+    """The stream's longest gap between two outputs (seconds); with ``huge_prompt_chars``, a prompt that long
+    is added by another client 0.3 s in (and refused: longer than ``max_model_len``)."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    stream = await async_engine.add_request(tag, [1, 2, 3], params)
+
+    async def add_huge():
+        await asyncio.sleep(0.3)
+        try:
+            await async_engine.add_request(tag + "-huge", "y" * huge_prompt_chars, SamplingParams(max_tokens=2))
+        except ValueError:
+            pass  # refused: longer than max_model_len
+
+    other = asyncio.ensure_future(add_huge()) if huge_prompt_chars else None
+    times = [time.perf_counter() async for _ in stream]
+    if other is not None:
+        await other
+    return max(b - a for a, b in zip(times, times[1:]))
+
+
+def stall_rounds(async_engine: AsyncEngine, *, repeats: int, max_tokens: int, prompt_chars: int) -> dict[bool, list]:
+    """A warm-up stream, then ``repeats`` rounds of the stream alone and with the huge prompt, alternating."""
+    async def rounds():
+        await longest_gap(async_engine, "warm-up", max_tokens=max_tokens, huge_prompt_chars=None)
+        gaps = {False: [], True: []}
+        for r in range(repeats):
+            for huge in (False, True):
+                gaps[huge].append(await longest_gap(async_engine, f"r{r}-{huge}", max_tokens=max_tokens,
+                                                    huge_prompt_chars=prompt_chars if huge else None))
+        return gaps
+    return asyncio.run(rounds())

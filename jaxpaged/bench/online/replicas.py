@@ -1,0 +1,95 @@
+"""Routing policies over engine replicas on Ray Serve, side by side on one cluster per replica count.
+
+For each replica count, `jaxpaged serve --data_parallel_size=N` is started
+once (with its debug endpoints); then for each policy in turn the ingress is
+switched to it (``POST /debug/routing_policy``), every replica's prefix cache is
+reset, and the same request set is sent at the same arrivals. Untimed
+warm-up runs first, one per policy (a policy's cache hits give its own
+prefill shapes), compile the step shapes; a persistent compile cache shared
+by every replica and cluster saves compiling a shape twice. Per run: prefix hit rate (the
+share of prompt tokens served from a replica's prefix cache, from each
+response's ``usage.prompt_tokens_details.cached_tokens``), TTFT and
+throughput (``jaxpaged.bench.online.online_metrics``), and how the requests spread
+over the replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import httpx
+
+from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.online_client import RequestResult, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.output import markdown_table as render_table
+
+POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
+
+
+def hit_rate(results: Sequence[RequestResult]) -> float:
+    """Cached prompt tokens / prompt tokens over the successful requests."""
+    done = [r for r in results if r.success]
+    prompt = sum(r.prompt_len for r in done)
+    return sum(r.cached_tokens or 0 for r in done) / prompt if prompt else float("nan")
+
+
+def routed_counts(base_url: str) -> dict[str, int]:
+    """Requests routed to each live replica so far (``/debug/replicas``)."""
+    rows = httpx.get(base_url + "/debug/replicas", timeout=120, trust_env=False).json()["replicas"]
+    return {row["replica_id"]: row["routed_requests"] or 0 for row in rows}
+
+
+def prepare(base_url: str, policy: str) -> None:
+    """Route with ``policy`` from now on, starting from empty prefix caches."""
+    for path, body in (("/debug/routing_policy", {"policy": policy}), ("/reset_prefix_cache", None)):
+        response = httpx.post(base_url + path, json=body, timeout=120, trust_env=False)
+        if response.status_code != 200:
+            raise RuntimeError(f"POST {path} answered {response.status_code}: {response.text}")
+
+
+def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], offsets: Sequence[float], *,
+                 policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
+                 env: Mapping[str, str] | None = None, num_warmup: int = 0) -> dict[str, dict]:
+    """Start the replicas once, then run ``requests`` under each policy; metrics per policy.
+
+    First, under each policy, the first ``num_warmup`` requests at their own
+    arrivals, untimed: each policy's hits give its own step shapes to compile.
+    """
+    summaries = {}
+    with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
+        base = server.base_url
+        model = httpx.get(base + "/v1/models", timeout=60, trust_env=False).json()["data"][0]["id"]
+        for policy in policies if num_warmup else ():
+            prepare(base, policy)
+            run_requests(base, model, requests[:num_warmup], offsets[:num_warmup], max_concurrency=max_concurrency)
+        for policy in policies:
+            prepare(base, policy)
+            before = routed_counts(base)
+            results, duration = run_requests(base, model, requests, offsets, max_concurrency=max_concurrency)
+            after = routed_counts(base)
+            metrics = compute_metrics(results, duration)
+            spread = sorted((after.get(r, 0) - before.get(r, 0) for r in after), reverse=True)
+            failures = [r.error for r in results if not r.success]
+            summaries[policy] = {**metrics, "prefix_hit_rate": hit_rate(results), "requests_per_replica": spread,
+                                 "first_error": failures[0] if failures else ""}
+    return summaries
+
+
+ROWS = (("prefix hit rate", "prefix_hit_rate", "{:.1%}"),
+        ("TTFT p50 (ms)", "ttft_median_ms", "{:.0f}"),
+        ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}"),
+        ("E2E latency p50 (ms)", "e2el_median_ms", "{:.0f}"),
+        ("throughput (req/s)", "request_throughput", "{:.2f}"),
+        ("total token throughput (tok/s)", "total_token_throughput", "{:.0f}"),
+        ("failed requests", "failed", "{:.0f}"))
+
+
+def markdown_table(by_replicas: Mapping[int, Mapping[str, Mapping]]) -> str:
+    """One column per (replica count, policy), one row per metric, plus the requests each replica got."""
+    columns = [(n, p) for n, runs in by_replicas.items() for p in runs]
+    rows = [[label, *(fmt.format(by_replicas[n][p][key]) for n, p in columns)] for label, key, fmt in ROWS]
+    rows.append(["requests per replica",
+                 *("/".join(str(c) for c in by_replicas[n][p]["requests_per_replica"]) for n, p in columns)])
+    return render_table(["metric", *(f"{n} replicas, {p}" for n, p in columns)], rows) + "\n"

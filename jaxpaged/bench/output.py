@@ -1,0 +1,89 @@
+"""The one writer of benchmark results: JSON, Markdown tables and PNG plots, each only where a path is given.
+
+Every command that reports numbers writes through `write_results` (its flags,
+``--json_out``, ``--md_out`` and ``--plot_dir``, are `jaxpaged.cli.output_flags`);
+tables are rendered by `markdown_table`, figures saved by `save_figure`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]:
+    """What decides whether the process's buffers sit on huge pages (CPU steps run ~10% faster when they do).
+
+    `transparent_hugepage` is the kernel's mode (`always`, `madvise` or `never`;
+    None off Linux); `GLIBC_TUNABLES` is the environment variable, where
+    `glibc.malloc.hugetlb=1` makes malloc ask for huge pages in `madvise` mode
+    (docs/BENCHMARKS.md, "The step-level targets").
+    """
+    mode = None
+    if thp_setting.is_file():
+        text = thp_setting.read_text()
+        mode = text[text.find("[") + 1:text.find("]")] if "[" in text else text.strip()
+    return {"transparent_hugepage": mode, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES")}
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub Markdown table; ``align``: a letter per column, ``l`` or ``r`` (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header) or any(len(row) != len(header) for row in rows):
+        raise ValueError(f"every row needs {len(header)} cells and align {len(header)} letters")
+    lines = [markdown_row(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    return "\n".join(lines + [markdown_row(row) for row in rows])
+
+
+def markdown_row(cells: Sequence[Any]) -> str:
+    """One row of a `markdown_table` (a command streaming rows as they are measured prints these)."""
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def write_outputs(result: Mapping, table: str | None, json_out: str | None, md_out: str | None) -> None:
+    """Write ``result`` (plus `memory_environment`) as JSON to ``json_out`` and ``table`` as Markdown to ``md_out``.
+
+    None skips either.
+    """
+    result = {"memory_environment": memory_environment()} | dict(result)
+    for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, None if table is None else table + "\n")):
+        if path and text is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Save a matplotlib figure as PNG at ``path`` (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def write_results(result: Mapping, table: str | None, *, json_out: str | None = None, md_out: str | None = None,
+                  plot_dir: str | Path | None = None, plots: Mapping[str, Callable[[Path], object]] | None = None,
+                  echo: bool = True) -> list[Path]:
+    """Print ``table`` (``echo``), write ``result`` / ``table`` where given, and draw each plot into ``plot_dir``.
+
+    ``plots`` maps a file name to a function that draws into the path given;
+    the plots written are returned (none without ``plot_dir``).
+    """
+    if echo and table:
+        print(table)
+    write_outputs(result, table, json_out or None, md_out or None)
+    written = []
+    if plot_dir and plots:
+        Path(plot_dir).mkdir(parents=True, exist_ok=True)
+        for name, draw in plots.items():
+            draw(Path(plot_dir) / name)
+            written.append(Path(plot_dir) / name)
+            print(f"wrote {written[-1]}")
+    return written

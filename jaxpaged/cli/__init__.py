@@ -1,0 +1,1 @@
+"""The `jaxpaged` command line: one entry point, subcommands, engine flags generated from `EngineConfig`."""

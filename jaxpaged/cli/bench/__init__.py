@@ -1,0 +1,1 @@
+"""`jaxpaged bench ...`: one module per benchmark, its flags and its `main`."""

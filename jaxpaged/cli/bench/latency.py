@@ -1,0 +1,48 @@
+"""Latency of one batch end to end, as ``vllm bench latency``: every engine flag, one batch, timed repeatedly.
+
+    jaxpaged bench latency --model=small --batch_size=8 --input_len=32 --output_len=128 \\
+        --num_iters_warmup=2 --num_iters=10 --json_out=out/latency.json
+
+Each iteration generates ``--output_len`` tokens (EOS ignored, greedy) for all
+``--batch_size`` prompts of ``--input_len`` random tokens; the warm-up
+iterations compile the step shapes and are not reported. The prefix cache is
+emptied before every iteration.
+"""
+
+from __future__ import annotations
+
+from jaxpaged.bench.offline.latency import PERCENTILES, latency_summary, measure_latency, random_prompts
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
+
+FLAGS = FlagSet()
+ENGINE = EngineFlags(FLAGS)
+INPUT_LEN = FLAGS.DEFINE_integer("input_len", 32, "prompt tokens per request")
+OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 128, "tokens generated per request")
+BATCH_SIZE = FLAGS.DEFINE_integer("batch_size", 8, "requests in the batch")
+WARMUP = FLAGS.DEFINE_integer("num_iters_warmup", 2, "untimed iterations first (they compile)")
+ITERS = FLAGS.DEFINE_integer("num_iters", 10, "timed iterations")
+OUT = OutputFlags(FLAGS)
+FLAGS.positive("input_len", "output_len", "batch_size", "num_iters")
+FLAGS.non_negative("num_iters_warmup")
+
+
+def main(argv):
+    """Build the engine, time the batch, print and write the latencies."""
+    del argv
+    from jaxpaged.llm import LLM
+    config = ENGINE.config()
+    llm = LLM(**ENGINE.kwargs())
+    prompts = random_prompts(BATCH_SIZE.value, INPUT_LEN.value, llm.engine.model_config.vocab_size, config.seed)
+    latencies = measure_latency(llm, prompts, OUTPUT_LEN.value, num_iters_warmup=WARMUP.value,
+                                num_iters=ITERS.value)
+    summary = latency_summary(latencies)
+    table = markdown_table(["batch x (input + output)", "mean (s)", *(f"p{p} (s)" for p in PERCENTILES)],
+                           [[f"{BATCH_SIZE.value} x ({INPUT_LEN.value} + {OUTPUT_LEN.value})",
+                             f"{summary['avg_latency_s']:.4f}",
+                             *(f"{summary['percentiles_s'][str(p)]:.4f}" for p in PERCENTILES)]])
+    OUT.write({"engine": ENGINE.kwargs(), "input_len": INPUT_LEN.value, "output_len": OUTPUT_LEN.value,
+               "batch_size": BATCH_SIZE.value, "num_iters_warmup": WARMUP.value, "num_iters": ITERS.value,
+               **summary}, table)

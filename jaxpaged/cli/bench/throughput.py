@@ -1,0 +1,141 @@
+"""Offline throughput of jaxpaged and Hugging Face transformers on the same weights and prompts.
+
+    jaxpaged bench throughput --backend=both --model=llama-100m --num_prompts=64 \
+        --input_len=256 --prefix_len=64 --output_len=64 --repeats=3 \
+        --json_out=out/bench_throughput.json --md_out=out/bench_throughput.md
+
+The jaxpaged/hf counterpart of vLLM's `benchmark_throughput --backend=vllm|hf`:
+every prompt is sent at once and generates exactly `--output_len` tokens (EOS
+ignored); requests/s, output tokens/s and total tokens/s are of the measured
+pass alone (compile and warm-up are reported apart). `--backend=both` runs the
+two in one process, interleaved over `--repeats`, and reports medians and the
+jaxpaged/hf ratios. `--model` is a Hugging Face checkpoint directory, or a
+shipped config saved once as one under `--checkpoint_dir` (random weights from
+`--seed`). The hf backend needs the `hf` extra (torch + transformers); without
+it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
+
+After the passes (`--gemm_floor`, default on) the model's weight GEMMs are timed
+at a prefill-sized and a decode-sized row count, and each pass is held to its
+weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
+(jaxpaged/bench/offline/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
+largest jaxpaged/hf ratio this machine allows on the workload.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from absl import logging
+
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.offline.throughput import (
+    EngineLimits,
+    HFBackend,
+    JaxpagedBackend,
+    PromptSpec,
+    hf_checkpoint,
+    make_prompts,
+)
+from jaxpaged.bench.offline.throughput_floor import measure_gemm_floor
+from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
+from jaxpaged.checkpoint import load_model, read_hf_config
+
+FLAGS = FlagSet()
+BACKEND = FLAGS.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
+                            "jaxpaged, hf (transformers on torch CPU), or both side by side")
+MODEL = FLAGS.DEFINE_string("model", "tiny", "a Hugging Face checkpoint directory, a jaxpaged checkpoint "
+                                            "directory, a config JSON or a shipped config name")
+CHECKPOINT_DIR = FLAGS.DEFINE_string("checkpoint_dir", "out/hf-checkpoints",
+                                     "where a config's random weights are saved as a Hugging Face checkpoint")
+NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 64, "prompts, all sent at once")
+INPUT_LEN = FLAGS.DEFINE_integer("input_len", 256, "tokens per prompt")
+PREFIX_LEN = FLAGS.DEFINE_integer("prefix_len", 64, "leading tokens every prompt shares (0 = all random)")
+OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 64, "tokens generated per prompt (EOS ignored)")
+TEMPERATURE = FLAGS.DEFINE_float("temperature", 0.0, "0 = greedy; otherwise plain sampling at this temperature")
+SEED = FLAGS.DEFINE_integer("seed", 0, "prompt, weight and sampling seed")
+REPEATS = FLAGS.DEFINE_integer("repeats", 1, "measured passes per backend, interleaved; medians reported")
+# the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once)
+ENGINE = EngineFlags(FLAGS, ["block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks",
+                             "enable_prefix_caching"], defaults={"max_num_batched_tokens": 2048})
+MAX_NUM_SEQS, MAX_BATCHED = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
+HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
+HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
+GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
+                                  "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput_floor.py)")
+COMPILE_CACHE = FLAGS.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
+                                    "persistent XLA compile cache ('' = off); compile time is reported apart")
+OUT = OutputFlags(FLAGS)
+
+FLAGS.model_name("model")
+FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_size", "hf_threads")
+FLAGS.non_negative("prefix_len", "temperature", "seed")
+FLAGS.register_multi_flags_validator(
+    ["prefix_len", "input_len"], lambda f: f["prefix_len"] < f["input_len"],
+    message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
+
+
+def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
+    """The backends to measure, each built and warmed up; hf left out (with one line) when its extra is missing."""
+    from jaxpaged.bench.offline.hf_backend import HFBackendMissing
+    common = {"output_len": OUTPUT_LEN.value, "temperature": TEMPERATURE.value, "seed": SEED.value}
+    backends = []
+    if BACKEND.value in ("hf", "both"):
+        try:
+            backends.append(HFBackend(checkpoint, prompts, batch_size=HF_BATCH_SIZE.value,
+                                      num_threads=HF_THREADS.value, **common))
+        except HFBackendMissing as err:
+            print(f"{'skipping' if BACKEND.value == 'both' else 'cannot run'} --backend=hf: {err}", file=sys.stderr)
+            if BACKEND.value == "hf":
+                sys.exit(2)
+    if BACKEND.value in ("jaxpaged", "both"):
+        limits = EngineLimits(**ENGINE.kwargs())
+        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=limits, **common))
+    for backend in backends:
+        logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
+    return backends
+
+
+def _settings(spec: PromptSpec) -> dict:
+    """The flags that shape the run, for the JSON."""
+    return {"model": MODEL.value, "backend": BACKEND.value, "num_prompts": spec.num_prompts,
+            "input_len": spec.input_len, "prefix_len": spec.prefix_len, "output_len": spec.output_len,
+            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value,
+            "hf_threads": HF_THREADS.value, "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
+            "jaxpaged": ENGINE.kwargs()}
+
+
+def main(argv):
+    """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
+    del argv
+    if COMPILE_CACHE.value:
+        import jax
+        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "load_average_start": os.getloadavg()}  # the machine is shared: how busy it was
+    spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
+    checkpoint = hf_checkpoint(MODEL.value, CHECKPOINT_DIR.value, seed=SEED.value)
+    prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
+    backends = _backends(checkpoint, prompts)
+    runs = {b.name: [] for b in backends}
+    for repeat in range(REPEATS.value):
+        for backend in backends:
+            runs[backend.name].append(backend.measure())
+            logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, REPEATS.value,
+                         runs[backend.name][-1].elapsed_s)
+    floor = None
+    if GEMM_FLOOR.value:  # after the passes, so its timing runs cannot disturb them
+        floor = measure_gemm_floor(load_model(str(checkpoint)), prefill_rows=MAX_BATCHED.value,
+                                   decode_rows=min(MAX_NUM_SEQS.value, spec.num_prompts))
+        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows",
+                     floor.prefill_flops_per_s / 1e9, floor.prefill_rows,
+                     floor.decode_flops_per_s / 1e9, floor.decode_rows)
+    result = throughput_result(runs, prompts, floor)
+    table = throughput_table(result)
+    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)
+    OUT.write(meta | result, table)

@@ -1,0 +1,185 @@
+"""OpenAI-compatible HTTP server (FastAPI + uvicorn) over one jaxpaged engine.
+
+    jaxpaged serve --model=tiny --host=127.0.0.1 --port=8000
+    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 16}'
+
+Endpoints: /v1/completions, /v1/chat/completions (both with `"stream": true`
+as server-sent events), /v1/models, /health, /metrics (Prometheus),
+/tokenize, /detokenize, /reset_prefix_cache. SIGTERM drains in-flight
+requests (then aborts what is left) and saves the prefix-cache snapshot when
+--save_prefix_cache_on_shutdown.
+
+Data-parallel replicas: --data_parallel_size=N (N > 1) starts a local Ray
+cluster and N engine replicas as a Ray Serve deployment behind one HTTP
+ingress with the same API, which routes each request by the replicas'
+cached prefixes (--routing_policy; docs/ARCHITECTURE.md, "Replicas on Ray
+Serve"). Needs the `serve` extra (ray[serve]).
+
+Simulated device: --device=simulated serves a shape-only model (e.g.
+--model=llama3-8b) over a device that sleeps each step's predicted time on
+--device_profile (an H200 by default) and samples a fixed non-EOS token: the
+whole server at GPU step rates on a CPU, with no model built
+(jaxpaged/sim/realtime.py; /metrics counts the device's busy seconds).
+
+Engine core process (the default, --engine_core=process): the engine core
+(scheduler, KV manager, runner, tiers) runs in its own process and
+--api_server_count API server processes (HTTP, tokenization,
+detokenization, stop strings) serve the one port, talking to it over ZeroMQ
+(jaxpaged/server/core/); this process only launches and watches them. With
+replicas, each replica actor owns one engine core process. --engine_core=thread
+runs the engine loop in the HTTP server's process instead.
+
+Multi-host: start one process per host with the same flags plus
+--coordinator_address, --num_processes and --process_id; process 0 serves
+HTTP and its engine core broadcasts every engine command to the others, which
+step in lockstep and exit if process 0 disappears (docs/ARCHITECTURE.md,
+"Processes").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import uvicorn
+
+from jaxpaged import distributed
+from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.engine import EngineConfig
+from jaxpaged.metrics import attach_metrics
+from jaxpaged.server.api import build_app
+from jaxpaged.server.async_engine import AsyncEngine, run_follower
+from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
+from jaxpaged.server.chat import ChatTemplate
+from jaxpaged.server.core.process import CoreSpec, build_engine
+from jaxpaged.sim.profiles import GPU_PROFILES
+
+FLAGS = FlagSet()
+FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
+# every EngineConfig field is a flag (jaxpaged/cli/engine_flags.py); the server samples KV residency by default
+ENGINE = EngineFlags(FLAGS, defaults={"kv_cache_metrics_sample": 0.01})
+MODEL = ENGINE.holders["model"]
+SERVED_NAME = FLAGS.DEFINE_string("served_model_name", None, "the model name clients use (default: --model)")
+HOST = FLAGS.DEFINE_string("host", "127.0.0.1", "address to listen on")
+PORT = FLAGS.DEFINE_integer("port", 8000, "port to listen on")
+KV_BUDGET = FLAGS.DEFINE_integer("kv_budget_tokens", None, "KV pool size in tokens (default: --kv_cache_bytes)")
+MAX_WAITING = FLAGS.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
+MAX_BODY = FLAGS.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES,
+                                "largest request body accepted; larger ones get a 413 before they are parsed")
+DRAIN = FLAGS.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
+DEBUG = FLAGS.DEFINE_boolean("enable_debug_endpoints", False,
+                             "expose /debug/* (crash the engine loop; with replicas: their caches, the policy)")
+DEVICE = FLAGS.DEFINE_enum("device", "real", ["real", "simulated"],
+                           "real: run the model on JAX's devices; simulated: steps sleep the cost model's time "
+                           "on --device_profile (no model is built)")
+DEVICE_PROFILE = FLAGS.DEFINE_string("device_profile", "h200-141gb",
+                                     "the device --device=simulated stands in for: a GPU profile name "
+                                     f"({', '.join(sorted(GPU_PROFILES))}), cpu, or a profile JSON")
+DP = FLAGS.DEFINE_integer("data_parallel_size", 1, "engine replicas; > 1 serves them on Ray Serve")
+POLICY = FLAGS.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "round_robin", "least_loaded"],
+                           "how the replicas' ingress picks a replica (with --data_parallel_size > 1)")
+ENGINE_CORE = FLAGS.DEFINE_enum("engine_core", "process", ["process", "thread"],
+                                "process: the engine core runs in its own process and the API server(s) tokenize, "
+                                "detokenize and match stop strings (jaxpaged/server/core/); with replicas, one "
+                                "core process per replica; thread: the engine loop runs in the HTTP server's "
+                                "(or the replica actor's) process")
+API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
+                                   "(with --engine_core=process)")
+
+FLAGS.positive("api_server_count", "port", "kv_budget_tokens", "max_waiting_requests", "data_parallel_size",
+               "max_request_body_bytes")
+FLAGS.non_negative("drain_timeout_s")
+FLAGS.register_multi_flags_validator(
+    ["data_parallel_size", "tensor_parallel_size", "num_processes"],
+    lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
+    message="--data_parallel_size > 1 runs single-device, single-process replicas: drop --tensor_parallel_size "
+            "and --num_processes")
+FLAGS.register_multi_flags_validator(
+    ["device", "data_parallel_size", "tensor_parallel_size", "num_processes"],
+    lambda v: v["device"] == "real" or (v["data_parallel_size"] == 1 and v["tensor_parallel_size"] == 1
+                                        and (v["num_processes"] or 1) == 1),
+    message="--device=simulated models one device in one process: drop --data_parallel_size, "
+            "--tensor_parallel_size and --num_processes")
+FLAGS.register_multi_flags_validator(
+    ["engine_core", "api_server_count", "data_parallel_size"],
+    lambda v: v["api_server_count"] == 1 or (v["engine_core"] == "process" and v["data_parallel_size"] == 1),
+    message="--api_server_count > 1 needs --engine_core=process and one engine (replicas have one ingress)")
+FLAGS.device_profile("device_profile")
+
+
+def engine_config() -> EngineConfig:
+    """The EngineConfig the flags describe (``--kv_budget_tokens``, when set, gives the number of blocks)."""
+    overrides = {}
+    if KV_BUDGET.value is not None:
+        overrides["num_blocks"] = -(-KV_BUDGET.value // ENGINE.holders["block_size"].value)
+    return ENGINE.config(**overrides)
+
+
+def core_spec() -> CoreSpec:
+    """What the engine core builds and how it serves, from the flags (multi-host: as process 0)."""
+    multi_host = None
+    if distributed.NUM_PROCESSES.value > 1:
+        multi_host = (distributed.COORDINATOR_ADDRESS.value, distributed.NUM_PROCESSES.value,
+                      distributed.PROCESS_ID.value)
+    return CoreSpec(engine_config(), device=DEVICE.value, device_profile=DEVICE_PROFILE.value,
+                    max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value, distributed=multi_host)
+
+
+def main(argv):
+    """Serve until SIGTERM / Ctrl-C: replicas, a multi-host follower, the split (default) or one process."""
+    del argv
+    logging.basicConfig(level=logging.INFO)
+    if DP.value > 1:
+        serve_data_parallel()
+    elif distributed.PROCESS_ID.value > 0:
+        serve_follower()
+    elif ENGINE_CORE.value == "process":
+        status = serve_engine_core_process()
+        logging.shutdown()
+        os._exit(status)  # the launcher holds nothing to save; its interpreter teardown took ~1.5 s on a busy host
+    else:
+        serve_in_process()
+
+
+def serve_in_process() -> None:
+    """--engine_core=thread: the engine loop in a thread of the HTTP server's process."""
+    multi_process = distributed.initialize_from_flags()
+    engine = build_engine(core_spec())
+    metrics = attach_metrics(engine)
+    async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value,
+                               multi_process=multi_process)
+    api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
+                    chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
+                    enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
+    uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
+
+
+def serve_follower() -> None:
+    """A multi-host process other than 0: no HTTP, only the engine stepping on process 0's commands, in this
+    process (whatever --engine_core), until process 0 stops it. If process 0 dies, JAX's coordination client
+    ends this process at once (SIGABRT, "another task died"), so a follower never waits on a dead leader."""
+    distributed.initialize_from_flags()
+    run_follower(build_engine(core_spec()), max_waiting_requests=MAX_WAITING.value)
+
+
+def serve_engine_core_process() -> int:
+    """--engine_core=process: one engine core process and --api_server_count API servers; returns the status."""
+    from jaxpaged.server.core.launcher import ApiSpec, serve_split
+    api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
+                  enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
+                  drain_timeout_s=DRAIN.value)
+    return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
+
+
+def serve_data_parallel() -> None:
+    """--data_parallel_size replicas on a local Ray Serve cluster, until SIGTERM / Ctrl-C."""
+    from jaxpaged.server.replicas.app import build_replica_app, serve_replicas_forever
+    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
+    api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
+                            policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
+                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
+                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value)
+    serve_replicas_forever(api, host=HOST.value, port=PORT.value)
+

@@ -1,0 +1,1 @@
+"""`jaxpaged simulate ...`: the simulator commands, each its flags and its `main`."""
