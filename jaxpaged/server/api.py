@@ -34,6 +34,7 @@ from jaxpaged.server.async_engine import EngineDeadError, QueueFullError, refuse
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
+from jaxpaged.server.http_metrics import CountRequests
 from jaxpaged.server.errors import error_body, error_response as _error, status_of
 from jaxpaged.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       PinRequest, TokenizeRequest)
@@ -70,16 +71,7 @@ def build_app(async_engine: EngineClient, *, served_model_name: str, chat_templa
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = route.path if route is not None else "unmatched"
-        http_requests.labels(request.method, path, str(response.status_code)).inc()
-        http_latency.labels(path).observe(time.perf_counter() - start)
-        return response
-
+    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency)
     app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes)  # outermost: before anything reads the body
 
     # ---- errors ---------------------------------------------------------------------------
@@ -312,10 +304,11 @@ def _sse_response(streams: list, head: dict, choice, *, include_usage: bool) -> 
     a usage chunk when asked, then `[DONE]`; if the engine fails meanwhile, an error event and no `[DONE]`."""
     async def events():
         counts = _Counts()
+        template = R.ChunkTemplate(head)
         try:
             async for i, out in _merge(streams):
                 for c in out.outputs:
-                    yield R.sse(head | {"choices": [choice(i, c, out)], "usage": None})
+                    yield template.chunk(choice(i, c, out))
                 _count(out, counts)
         except Exception as err:  # noqa: BLE001 - the client must tell a failure from a finished answer
             status, kind = status_of(err)
