@@ -26,6 +26,7 @@ import zmq
 
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
+from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
 from jaxpaged.server.async_engine import apply_record
 from jaxpaged.server.core import messages as M
 
@@ -73,6 +74,8 @@ class EngineCore:
                  drain_timeout_s: float = 30.0) -> None:
         """Binds a ROUTER socket at `address` (`ipc://...` or `tcp://...`)."""
         self.engine, self.metrics = engine, metrics
+        # streaming outputs built in their wire form (final ones stay RequestOutputs for the stat loggers)
+        engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
         self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -201,7 +204,7 @@ class EngineCore:
 
     # ---- messages out ---------------------------------------------------------------------
 
-    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _send_outputs(self, outputs: list[M.RequestDelta | RequestOutput]) -> None:
         batches: dict[bytes, list[M.RequestDelta]] = {}
         for out in outputs:
             identity = self._owner.get(out.request_id)
@@ -229,14 +232,3 @@ class _EngineDead(RuntimeError):
 
 
 _EngineDead.__name__ = "EngineDeadError"
-
-
-def to_delta(out: RequestOutput) -> M.RequestDelta:
-    """A core-side output (token ids only) as its wire form."""
-    m = out.metrics
-    metrics = None if m is None else M.Metrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
-                                               m.finish_time, m.num_preemptions, m.peak_blocks_shared,
-                                               m.peak_blocks_unshared, list(m.token_times))
-    seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text)
-            for c in out.outputs]
-    return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics, out.prompt_logprobs)
