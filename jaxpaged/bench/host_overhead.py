@@ -1,8 +1,9 @@
 """Host overhead of `Engine.step` at GPU batch sizes, and whether it hides under the device step.
 
 A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) stands in for a
-GPU: it lays out every step with the real code, then sleeps the step's
-predicted time on a device thread. The engine, scheduler, cache manager and
+GPU: it lays out every step with the real code and queues the step's
+predicted time on a device modelled as a FIFO of deadlines (reading a step's
+tokens sleeps until it ends). The engine, scheduler, cache manager and
 output processor are the real ones.
 
 `measure_host_overhead` serves `num_seqs` decoding sequences of ~`context_len`
@@ -11,7 +12,7 @@ update from the step's results, output processing) and the whole step minus
 the time spent waiting for the device (and predicting its time). With
 `sleep=False` the device takes no time, so the step time is all host time;
 with `sleep=True` the device-busy fraction (the share of the measured wall
-time the device thread spent in steps) shows how much of the host work is
+time the device spent in steps) shows how much of the host work is
 hidden, with asynchronous scheduling on or off. With `engine_core=True` the
 engine is set up as the engine core process runs it (`jaxpaged.server.core`:
 wire-form outputs, Prometheus stat logger) and each step's outputs are also
@@ -53,7 +54,7 @@ class HostOverhead:
     host_ms: float  # the whole step minus waiting for the device (and the stand-in predicting its time)
     device_ms: float  # predicted device time per step
     step_ms: float  # wall time per step
-    device_busy: float  # fraction of the measured wall time the device thread spent in steps (1.0 without sleep)
+    device_busy: float  # fraction of the measured wall time the device spent in steps (1.0 without sleep)
     us_per_seq: float  # host_ms per sequence, in microseconds
     num_steps: int
     wire_ms: float = 0.0  # engine_core: packing and encoding the step's message

@@ -109,6 +109,7 @@ def _child(target, *args) -> None:
 def run_api_server(api: ApiSpec, address: str, core_pid: int) -> None:
     """An API server process: connect to the core, then serve the app on the shared port."""
     import asyncio
+    import gc
 
     import uvicorn
 
@@ -125,6 +126,8 @@ def run_api_server(api: ApiSpec, address: str, core_pid: int) -> None:
                         chat_template=ChatTemplate.for_model(api.model),
                         enable_debug_endpoints=api.enable_debug_endpoints,
                         max_request_body_bytes=api.max_request_body_bytes)
+        gc.collect()
+        gc.freeze()  # startup's objects (app, tokenizer) live on: no collection walks them again
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)
         await uvicorn.Server(config).serve(sockets=[reuseport_socket(api.host, api.port)])
 

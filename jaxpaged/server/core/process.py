@@ -16,6 +16,7 @@ server (`Dead`) before the process exits non-zero.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -60,6 +61,8 @@ def run_core(spec: CoreSpec, address: str) -> None:
     from jaxpaged.metrics import attach_metrics
     engine = build_engine(spec)
     metrics = attach_metrics(engine)
+    gc.collect()
+    gc.freeze()  # what startup built (model, pool, tokenizer) lives on: no collection walks it again
     core = EngineCore(engine, address, metrics=metrics, max_waiting_requests=spec.max_waiting_requests,
                       drain_timeout_s=spec.drain_timeout_s)
     signal.signal(signal.SIGTERM, lambda *_: core.request_stop())
@@ -76,6 +79,7 @@ class EngineCore:
         self.engine, self.metrics = engine, metrics
         # streaming outputs built in their wire form (final ones stay RequestOutputs for the stat loggers)
         engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
+        self._step_time = StepHostTime(metrics.registry, engine.runner) if metrics is not None else None
         self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -108,11 +112,15 @@ class EngineCore:
                     if not self.engine.has_unfinished_requests():
                         break
                 busy = self.engine.has_unfinished_requests()
+                if busy and self._step_time is not None:
+                    self._step_time.start()
                 self._read_messages(0 if busy else _IDLE_POLL_MS)
                 if self._crash_requested:
                     raise RuntimeError("engine core crashed on request (debug endpoint)")
                 if self.engine.has_unfinished_requests():
                     self._send_outputs(self.engine.step())
+                    if busy and self._step_time is not None:
+                        self._step_time.stop(self.engine.stats)
             self.engine.shutdown()
             self._tell_everyone(M.Dead("the engine is shutting down"))
             return 0
@@ -225,6 +233,38 @@ class EngineCore:
     def _tell_everyone(self, msg) -> None:
         for identity in list(self._clients):
             self._send(identity, msg)
+
+
+class StepHostTime:
+    """The core's host time per step as Prometheus metrics: each loop iteration that stepped (messages in,
+    the engine's step, messages out), less the time it waited for the device where the runner counts it
+    (`wait_s`: the simulated devices), and the loop thread's CPU time; by the kind of step scheduled
+    (`decode`: one token for every sequence, nothing admitted; `mixed`: anything else)."""
+
+    def __init__(self, registry, runner) -> None:
+        """Registers `jaxpaged:engine_core_step_host_seconds` and `jaxpaged:engine_core_loop_cpu_seconds`."""
+        from prometheus_client import Counter, Histogram
+        self.host = Histogram("jaxpaged:engine_core_step_host_seconds",
+                              "Host time of each engine core iteration that stepped, less its wait for the device.",
+                              ["kind"], buckets=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0),
+                              registry=registry)
+        self.cpu = Counter("jaxpaged:engine_core_loop_cpu_seconds",
+                           "CPU time of the engine core's loop thread in iterations that stepped.", ["kind"],
+                           registry=registry)
+        self._runner = runner
+        self._start = self._cpu = self._wait = 0.0
+
+    def start(self) -> None:
+        """An iteration that will step begins."""
+        self._start, self._cpu = time.perf_counter(), time.thread_time()
+        self._wait = getattr(self._runner, "wait_s", 0.0)
+
+    def stop(self, stats) -> None:
+        """It ended (`stats`: the engine's `SchedulerStats`): observe its host time and CPU time."""
+        waited = getattr(self._runner, "wait_s", 0.0) - self._wait
+        kind = "decode" if stats.last_step_tokens == stats.last_step_seqs else "mixed"
+        self.host.labels(kind).observe(time.perf_counter() - self._start - waited)
+        self.cpu.labels(kind).inc(time.thread_time() - self._cpu)
 
 
 class _EngineDead(RuntimeError):
