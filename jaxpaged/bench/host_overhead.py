@@ -58,6 +58,7 @@ class HostOverhead:
     us_per_seq: float  # host_ms per sequence, in microseconds
     num_steps: int
     wire_ms: float = 0.0  # engine_core: packing and encoding the step's message
+    cpu_ms: float = 0.0  # CPU time of the engine's thread per step (robust where the host waits for a core)
 
 
 def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: str = "h200-141gb",
@@ -101,19 +102,21 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     engine.scheduler.update_from_output = timers["update"]
     engine.output_processor.process = timers["outputs"]
     samples: dict[str, list[float]] = {name: [] for name in ("schedule", "layout", "update", "outputs", "host",
-                                                               "step", "wire")}
+                                                               "step", "wire", "cpu")}
     device0 = runner.device_s
     gc.collect()
     begin = time.perf_counter()
     for _ in range(steps):
         before = {name: t.total_s for name, t in timers.items()}
         layout0, wait0, predict0 = runner.layout.total_s, runner.wait_s, runner.predict_s
+        cpu0 = time.thread_time()
         start = time.perf_counter()
         outputs = engine.step()
         wire_start = time.perf_counter()
         if wire is not None:
             wire(outputs)
         end_step = time.perf_counter()
+        samples["cpu"].append(time.thread_time() - cpu0)
         step_s = end_step - start
         samples["wire"].append(end_step - wire_start)
         for name, t in timers.items():
@@ -128,7 +131,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return HostOverhead(num_seqs, async_scheduling, sleep, output_kind.name, ms["schedule"], ms["layout"],
                         ms["update"], ms["outputs"], ms["host"], device / steps * 1e3, ms["step"],
-                        busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"])
+                        busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"], ms["cpu"])
 
 
 def _core_wire(engine: Engine):
