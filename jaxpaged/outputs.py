@@ -85,3 +85,32 @@ class RequestOutput:
     metrics: RequestMetrics | None  # on the final output; None on the outputs streamed before it
     # SamplingParams.prompt_logprobs: per prompt token {token id: logprob}, the first None (DELTA: the new ones)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+
+
+def merge_outputs(pending: RequestOutput, new: RequestOutput, kind: RequestOutputKind) -> RequestOutput:
+    """One output that says what `pending` and then `new` (both of one request) said, for a reader that
+    has not taken `pending` yet (vLLM's `RequestOutputCollector`): a slow client gets one chunk per wake-up.
+
+    CUMULATIVE and FINAL_ONLY outputs already carry everything: `new` replaces `pending`. DELTA outputs are
+    concatenated per sequence index (`pending` is extended in place and returned).
+    """
+    if kind is not RequestOutputKind.DELTA:
+        return new
+    by_index = {c.index: c for c in pending.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:
+            by_index[c.index] = c
+            continue
+        old.token_ids = old.token_ids + c.token_ids
+        old.text += c.text
+        old.cumulative_logprob, old.finish_reason, old.stop_reason = c.cumulative_logprob, c.finish_reason, c.stop_reason
+        if c.logprobs is not None:
+            old.logprobs = c.logprobs if old.logprobs is None else old.logprobs + c.logprobs
+    if len(by_index) != len(pending.outputs):
+        pending.outputs = sorted(by_index.values(), key=lambda c: c.index)
+    if new.prompt_logprobs is not None:
+        pending.prompt_logprobs = (new.prompt_logprobs if pending.prompt_logprobs is None
+                                   else pending.prompt_logprobs + new.prompt_logprobs)
+    pending.finished, pending.num_cached_tokens, pending.metrics = new.finished, new.num_cached_tokens, new.metrics
+    return pending

@@ -30,12 +30,11 @@ from jaxpaged.mathutils import cdiv
 
 @dataclasses.dataclass
 class _Region:
-    """One sequence's reservation: region index, slots handed out, slots scheduled, slots written."""
+    """One sequence's reservation: region index, slots handed out, slots written."""
 
     index: int
     num_allocated: int
     num_computed: int
-    num_scheduled: int = 0
 
 
 class ContiguousKVCacheManager:
@@ -95,10 +94,6 @@ class ContiguousKVCacheManager:
     def num_computed_tokens(self, seq_id: Hashable) -> int:
         """Leading tokens of the sequence whose K/V are in the pool."""
         return self._seq(seq_id).num_computed
-
-    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
-        return self._seq(seq_id).num_scheduled
 
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Always 0: there is no prefix cache."""
@@ -163,25 +158,29 @@ class ContiguousKVCacheManager:
             raise ValueError(f"num_new_tokens must be in [0, {len(token_ids)}], got {num_new_tokens}")
         if not self._free_regions:
             return False
-        self._seqs[seq_id] = _Region(heapq.heappop(self._free_regions), num_new_tokens, 0, num_new_tokens)
+        self._seqs[seq_id] = _Region(heapq.heappop(self._free_regions), num_new_tokens, 0)
         return True
 
     # ------------------------------------------------------------------- growth
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate:
-        """Hand out ``num_new_tokens`` more slots of the reserved region; never fails, never copies.
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, *, num_computed_tokens: int) -> BlockTableUpdate:
+        """Hand out ``num_new_tokens`` more slots after the first ``num_computed_tokens`` (the caller's count)
+        of the reserved region; never fails, never copies.
 
         Returns the region's blocks that the new slots bring into the block table.
 
         Raises:
-          ValueError: unknown sequence, negative count, or growth past the region.
+          ValueError: unknown sequence, negative count, a start before the committed tokens or past
+            the slots handed out, or growth past the region.
         """
         region = self._seq(seq_id)
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        end = region.num_scheduled + num_new_tokens
+        if not region.num_computed <= num_computed_tokens <= region.num_allocated:
+            raise ValueError(f"num_computed_tokens for {seq_id!r} must be in [{region.num_computed}, "
+                             f"{region.num_allocated}], got {num_computed_tokens}")
+        end = num_computed_tokens + num_new_tokens
         self._check_fits(end, f"sequence {seq_id!r} grown")
-        region.num_scheduled = end
         old_blocks = cdiv(region.num_allocated, self.block_size)
         region.num_allocated = max(region.num_allocated, end)
         new_blocks = cdiv(region.num_allocated, self.block_size)
@@ -202,7 +201,6 @@ class ContiguousKVCacheManager:
             raise ValueError(f"num_computed_tokens for {seq_id!r} must be in [{region.num_computed}, {limit}], "
                              f"got {num_computed_tokens}")
         region.num_computed = num_computed_tokens
-        region.num_scheduled = max(region.num_scheduled, num_computed_tokens)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Unsupported: the baseline shares nothing and the engine issues no copy on fork.
@@ -239,5 +237,5 @@ class ContiguousKVCacheManager:
         assert sorted(held + free) == list(range(self.num_regions)), (
             f"held {sorted(held)} and free {sorted(free)} regions must partition 0..{self.num_regions - 1}")
         for seq_id, r in self._seqs.items():
-            assert 0 <= r.num_computed <= r.num_scheduled <= r.num_allocated <= self.max_model_len, (
+            assert 0 <= r.num_computed <= r.num_allocated <= self.max_model_len, (
                 f"{seq_id!r}: computed {r.num_computed}, allocated {r.num_allocated}, region {self.max_model_len}")

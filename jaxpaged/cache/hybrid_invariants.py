@@ -58,8 +58,8 @@ def _check_sequence(mgr, seq_id, seq) -> None:
     bs, blocks = mgr.block_size, mgr._pool.blocks
     length = len(seq.tables[0])
     assert all(len(table) == length for table in seq.tables), f"sequence {seq_id!r}: groups' tables differ in length"
-    assert seq.num_computed <= seq.num_scheduled <= length * bs, (
-        f"sequence {seq_id!r}: {seq.num_computed} computed, {seq.num_scheduled} scheduled, {length} blocks")
+    assert seq.num_computed <= length * bs, (
+        f"sequence {seq_id!r}: {seq.num_computed} computed, {length} blocks")
     live = [b for table in seq.tables for b in table if b != NULL_BLOCK]
     assert len(set(live)) == len(live), f"sequence {seq_id!r}: a block appears twice in {seq.tables}"
     for g, (table, window) in enumerate(zip(seq.tables, mgr.windows)):

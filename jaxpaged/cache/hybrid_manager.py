@@ -37,7 +37,7 @@ from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_ch
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.kv_groups import KVCacheLayout
-from jaxpaged.cache.manager_queries import ManagerQueries
+from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
 from jaxpaged.cache.records import BlockTableUpdate, NO_CHANGE, PrefixMatch
 from jaxpaged.mathutils import cdiv
 
@@ -69,7 +69,6 @@ class HybridSequenceState:
     tables: list[list[int]]
     skipped: list[int]
     num_computed: int
-    num_scheduled: int
     num_cached_tokens: int
     block_hashes: list[bytes]
     num_hashed_blocks: int
@@ -272,8 +271,7 @@ class HybridKVCacheManager(ManagerQueries):
             tables.append(table)
             skipped.append(sum(1 for b in blocks if b is None))
         seq = HybridSequenceState(
-            tables=tables, skipped=skipped, num_computed=num_cached,
-            num_scheduled=num_cached + num_new_tokens, num_cached_tokens=num_cached,
+            tables=tables, skipped=skipped, num_computed=num_cached, num_cached_tokens=num_cached,
             block_hashes=list(match.block_hashes), num_hashed_blocks=num_matched,
             request_keys=request_keys, pending=(num_matched, num_matched))
         self._seqs[seq_id] = seq
@@ -322,8 +320,10 @@ class HybridKVCacheManager(ManagerQueries):
             seq.skipped[g] = first
             self._num_slid_out += first - old
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:
-        """Room for ``num_new_tokens`` more tokens after the scheduled ones, in every group.
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, *,
+                       num_computed_tokens: int) -> BlockTableUpdate | None:
+        """Room for ``num_new_tokens`` more tokens after the first ``num_computed_tokens`` (the caller's
+        count: computed or being computed), in every group.
 
         First drops the blocks that slid out of each window (never needed again,
         so this happens even when the call then returns None for lack of blocks).
@@ -332,12 +332,12 @@ class HybridKVCacheManager(ManagerQueries):
         shares one. The update is a suffix of the flat table.
         """
         seq = self._seqs.get(seq_id) or self._seq(seq_id)
-        if num_new_tokens < 0:
-            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        self._slide(seq)
-        start, bs, num_groups = seq.num_scheduled, self.block_size, self.num_groups
+        start, bs, num_groups = num_computed_tokens, self.block_size, self.num_groups
         tables = seq.tables
         length = len(tables[0])
+        if num_new_tokens < 0 or not seq.num_computed <= start <= length * bs:
+            raise growth_error(seq_id, num_new_tokens, start, seq.num_computed, length * bs)
+        self._slide(seq)
         end = start + num_new_tokens
         num_fresh = cdiv(end, bs) - length if end > length * bs else 0
         if num_fresh > 0:
@@ -348,7 +348,6 @@ class HybridKVCacheManager(ManagerQueries):
             index = start // bs
             cow_groups = [g for g in range(num_groups) if blocks[tables[g][index]].ref_count > 1]
         if num_fresh <= 0 and not cow_groups:
-            seq.num_scheduled = end
             return NO_CHANGE
         num_fresh = max(num_fresh, 0)
         if num_fresh * num_groups + len(cow_groups) > self._pool.num_free:
@@ -371,7 +370,6 @@ class HybridKVCacheManager(ManagerQueries):
                     tables[g].append(next(fresh).block_id)
             if len(seq.block_hashes) > length:
                 self._sync_in_flight(seq)
-        seq.num_scheduled = end
         flat = _flat([table[first_changed:] for table in tables], PAD_BLOCK)
         return BlockTableUpdate(first_changed * num_groups, flat, tuple(copies))
 
@@ -400,8 +398,6 @@ class HybridKVCacheManager(ManagerQueries):
                             f"sequence {seq_id!r} wrote into shared block {table[index]}; "
                             "call allocate_slots before the step so it is copied on write")
         seq.num_computed = new
-        if new > seq.num_scheduled:
-            seq.num_scheduled = new
         if self.enable_prefix_caching and new // bs > seq.num_hashed_blocks:
             self._publish_full_blocks(seq, token_ids, new // bs)
 
@@ -426,14 +422,11 @@ class HybridKVCacheManager(ManagerQueries):
         self._sync_in_flight(seq)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
-        """Starts ``child_id`` sharing, in every group, the parent's blocks that hold computed tokens."""
+        """Starts ``child_id`` sharing, in every group, the parent's blocks that hold computed tokens
+        (once every scheduled token of the parent is committed, as ``KVCacheManager.fork``)."""
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"fork target {child_id!r} is already allocated")
-        if parent.num_scheduled != parent.num_computed:
-            raise ValueError(
-                f"cannot fork {parent_id!r}: {parent.num_scheduled - parent.num_computed} scheduled "
-                "tokens are not committed yet (commit the step first)")
         num_shared = cdiv(parent.num_computed, self.block_size)
         tables = [table[:num_shared] for table in parent.tables]
         blocks = self._pool.blocks
@@ -441,7 +434,7 @@ class HybridKVCacheManager(ManagerQueries):
         done = parent.num_hashed_blocks
         self._seqs[child_id] = HybridSequenceState(
             tables=tables, skipped=list(parent.skipped), num_computed=parent.num_computed,
-            num_scheduled=parent.num_computed, num_cached_tokens=parent.num_cached_tokens,
+            num_cached_tokens=parent.num_cached_tokens,
             block_hashes=parent.block_hashes[:done], num_hashed_blocks=done,
             request_keys=parent.request_keys, pending=(done, done))
 

@@ -82,9 +82,8 @@ def _check_sequence(mgr, seq_id, seq) -> None:
     bs = mgr.block_size
     table = seq.table
     assert len(set(table)) == len(table), f"sequence {seq_id!r}: a block appears twice in {table}"
-    assert seq.num_computed <= seq.num_scheduled <= len(table) * bs, (
-        f"sequence {seq_id!r}: {seq.num_computed} computed and {seq.num_scheduled} scheduled tokens "
-        f"with {len(table)} blocks"
+    assert seq.num_computed <= len(table) * bs, (
+        f"sequence {seq_id!r}: {seq.num_computed} computed tokens with {len(table)} blocks"
     )
     blocks = mgr._pool.blocks
     # Blocks with no computed token yet must be private: someone is about to write them.

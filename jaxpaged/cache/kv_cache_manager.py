@@ -7,14 +7,17 @@ Life of a sequence, as the engine drives it::
         ...device step writes tokens [m.num_cached_tokens, +n) ...
         mgr.commit(seq, prompt, m.num_cached_tokens + n)
     while running:
-        update = mgr.allocate_slots(seq, 1)           # None: preempt someone
+        update = mgr.allocate_slots(seq, 1, num_computed_tokens=n)   # None: preempt someone
         ...device makes update.copies, then writes one token...
-        mgr.commit(seq, tokens, mgr.num_computed_tokens(seq) + 1)
+        mgr.commit(seq, tokens, n + 1); n += 1
     mgr.free(seq)
 
-Growth starts after the tokens already *scheduled* (given slots), not only the
+Growth starts after the tokens the caller has already *scheduled*, not only the
 committed ones, so the next step can be allocated while the current one still
 runs (asynchronous scheduling): ``allocate_slots`` twice, then ``commit`` twice.
+That count (committed plus in flight) has one owner, the caller (the
+scheduler's ``Sequence.num_computed_tokens``, as vLLM v1's
+``Request.num_computed_tokens``); the manager keeps only what is committed.
 
 Contract: the token ids passed to ``commit`` start with the ones given to
 ``allocate_new`` (prompt hashes computed at admission are reused, not
@@ -45,7 +48,7 @@ from jaxpaged.cache.hashing import (
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.cache.invariants import check_manager
-from jaxpaged.cache.manager_queries import ManagerQueries
+from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
 from jaxpaged.cache.records import (
     NO_CHANGE,
     BlockTableUpdate,
@@ -229,7 +232,6 @@ class KVCacheManager(ManagerQueries):
         seq = SequenceState(
             table=match.blocks + [block.block_id for block in fresh],
             num_computed=num_cached,
-            num_scheduled=num_cached + num_new_tokens,
             num_cached_tokens=num_cached,
             block_hashes=list(match.block_hashes),
             num_hashed_blocks=len(matched),
@@ -266,8 +268,10 @@ class KVCacheManager(ManagerQueries):
 
     # ------------------------------------------------------------------- growth
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:
-        """Makes room for the sequence to write ``num_new_tokens`` more tokens after its scheduled ones.
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, *,
+                       num_computed_tokens: int) -> BlockTableUpdate | None:
+        """Makes room for the sequence to write ``num_new_tokens`` more tokens after its first
+        ``num_computed_tokens`` (computed or being computed by steps in flight: the caller's count).
 
         Allocates blocks lazily. If the first block to be written is shared and
         already holds tokens, it is replaced by a private copy. Returns what
@@ -276,14 +280,14 @@ class KVCacheManager(ManagerQueries):
         None, changing nothing, when there are too few free blocks.
 
         Raises:
-          ValueError: unknown sequence, negative count, or a length that could
-            never fit the pool.
+          ValueError: unknown sequence, negative count, a start before the
+            committed tokens or past the allocated slots, or a length that
+            could never fit the pool.
         """
         seq = self._seqs.get(seq_id) or self._seq(seq_id)  # once per sequence per step: no extra call
-        if num_new_tokens < 0:
-            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
-        start, bs = seq.num_scheduled, self.block_size
-        table = seq.table
+        start, bs, table = num_computed_tokens, self.block_size, seq.table
+        if num_new_tokens < 0 or not seq.num_computed <= start <= len(table) * bs:
+            raise growth_error(seq_id, num_new_tokens, start, seq.num_computed, len(table) * bs)
         end = start + num_new_tokens
         num_fresh = cdiv(end, bs) - len(table) if end > len(table) * bs else 0
         if num_fresh > 0:
@@ -297,7 +301,6 @@ class KVCacheManager(ManagerQueries):
             if blocks[table[index]].ref_count > 1:
                 cow_index = index
         if num_fresh <= 0 and cow_index < 0:
-            seq.num_scheduled = start + num_new_tokens
             return NO_CHANGE  # the common decode step: room left in the last block
         num_fresh = max(num_fresh, 0)
         if num_fresh + (cow_index >= 0) > self._pool.num_free:
@@ -317,7 +320,6 @@ class KVCacheManager(ManagerQueries):
             table.extend([block.block_id for block in self._pool.allocate(num_fresh)])
             if len(seq.block_hashes) > table_len:  # prompt blocks with known hashes just got slots
                 self._sync_in_flight(seq)
-        seq.num_scheduled = start + num_new_tokens
         return BlockTableUpdate(first_changed, table[first_changed:], copies)
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
@@ -350,8 +352,6 @@ class KVCacheManager(ManagerQueries):
                         "call allocate_slots before the step so it is copied on write"
                     )
         seq.num_computed = new
-        if new > seq.num_scheduled:
-            seq.num_scheduled = new
         if self.enable_prefix_caching and new // bs > seq.num_hashed_blocks:
             self._publish_full_blocks(seq, token_ids, new // bs)
 
@@ -414,23 +414,20 @@ class KVCacheManager(ManagerQueries):
 
         Blocks allocated but not yet written stay the parent's alone, so the two
         can never write the same slot; the shared partly filled block is copied on
-        the first write by either.
+        the first write by either. The caller forks only once every scheduled
+        token of the parent is committed (a step in flight would still write
+        into a block the child now shares); the child's count of computed
+        tokens starts at ``num_computed_tokens(parent_id)``.
         """
         parent = self._seq(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"fork target {child_id!r} is already allocated")
-        if parent.num_scheduled != parent.num_computed:
-            raise ValueError(
-                f"cannot fork {parent_id!r}: {parent.num_scheduled - parent.num_computed} scheduled "
-                "tokens are not committed yet (commit the step first)"
-            )
         shared_ids = parent.table[: cdiv(parent.num_computed, self.block_size)]
         self._pool.take([self._pool.blocks[i] for i in shared_ids])
         done = parent.num_hashed_blocks
         self._seqs[child_id] = SequenceState(
             table=list(shared_ids),
             num_computed=parent.num_computed,
-            num_scheduled=parent.num_computed,
             num_cached_tokens=parent.num_cached_tokens,
             # Hashes past the computed blocks came from the parent's tokens; the
             # child's may differ there, so it re-derives them from its own.

@@ -56,10 +56,6 @@ class ManagerQueries:
         """Leading tokens of the sequence whose K/V are in the pool (committed)."""
         return self._seq(seq_id).num_computed
 
-    def num_scheduled_tokens(self, seq_id: Hashable) -> int:
-        """Leading tokens of the sequence that have slots: committed plus scheduled, not yet committed."""
-        return self._seq(seq_id).num_scheduled
-
     def num_cached_tokens(self, seq_id: Hashable) -> int:
         """Tokens the sequence got from the prefix cache when it was admitted."""
         return self._seq(seq_id).num_cached_tokens
@@ -95,3 +91,11 @@ class ManagerQueries:
         in_use = [block for block in self._pool.cached.values() if block.ref_count > 0]
         return [CachedBlockInfo(b.block_id, b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, b.ref_count)
                 for b in evictable + in_use]
+
+
+def growth_error(seq_id: Hashable, num_new_tokens: int, start: int, num_committed: int, num_slots: int) -> ValueError:
+    """The ValueError of an ``allocate_slots`` call that asks for the impossible."""
+    if num_new_tokens < 0:
+        return ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+    return ValueError(f"num_computed_tokens for {seq_id!r} must be in [{num_committed}, {num_slots}] "
+                      f"(its committed tokens, its allocated slots), got {start}")

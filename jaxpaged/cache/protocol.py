@@ -38,8 +38,10 @@ class KVManager(Protocol):
         `count_query=False`: the sequence skipped the lookup; the hit-rate counters leave it out."""
         ...
 
-    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> BlockTableUpdate | None:
-        """Slots for `num_new_tokens` more tokens after the scheduled ones; None if they do not fit now."""
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int, *,
+                       num_computed_tokens: int) -> BlockTableUpdate | None:
+        """Slots for `num_new_tokens` more tokens after the first `num_computed_tokens` (computed or being
+        computed: the caller owns that count); None if they do not fit now."""
         ...
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
@@ -47,7 +49,7 @@ class KVManager(Protocol):
         ...
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
-        """Start `child_id` sharing the parent's computed blocks."""
+        """Start `child_id` sharing the parent's computed blocks (every scheduled token committed first)."""
         ...
 
     def free(self, seq_id: Hashable) -> None:

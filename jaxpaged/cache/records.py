@@ -88,10 +88,10 @@ class SequenceState:
 
     Attributes:
       table: physical block ids, in token order.
-      num_computed: leading tokens whose K/V are in the pool (committed).
-      num_scheduled: leading tokens that have slots and are computed or being
-        computed: ``num_computed`` plus the tokens of steps not committed yet
-        (with asynchronous scheduling, the step in flight). Growth starts here.
+      num_computed: leading tokens whose K/V are in the pool (committed). The
+        tokens scheduled past them (steps in flight) are counted by the caller
+        alone (the scheduler's ``Sequence.num_computed_tokens``), who passes
+        that count to ``allocate_slots``.
       num_cached_tokens: tokens served from the prefix cache at admission.
       block_hashes: known chained hashes of leading full blocks (from the prompt
         at admission, extended at commit as generated tokens fill blocks).
@@ -103,7 +103,6 @@ class SequenceState:
 
     table: list[int]
     num_computed: int
-    num_scheduled: int
     num_cached_tokens: int
     block_hashes: list[bytes]
     num_hashed_blocks: int

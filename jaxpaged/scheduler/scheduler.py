@@ -126,7 +126,7 @@ class Scheduler:
                 continue
             if num_new > budget:
                 num_new = budget
-            update = allocate_slots(seq.seq_id, num_new)
+            update = allocate_slots(seq.seq_id, num_new, num_computed_tokens=seq.num_computed_tokens)
             if update is None:
                 update = self._preempt_until_allocated(seq, num_new, preempted)
                 if update is None:
@@ -196,7 +196,7 @@ class Scheduler:
             preempted.append(victim)
             if victim is seq.request:
                 return None
-            update = self.kv.allocate_slots(seq.seq_id, num_new)
+            update = self.kv.allocate_slots(seq.seq_id, num_new, num_computed_tokens=seq.num_computed_tokens)
             if update is not None:
                 return update
 

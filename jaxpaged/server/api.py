@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +28,7 @@ from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.errors import error_response as _error
+from jaxpaged.server.http_metrics import CountRequests
 from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest, PinRequest
 from jaxpaged.server.routes import admin, cache, chat, completions, health, tokenize
 from jaxpaged.server.routes.state import ModelNotFound, ServerState
@@ -69,15 +69,7 @@ def _count_requests(app: FastAPI, registry: CollectorRegistry) -> None:
     http_latency = Histogram("jaxpaged:http_request_duration_seconds", "Time to the response's start, by path.",
                              ["path"], registry=registry)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = route.path if route is not None else "unmatched"
-        http_requests.labels(request.method, path, str(response.status_code)).inc()
-        http_latency.labels(path).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency)
 
 
 def _handle_errors(app: FastAPI) -> None:

@@ -29,7 +29,7 @@ import threading
 import time
 from jaxpaged.engine import Engine
 from jaxpaged import distributed
-from jaxpaged.outputs import RequestOutput, RequestOutputKind
+from jaxpaged.outputs import RequestOutput, RequestOutputKind, merge_outputs
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.engine_client import ModelInfo
 
@@ -58,27 +58,44 @@ class _Command:
 class RequestStream:
     """One request's outputs as its client's event loop receives them (the last one has `finished`).
 
-    `close()` before the final output aborts the request (its blocks are
-    freed); it is synchronous, so it also works where an `await` cannot run
-    (a `finally` under cancellation), and closing twice, or after the end, is
-    a no-op. An error from the loop (it died) is raised by the next `__anext__`.
+    An output that arrives while the previous one is still untaken is merged
+    into it (`merge_outputs`, as vLLM's `RequestOutputCollector`): a client
+    that falls behind gets one output per wake-up carrying every token since
+    its last read, not a backlog of one-token outputs. `close()` before the
+    final output aborts the request (its blocks are freed); it is
+    synchronous, so it also works where an `await` cannot run (a `finally`
+    under cancellation), and closing twice, or after the end, is a no-op. An
+    error from the loop (it died) is raised by the next `__anext__`.
     """
 
-    def __init__(self, owner: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self._owner, self.request_id, self._loop = owner, request_id, loop
-        self._queue: asyncio.Queue = asyncio.Queue()
+    __slots__ = ("_owner", "request_id", "_loop", "_kind", "_items", "_waiter", "_done")
+
+    def __init__(self, owner: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop,
+                 output_kind: RequestOutputKind = RequestOutputKind.DELTA) -> None:
+        self._owner, self.request_id, self._loop, self._kind = owner, request_id, loop, output_kind
+        self._items: collections.deque = collections.deque()  # untaken outputs (merged: at most one) / errors
+        self._waiter: asyncio.Future | None = None
         self._done = False  # the final output (or an error) was taken, or the client closed the stream
 
     def put_threadsafe(self, item: RequestOutput | BaseException) -> None:
         """Hand an output or an error over from the loop thread (dropped if the client's loop is gone)."""
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the client's event loop is closed: nobody is left to read it
             pass
 
     def put(self, item: RequestOutput | BaseException) -> None:
         """Hand an output or an error over from the client's own event loop."""
-        self._queue.put_nowait(item)
+        items = self._items
+        if items and not isinstance(item, BaseException) and not isinstance(items[-1], BaseException):
+            items[-1] = merge_outputs(items[-1], item, self._kind)
+        else:
+            items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -86,7 +103,10 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._done:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        item = self._items.popleft()
         if isinstance(item, BaseException):
             self._done = True
             raise item
@@ -188,7 +208,7 @@ class AsyncEngine:
         meanwhile, the request is not left running.
         """
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
-        stream = RequestStream(self, request_id, asyncio.get_running_loop())
+        stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
                   "cache_salt": cache_salt, "arrival_time": self.engine.clock()}
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import msgspec
+
 from jaxpaged.outputs import CompletionOutput, RequestOutput
 
 
@@ -61,6 +63,26 @@ def sse(payload: dict | str) -> str:
     """One server-sent event line: `data: {json}` (or `data: [DONE]`)."""
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+_encode_json = msgspec.json.Encoder().encode
+
+
+class ChunkTemplate:
+    """A stream's SSE chunks as bytes, its fixed fields encoded once: each chunk only encodes its choice.
+
+    `chunk(choice)` is the JSON object `sse(head | {"choices": [choice], "usage": None})` writes, keys in
+    the same order (UTF-8 where `json.dumps` escapes non-ASCII).
+    """
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, head: dict) -> None:
+        self._prefix = b"data: " + _encode_json(head)[:-1] + (b',"choices":[' if head else b'{"choices":[')
+
+    def chunk(self, choice: dict) -> bytes:
+        """The chunk carrying one choice (and `"usage": null`)."""
+        return self._prefix + _encode_json(choice) + b'],"usage":null}\n\n'
 
 
 def totals(outputs: list[RequestOutput]) -> tuple[int, int, int]:

@@ -24,10 +24,11 @@ def sse_response(streams: list, head: dict, choice, *, include_usage: bool) -> S
     a usage chunk when asked, then `[DONE]`; if the engine fails meanwhile, an error event and no `[DONE]`."""
     async def events():
         counts = _Counts()
+        template = R.ChunkTemplate(head)
         try:
             async for i, out in merge(streams):
                 for c in out.outputs:
-                    yield R.sse(head | {"choices": [choice(i, c, out)], "usage": None})
+                    yield template.chunk(choice(i, c, out))
                 _count(out, counts)
         except Exception as err:  # noqa: BLE001 - the client must tell a failure from a finished answer
             status, kind = status_of(err)

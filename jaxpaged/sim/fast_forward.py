@@ -55,7 +55,6 @@ class _Lane:
     c0: int
     start: int  # the step before its first lane step (0: a lane from the start)
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
-    scheduled: int  # the cache manager's scheduled tokens for it (moved by allocations and commits)
 
 
 def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, until: float = math.inf,
@@ -100,8 +99,7 @@ class _DecodeRun:
         bs = self.kv.block_size
         c0 = seq.num_computed_tokens - step
         finish = step + seq.request.max_len - seq.num_tokens
-        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish,
-                     self.kv.num_scheduled_tokens(seq.seq_id))
+        lane = _Lane((seq.request.arrival_order, seq.index), seq, c0, step, finish)
         self.active[lane.pos] = lane
         self.advanced[seq.request] = None
         self.total_c0 += c0
@@ -153,8 +151,7 @@ class _DecodeRun:
         """The scheduler's decode part of step j: a fresh block for each lane writing past its table."""
         bs = self.kv.block_size
         for lane in sorted(growing, key=_pos):
-            update = self.kv.allocate_slots(lane.seq.seq_id, lane.c0 + j - lane.scheduled)
-            lane.scheduled = lane.c0 + j
+            update = self.kv.allocate_slots(lane.seq.seq_id, 1, num_computed_tokens=lane.c0 + j - 1)
             assert not update.copies, "plain decodes own their last block: no copy-on-write"
             if j + bs <= lane.finish_step:
                 self.allocs[j + bs].append(lane)
@@ -221,7 +218,6 @@ class _DecodeRun:
             self.commits[j + self.kv.block_size].append(lane)
         self._extend_tokens(lane, j - 1)
         self.kv.commit(lane.seq.seq_id, lane.seq.token_ids, lane.c0 + j)
-        lane.scheduled = max(lane.scheduled, lane.c0 + j)
 
     def _extend_tokens(self, lane: _Lane, steps_done: int) -> None:
         """Give the sequence the tokens it holds after `steps_done` steps (its K/V: `c0 + steps_done`)."""
@@ -235,10 +231,6 @@ class _DecodeRun:
         self._extend_tokens(lane, steps_done)
         seq = lane.seq
         seq.num_computed_tokens = lane.c0 + steps_done
-        if seq.status is SeqStatus.RUNNING:  # the manager's scheduled tokens, as allocate_slots leaves them
-            if seq.num_computed_tokens > lane.scheduled:
-                update = self.kv.allocate_slots(seq.seq_id, seq.num_computed_tokens - lane.scheduled)
-                assert not update.block_ids, "a lane's blocks are allocated when it first writes into them"
         if seq.index == 0:
             seq.request.token_times.extend(self.times[lane.start:steps_done])
 

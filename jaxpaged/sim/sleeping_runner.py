@@ -2,11 +2,15 @@
 
 `SleepingDeviceRunner` keeps the real persistent batch and lays out every step
 with the real code (`InputBatch`), predicts the step's time with the cost model
-of a device profile, and hands the step to a worker thread that sleeps that
-long and then returns the fixed token, as an asynchronous GPU would. The
-engine's host work (scheduling, layout, output processing) runs for real
-beside it, so the share of wall time the device thread is busy shows whether
-the host keeps such a device fed. The CPU stays free while the "device" runs.
+of a device profile, and queues the step on a device that is modelled as a
+FIFO of deadlines, as an asynchronous GPU's stream: a step starts when it is
+dispatched or when the step before it ends, whichever is later, and takes its
+predicted time; reading its tokens sleeps until it ends and returns the fixed
+token. No thread runs the "device", so, as with a GPU, nothing on the device
+side takes the GIL or a core from the host: the engine's host work
+(scheduling, layout, output processing) runs for real beside it, and the
+share of wall time the device is busy shows whether the host keeps such a
+device fed. The CPU stays free while the "device" runs.
 
 It serves two uses: the host-overhead benchmark (`jaxpaged.bench.simulator.host_overhead`)
 and `jaxpaged serve --device=simulated`, which runs the whole server over it
@@ -16,7 +20,6 @@ and `jaxpaged serve --device=simulated`, which runs the whole server over it
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
@@ -48,20 +51,22 @@ class _Timer:
 
 
 class _PendingSleep:
-    def __init__(self, runner: "SleepingDeviceRunner", future: concurrent.futures.Future | None, num_seqs: int):
-        self._runner, self._future, self._num_seqs = runner, future, num_seqs
+    def __init__(self, runner: "SleepingDeviceRunner", end: float | None, num_seqs: int):
+        self._runner, self._end, self._num_seqs = runner, end, num_seqs  # end: perf_counter deadline
 
     def result(self) -> ModelOutput:
-        if self._future is not None:
+        if self._end is not None:
             start = time.perf_counter()
-            self._future.result()
+            if self._end > start:
+                time.sleep(self._end - start)
             self._runner.wait_s += time.perf_counter() - start
+            self._end = None
         n = self._num_seqs
         return ModelOutput(token_ids=np.full(n, self._runner.token, np.int32), logprobs=np.zeros(n, np.float32))
 
 
 class SleepingDeviceRunner:
-    """A runner whose device is a worker thread sleeping each step's predicted time (see the module docstring)."""
+    """A runner whose device is a queue of deadlines, each step its predicted time (see the module docstring)."""
 
     num_compiles = 0
     computes_logits = False  # a fixed token: no prompt logprobs, no beam search
@@ -78,12 +83,12 @@ class SleepingDeviceRunner:
         self.device_s = 0.0  # predicted (slept) seconds of every dispatched step
         self.wait_s = 0.0  # host seconds spent waiting for the device
         self.predict_s = 0.0  # host seconds spent predicting step times (the stand-in's own cost)
-        # (start, end) of the newest sleeps, perf_counter; busy_s adds up every one
+        # (start, end) of the newest steps, perf_counter; busy_s adds up every one
         self.busy_intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_BUSY_INTERVALS)
         self.busy_s = 0.0
         self.num_steps = 0
-        self._busy_lock = threading.Lock()
-        self._device = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulated-device")
+        self._busy_lock = threading.Lock()  # busy_seconds may be read from another thread
+        self._free_at = 0.0  # when the device finishes the last step queued on it
 
     def reset(self) -> None:
         """Forget every row of the persistent batch."""
@@ -91,7 +96,7 @@ class SleepingDeviceRunner:
         self.layout = _Timer(self.input_batch.prepare)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> _PendingSleep:
-        """Apply the changes, lay out the step (timed), and queue its predicted time on the device thread."""
+        """Apply the changes, lay out the step (timed), and queue its predicted time on the device."""
         self.input_batch.apply(scheduler_output)
         if not scheduler_output.seqs:
             return _PendingSleep(self, None, 0)
@@ -100,20 +105,21 @@ class SleepingDeviceRunner:
         seconds = self.step_time(step)
         self.predict_s += time.perf_counter() - start
         self.device_s += seconds
-        future = self._device.submit(self._run_step, seconds) if self.sleep else None
-        return _PendingSleep(self, future, scheduler_output.num_seqs)
+        end = self._queue_step(seconds) if self.sleep else None
+        return _PendingSleep(self, end, scheduler_output.num_seqs)
 
-    def _run_step(self, seconds: float) -> None:
-        start = time.perf_counter()
-        time.sleep(seconds)
-        end = time.perf_counter()
+    def _queue_step(self, seconds: float) -> float:
+        """Put a step on the device: it starts once dispatched and the step before it has ended."""
+        begin = max(time.perf_counter(), self._free_at)
+        self._free_at = end = begin + seconds
         with self._busy_lock:
-            self.busy_intervals.append((start, end))
-            self.busy_s += end - start
+            self.busy_intervals.append((begin, end))
+            self.busy_s += seconds
             self.num_steps += 1
+        return end
 
     def busy_seconds(self, begin: float, end: float) -> float:
-        """Seconds within `[begin, end]` during which the device thread was running a step."""
+        """Seconds within `[begin, end]` during which the device was running a step."""
         with self._busy_lock:
             intervals = list(self.busy_intervals)
         return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in intervals)
@@ -128,5 +134,7 @@ class SleepingDeviceRunner:
         return self.cost_model.step_time(zip(lens.tolist(), (context - lens).tolist()))
 
     def close(self) -> None:
-        """Wait for the step in flight, then stop the device thread."""
-        self._device.shutdown(wait=True)
+        """Wait until the device has finished every step queued on it."""
+        remaining = self._free_at - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)

@@ -17,7 +17,7 @@ def test_reserves_a_whole_region_of_consecutive_blocks():
     assert mgr.block_table("a") == [0]  # only the blocks holding allocated tokens are listed
     assert mgr.reserved_blocks("a") == [0, 1, 2]
     mgr.commit("a", [1, 2], 2)
-    assert mgr.allocate_slots("a", 5).copies == ()
+    assert mgr.allocate_slots("a", 5, num_computed_tokens=2).copies == ()
     assert mgr.block_table("a") == [0, 1]
     mgr.check_invariants()
 
@@ -54,7 +54,7 @@ def test_growth_past_the_region_and_bad_commits_raise():
     mgr.allocate_new("a", list(range(10)), 10)
     mgr.commit("a", list(range(10)), 10)
     with pytest.raises(ValueError, match="region"):
-        mgr.allocate_slots("a", 3)  # 13 > max_model_len 12
+        mgr.allocate_slots("a", 3, num_computed_tokens=10)  # 13 > max_model_len 12
     with pytest.raises(ValueError, match="num_computed_tokens"):
         mgr.commit("a", list(range(12)), 11)  # slots 10, 11 never allocated
     with pytest.raises(ValueError, match="region"):

@@ -29,9 +29,9 @@ def test_blocks_are_allocated_lazily_and_returned_on_free():
     assert mgr.allocate_new("a", prompt, 5, mgr.match_prefix(prompt))  # first chunk: 5 tokens
     assert len(mgr.block_table("a")) == 2 and mgr.num_free_blocks == 6
     mgr.commit("a", prompt, 5)
-    assert mgr.allocate_slots("a", 3) is NO_CHANGE and len(mgr.block_table("a")) == 2  # 8 tokens fit
-    mgr.commit("a", prompt, 8)
-    update = mgr.allocate_slots("a", 2)
+    assert mgr.allocate_slots("a", 3, num_computed_tokens=5) is NO_CHANGE and len(mgr.block_table("a")) == 2
+    mgr.commit("a", prompt, 8)  # 8 tokens fit
+    update = mgr.allocate_slots("a", 2, num_computed_tokens=8)
     assert len(mgr.block_table("a")) == 3
     assert update == BlockTableUpdate(2, [mgr.block_table("a")[2]], ())
     mgr.commit("a", prompt, 10)
@@ -74,7 +74,7 @@ def test_only_computed_full_blocks_are_cached_with_chunked_prefill():
     mgr.commit("a", prompt, 6)  # block 0 full, block 1 half
     assert mgr.stats.num_cached_blocks == 1
     assert mgr.match_prefix(toks(12)).num_cached_tokens == 4
-    assert mgr.allocate_slots("a", 5).copies == ()
+    assert mgr.allocate_slots("a", 5, num_computed_tokens=6).copies == ()
     mgr.commit("a", prompt, 11)  # block 1 full now; block 2 has 3 of 4
     assert mgr.stats.num_cached_blocks == 2 and mgr.match_prefix(toks(12)).num_cached_tokens == 8
     mgr.check_invariants()
@@ -86,7 +86,7 @@ def test_generated_tokens_are_cached_for_the_next_turn():
     prefill(mgr, "turn1", prompt)
     tokens = list(prompt)
     for new_token in (50, 51, 52):  # decode three tokens: block 1 fills with 4,5,50,51
-        assert mgr.allocate_slots("turn1", 1).copies == ()
+        assert mgr.allocate_slots("turn1", 1, num_computed_tokens=len(tokens)).copies == ()
         tokens.append(new_token)
         mgr.commit("turn1", tokens, len(tokens))
     mgr.free("turn1")
@@ -212,18 +212,16 @@ def test_next_step_is_allocated_before_the_current_one_is_committed():
     mgr = KVCacheManager(8, BS)
     prompt = toks(7)
     assert mgr.allocate_new("a", prompt, 7, mgr.match_prefix(prompt))  # step N: the prompt
-    assert mgr.num_scheduled_tokens("a") == 7 and mgr.num_computed_tokens("a") == 0
-    update = mgr.allocate_slots("a", 1)  # step N+1: the token step N will sample, at position 7
-    assert update is NO_CHANGE and mgr.num_scheduled_tokens("a") == 7 + 1
-    update = mgr.allocate_slots("a", 1)  # step N+2 writes position 8: a fresh block
+    assert mgr.num_computed_tokens("a") == 0  # the caller counts the 7 scheduled tokens
+    update = mgr.allocate_slots("a", 1, num_computed_tokens=7)  # step N+1: what step N samples, at position 7
+    assert update is NO_CHANGE
+    update = mgr.allocate_slots("a", 1, num_computed_tokens=8)  # step N+2 writes position 8: a fresh block
     assert update.start == 2 and update.block_ids == [mgr.block_table("a")[2]]
     mgr.check_invariants()
     mgr.commit("a", prompt, 7)  # step N lands
     tokens = prompt + [1, 2]
     mgr.commit("a", tokens, 8)
     assert mgr.stats.num_cached_blocks == 2  # the two full blocks are cached once their tokens are known
-    with pytest.raises(ValueError, match="not committed yet"):
-        mgr.fork("a", "b")  # step N+2 is still in flight
     mgr.commit("a", tokens, 9)
     mgr.fork("a", "b")
     mgr.check_invariants()
@@ -240,11 +238,11 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_write():
     parent_table = mgr.block_table("p")
     assert mgr.block_table("c") == parent_table and mgr.num_computed_tokens("c") == 6
     assert [mgr._pool.blocks[i].ref_count for i in parent_table] == [2, 2]
-    update = mgr.allocate_slots("c", 1)
+    update = mgr.allocate_slots("c", 1, num_computed_tokens=6)
     child_table = mgr.block_table("c")
     assert update.copies == ((parent_table[1], child_table[1]),) and child_table[0] == parent_table[0]
     assert update.start == 1 and update.block_ids == [child_table[1]]  # the private copy replaces entry 1
-    assert mgr.allocate_slots("p", 1).copies == ()  # the parent's block is private again
+    assert mgr.allocate_slots("p", 1, num_computed_tokens=6).copies == ()  # the parent's block is private again
     mgr.commit("c", tokens + [7], 7)
     mgr.commit("p", tokens + [8], 7)
     assert mgr.stats.num_cow_copies == 1
@@ -258,24 +256,24 @@ def test_fork_at_a_block_boundary_needs_no_copy():
     mgr = KVCacheManager(16, BS)
     prefill(mgr, "p", toks(8))
     mgr.fork("p", "c")
-    assert mgr.allocate_slots("c", 1).copies == () and mgr.allocate_slots("p", 1).copies == ()
+    assert mgr.allocate_slots("c", 1, num_computed_tokens=8).copies == ()
+    assert mgr.allocate_slots("p", 1, num_computed_tokens=8).copies == ()
     assert mgr.block_table("c")[2] != mgr.block_table("p")[2]
     mgr.check_invariants()
 
 
-def test_fork_waits_until_every_scheduled_token_is_committed():
-    """Sharing a block a step in flight still writes would make that write land in a shared block."""
+def test_growth_starts_only_between_the_committed_tokens_and_the_allocated_slots():
+    """The caller owns the count of scheduled tokens; a count the manager's state contradicts is refused."""
     mgr = KVCacheManager(16, BS)
     prompt = toks(12)
-    assert mgr.allocate_new("p", prompt, 12, mgr.match_prefix(prompt))
-    mgr.commit("p", prompt, 5)  # 3 blocks scheduled, the first 5 tokens committed so far
+    assert mgr.allocate_new("p", prompt, 12, mgr.match_prefix(prompt))  # 3 blocks: 12 slots
+    mgr.commit("p", prompt, 5)  # 12 scheduled, the first 5 committed so far
     before = snapshot(mgr)
-    with pytest.raises(ValueError, match="7 scheduled tokens are not committed yet"):
-        mgr.fork("p", "c")
-    assert snapshot(mgr) == before
-    mgr.commit("p", prompt, 12)
-    mgr.fork("p", "c")
-    assert mgr.block_table("c") == mgr.block_table("p")
+    for start in (4, 13):
+        with pytest.raises(ValueError, match=r"num_computed_tokens for 'p' must be in \[5, 12\]"):
+            mgr.allocate_slots("p", 1, num_computed_tokens=start)
+        assert snapshot(mgr) == before
+    assert mgr.allocate_slots("p", 1, num_computed_tokens=12).start == 3  # after the 12 scheduled: block 3
     mgr.check_invariants()
 
 
@@ -363,9 +361,11 @@ def _busy_manager():
         (lambda m: m.allocate_new("x", toks(9), 4, m.match_prefix(toks(8))), "PrefixMatch is for 8 tokens"),
         (lambda m: m.allocate_new("x", toks(9), 4, m.match_prefix(toks(9)), cache_salt="s"), "with keys"),
         (lambda m: m.free("nobody"), "not held by the cache manager"),
-        (lambda m: m.allocate_slots("nobody", 1), "not held by the cache manager"),
-        (lambda m: m.allocate_slots("a", 11), "17 tokens needs 5 blocks"),
-        (lambda m: m.allocate_slots("a", -1), "must be >= 0"),
+        (lambda m: m.allocate_slots("nobody", 1, num_computed_tokens=0), "not held by the cache manager"),
+        (lambda m: m.allocate_slots("a", 11, num_computed_tokens=6), "17 tokens needs 5 blocks"),
+        (lambda m: m.allocate_slots("a", -1, num_computed_tokens=6), "must be >= 0"),
+        (lambda m: m.allocate_slots("a", 1, num_computed_tokens=5), r"must be in \[6, 8\]"),
+        (lambda m: m.allocate_slots("a", 1, num_computed_tokens=9), r"must be in \[6, 8\]"),
         (lambda m: m.commit("a", toks(6), 5), r"must be in \[6, 6\]"),
         (lambda m: m.commit("b", toks(5, 50), 5), r"must be in \[0, 4\]"),
         (lambda m: m.fork("a", "b"), "fork target 'b' is already allocated"),
@@ -395,7 +395,7 @@ def test_admission_that_does_not_fit_now_returns_false_and_changes_nothing():
     mgr = _busy_manager()
     before = snapshot(mgr)
     assert not mgr.allocate_new("x", toks(12, 200), 12, None)
-    assert mgr.allocate_slots("b", 9) is None
+    assert mgr.allocate_slots("b", 9, num_computed_tokens=3) is None
     assert snapshot(mgr) == before
     assert mgr.can_fit(16) and not mgr.can_fit(17)
 

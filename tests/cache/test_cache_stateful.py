@@ -103,7 +103,7 @@ class CacheMachine(RuleBasedStateMachine):
         else:
             count = data.draw(st.integers(1, len(tokens) - start))
         before = snapshot(self.mgr)
-        update = self.mgr.allocate_slots(sid, count)
+        update = self.mgr.allocate_slots(sid, count, num_computed_tokens=start)
         if update is None:
             assert snapshot(self.mgr) == before
             if decoding:

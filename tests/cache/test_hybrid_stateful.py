@@ -126,7 +126,7 @@ class HybridMachine(RuleBasedStateMachine):
             count = 1
         else:
             count = data.draw(st.integers(1, len(tokens) - start))
-        update = self.mgr.allocate_slots(sid, count)
+        update = self.mgr.allocate_slots(sid, count, num_computed_tokens=start)
         self.skip[sid] = [max(s, model_first_needed(w, start)) for s, w in zip(self.skip[sid], self.windows)]
         if update is None:
             if decoding:

@@ -70,14 +70,13 @@ def _random_op(mgr, rng, prefixes, live, step, counts) -> None:
             live[sid] = tokens
     elif op < 0.65 and live:
         sid = rng.choice(sorted(live))
-        if mgr.allocate_slots(sid, 1) is not None:
+        if mgr.allocate_slots(sid, 1, num_computed_tokens=len(live[sid])) is not None:
             live[sid].append(rng.randrange(3))  # few distinct tokens: forks often publish duplicates
             mgr.commit(sid, live[sid], len(live[sid]))
     elif op < 0.75 and live and len(live) < 5:
         parent = rng.choice(sorted(live))
-        if mgr.num_scheduled_tokens(parent) == mgr.num_computed_tokens(parent):
-            mgr.fork(parent, f"f{step}")
-            live[f"f{step}"] = list(live[parent])
+        mgr.fork(parent, f"f{step}")  # every scheduled token is committed: this workload commits at once
+        live[f"f{step}"] = list(live[parent])
     elif op < 0.97 and live:
         sid = rng.choice(sorted(live))
         mgr.free(sid)

@@ -16,7 +16,7 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.core import messages as M
 from jaxpaged.server.core.frontend_outputs import FrontendOutputs, core_params
-from jaxpaged.server.core.process import to_delta
+from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42], [7, 7, 7, 7]]
 
@@ -44,6 +44,8 @@ def _direct(engine, params):
 def _split(engine, params):
     front = FrontendOutputs(engine.tokenizer)
     wire = msgspec.msgpack.Decoder(M.StepOutputs)
+    direct_outputs = engine.output_processor
+    engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)  # as the engine core runs
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"r{i}", p, core_params(params))
         front.add(f"r{i}", p, params)
@@ -57,6 +59,7 @@ def _split(engine, params):
             if stopped:
                 engine.abort(delta.request_id)
         steps.append(_view(outs))
+    engine.output_processor = direct_outputs
     return [s for s in steps if s]
 
 

@@ -134,12 +134,21 @@ def test_disconnect_mid_stream_frees_the_blocks(server):
     assert generated < 300  # aborted, not run to the end
 
 
-def test_metrics_parse_and_count_http_requests(server):
+def test_metrics_parse_and_count_http_requests(server, request):
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(server + "/metrics").text)}
     assert "jaxpaged:kv_cache_usage_perc" in families
     samples = families["jaxpaged:http_requests"].samples
     ok = [s for s in samples if s.labels.get("path") == "/v1/completions" and s.labels["status"] == "200"]
     assert ok and ok[0].value >= 1
+    if "process" in request.node.name:  # the engine core times each loop iteration that stepped
+        host = {s.name: s.value for s in families["jaxpaged:engine_core_step_host_seconds"].samples
+                if s.name.endswith(("_count", "_sum")) and s.labels["kind"] == "decode"}
+        device_steps = next(s.value for s in families["jaxpaged:iteration_tokens"].samples
+                            if s.name.endswith("_count"))
+        mixed = sum(s.value for s in families["jaxpaged:engine_core_step_host_seconds"].samples
+                    if s.name.endswith("_count") and s.labels["kind"] == "mixed")
+        assert host["jaxpaged:engine_core_step_host_seconds_count"] + mixed >= device_steps > 0
+        assert host["jaxpaged:engine_core_step_host_seconds_sum"] > 0
 
 
 BAD = [

@@ -125,7 +125,7 @@ def _block_cases(cfg: BenchConfig, prompt: list[int]) -> dict[str, Case]:
     return {
         "allocate": Case(lambda i: alloc_mgr.allocate_new(i, prompt, len(prompt), None), teardown=alloc_mgr.free),
         "free": Case(free_mgr.free, setup=lambda i: free_mgr.allocate_new(i, prompt, len(prompt), None)),
-        "decode_allocate_slots": Case(lambda i: decode_mgr.allocate_slots("s", 1), teardown=commit_one_token),
+        "decode_allocate_slots": Case(lambda i: decode_mgr.allocate_slots("s", 1, num_computed_tokens=decode_mgr.num_computed_tokens("s")), teardown=commit_one_token),
     }
 
 

@@ -71,7 +71,8 @@ def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | flo
         mgr.commit(i, tokens, len(tokens))
         if decode and request.output_length:
             tokens += output_token_ids(i, request).tolist()
-            assert mgr.allocate_slots(i, request.output_length) is not None
+            assert mgr.allocate_slots(i, request.output_length, num_computed_tokens=mgr.num_computed_tokens(i)) \
+                is not None
             mgr.commit(i, tokens, len(tokens))
         mgr.free(i)
     stats = mgr.stats

@@ -17,7 +17,7 @@ def kv_slot_usage(engine) -> tuple[int, int]:
     for seq in engine.scheduler.running:
         if seq.seq_id not in kv:
             continue
-        num_computed = kv.num_scheduled_tokens(seq.seq_id)  # computed, or being computed by a step in flight
+        num_computed = seq.num_computed_tokens  # computed, or being computed by a step in flight
         for index, block in enumerate(kv.block_table(seq.seq_id)):
             in_block = min(bs, max(0, num_computed - index * bs))
             if in_block > filled.get(block, 0):

@@ -1,8 +1,9 @@
 """Host overhead of `Engine.step` at GPU batch sizes, and whether it hides under the device step.
 
 A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) stands in for a
-GPU: it lays out every step with the real code, then sleeps the step's
-predicted time on a device thread. The engine, scheduler, cache manager and
+GPU: it lays out every step with the real code and queues the step's
+predicted time on a device modelled as a FIFO of deadlines (reading a step's
+tokens sleeps until it ends). The engine, scheduler, cache manager and
 output processor are the real ones.
 
 `measure_host_overhead` serves `num_seqs` decoding sequences of ~`context_len`
@@ -11,8 +12,12 @@ update from the step's results, output processing) and the whole step minus
 the time spent waiting for the device (and predicting its time). With
 `sleep=False` the device takes no time, so the step time is all host time;
 with `sleep=True` the device-busy fraction (the share of the measured wall
-time the device thread spent in steps) shows how much of the host work is
-hidden, with asynchronous scheduling on or off.
+time the device spent in steps) shows how much of the host work is
+hidden, with asynchronous scheduling on or off. With `engine_core=True` the
+engine is set up as the engine core process runs it (`jaxpaged.server.core`:
+wire-form outputs, Prometheus stat logger) and each step's outputs are also
+packed and encoded as the message the core sends (`wire_ms`, part of
+`host_ms`).
 """
 
 from __future__ import annotations
@@ -49,16 +54,18 @@ class HostOverhead:
     host_ms: float  # the whole step minus waiting for the device (and the stand-in predicting its time)
     device_ms: float  # predicted device time per step
     step_ms: float  # wall time per step
-    device_busy: float  # fraction of the measured wall time the device thread spent in steps (1.0 without sleep)
+    device_busy: float  # fraction of the measured wall time the device spent in steps (1.0 without sleep)
     us_per_seq: float  # host_ms per sequence, in microseconds
     num_steps: int
+    wire_ms: float = 0.0  # engine_core: packing and encoding the step's message
+    cpu_ms: float = 0.0  # CPU time of the engine's thread per step (robust where the host waits for a core)
 
 
 def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: str = "h200-141gb",
                           context_len: int = 1200, steps: int = 64, warmup_steps: int = 8,
                           async_scheduling: bool = True, sleep: bool = True,
                           output_kind: RequestOutputKind = RequestOutputKind.DELTA, detokenize: bool = False,
-                          seed: int = 0) -> HostOverhead:
+                          seed: int = 0, engine_core: bool = False) -> HostOverhead:
     """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
     config = load_config(model)
     block_size = DEFAULT_BLOCK_SIZE
@@ -74,6 +81,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                                  max_num_batched_tokens=max(num_seqs, budget), max_model_len=max_len,
                                  async_scheduling=async_scheduling, hash_algo="xxh3_128"),
                     runner=runner)
+    wire = _core_wire(engine) if engine_core else None
     rng = np.random.default_rng(seed)
     for i in range(num_seqs):
         length = int(rng.integers(context_len - context_len // 8, longest))
@@ -94,16 +102,23 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     engine.scheduler.update_from_output = timers["update"]
     engine.output_processor.process = timers["outputs"]
     samples: dict[str, list[float]] = {name: [] for name in ("schedule", "layout", "update", "outputs", "host",
-                                                               "step")}
+                                                               "step", "wire", "cpu")}
     device0 = runner.device_s
     gc.collect()
     begin = time.perf_counter()
     for _ in range(steps):
         before = {name: t.total_s for name, t in timers.items()}
         layout0, wait0, predict0 = runner.layout.total_s, runner.wait_s, runner.predict_s
+        cpu0 = time.thread_time()
         start = time.perf_counter()
-        engine.step()
-        step_s = time.perf_counter() - start
+        outputs = engine.step()
+        wire_start = time.perf_counter()
+        if wire is not None:
+            wire(outputs)
+        end_step = time.perf_counter()
+        samples["cpu"].append(time.thread_time() - cpu0)
+        step_s = end_step - start
+        samples["wire"].append(end_step - wire_start)
         for name, t in timers.items():
             samples[name].append(t.total_s - before[name])
         samples["layout"].append(runner.layout.total_s - layout0)
@@ -116,4 +131,18 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return HostOverhead(num_seqs, async_scheduling, sleep, output_kind.name, ms["schedule"], ms["layout"],
                         ms["update"], ms["outputs"], ms["host"], device / steps * 1e3, ms["step"],
-                        busy, ms["host"] / num_seqs * 1e3, steps)
+                        busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"], ms["cpu"])
+
+
+def _core_wire(engine: Engine):
+    """Set `engine` up as the engine core runs it; returns what packs a step's outputs into the core's message."""
+    import msgspec
+
+    from jaxpaged.metrics import attach_metrics
+    from jaxpaged.server.core import messages as M
+    from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
+
+    engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
+    attach_metrics(engine)
+    encode = msgspec.msgpack.Encoder().encode
+    return lambda outputs: encode(M.StepOutputs([to_delta(o) for o in outputs]))

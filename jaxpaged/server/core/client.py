@@ -124,7 +124,7 @@ class CoreClient:
         if not isinstance(prompt, (list, tuple)):
             raise ValueError("prompt must be a string or a list of token ids")
         prompt = list(prompt)
-        stream = RequestStream(self, request_id, asyncio.get_running_loop())
+        stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         self._streams[request_id] = stream
         self._outputs.add(request_id, prompt, params)
         try:

@@ -7,6 +7,10 @@ Core -> client: `Reply` (to a Hello, Add or Call, by `call_id`), `StepOutputs`
 new token ids, finish reasons, logprobs, prompt logprobs and cached tokens;
 no text) and `Dead`
 (the core's loop failed; it exits after sending it).
+
+The per-step structs hold no reference cycles, so they are made with
+`gc=False` (as vLLM's `EngineCoreOutput`): the thousands built and decoded
+every second are never tracked or traversed by the cyclic garbage collector.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ class Reply(msgspec.Struct, tag=True, array_like=True):
     error: str | None = None
 
 
-class SeqDelta(msgspec.Struct, array_like=True):
+class SeqDelta(msgspec.Struct, array_like=True, gc=False):
     """One sequence's news in a step: its new token ids (and their logprobs), and its finish if it finished."""
 
     index: int
@@ -66,7 +70,7 @@ class SeqDelta(msgspec.Struct, array_like=True):
     text: str  # empty except for beam search, whose final texts the core decodes
 
 
-class Metrics(msgspec.Struct, array_like=True):
+class Metrics(msgspec.Struct, array_like=True, gc=False):
     """`RequestMetrics` on the wire (on a request's final output)."""
 
     arrival_time: float
@@ -79,7 +83,7 @@ class Metrics(msgspec.Struct, array_like=True):
     token_times: list[float]
 
 
-class RequestDelta(msgspec.Struct, array_like=True):
+class RequestDelta(msgspec.Struct, array_like=True, gc=False):
     """One request's news in a step."""
 
     request_id: str
@@ -90,7 +94,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
     prompt_logprobs: list[dict[int, float] | None] | None = None  # the new entries (all, on a FINAL_ONLY output)
 
 
-class StepOutputs(msgspec.Struct, tag=True, array_like=True):
+class StepOutputs(msgspec.Struct, tag=True, array_like=True, gc=False):
     """Every news of one engine step for one API server's requests."""
 
     outputs: list[RequestDelta]

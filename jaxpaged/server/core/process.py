@@ -16,6 +16,7 @@ server (`Dead`) before the process exits non-zero.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ import zmq
 from jaxpaged import distributed
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
+from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
 from jaxpaged.server.async_engine import apply_record
 from jaxpaged.server.core import messages as M
 from jaxpaged.server.engine_client import ModelInfo
@@ -69,6 +71,8 @@ def run_core(spec: CoreSpec, address: str) -> None:
     if spec.enable_kv_events:
         engine.enable_kv_events()
     metrics = attach_metrics(engine)
+    gc.collect()
+    gc.freeze()  # what startup built (model, pool, tokenizer) lives on: no collection walks it again
     core = EngineCore(engine, address, metrics=metrics, max_waiting_requests=spec.max_waiting_requests,
                       drain_timeout_s=spec.drain_timeout_s, multi_process=multi_process)
     signal.signal(signal.SIGTERM, lambda *_: core.request_stop())
@@ -105,6 +109,9 @@ class EngineCore:
                  drain_timeout_s: float = 30.0, multi_process: bool = False) -> None:
         """Binds a ROUTER socket at `address` (`ipc://...` or `tcp://...`)."""
         self.engine, self.metrics = engine, metrics
+        # streaming outputs built in their wire form (final ones stay RequestOutputs for the stat loggers)
+        engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
+        self._step_time = StepHostTime(metrics.registry, engine.runner) if metrics is not None else None
         self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
         self.multi_process = multi_process
         self._ctx = zmq.Context()
@@ -139,6 +146,8 @@ class EngineCore:
                         drain_deadline = float("inf")
                     stop = not self.engine.has_unfinished_requests()
                 busy = self.engine.has_unfinished_requests()
+                if busy and self._step_time is not None:
+                    self._step_time.start()
                 self._read_messages(0 if busy or stop else _IDLE_POLL_MS)
                 if stop:
                     self._commands.append(_Command({"op": "stop"}))
@@ -149,6 +158,8 @@ class EngineCore:
                     raise RuntimeError("engine core crashed on request (debug endpoint)")
                 if self.engine.has_unfinished_requests():
                     self._send_outputs(self.engine.step())
+                    if busy and self._step_time is not None:
+                        self._step_time.stop(self.engine.stats)
             self.engine.shutdown()
             if self.multi_process:
                 distributed.leave_group()
@@ -274,7 +285,7 @@ class EngineCore:
 
     # ---- messages out ---------------------------------------------------------------------
 
-    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _send_outputs(self, outputs: list[M.RequestDelta | RequestOutput]) -> None:
         batches: dict[bytes, list[M.RequestDelta]] = {}
         for out in outputs:
             identity = self._owner.get(out.request_id)
@@ -297,19 +308,40 @@ class EngineCore:
             self._send(identity, msg)
 
 
+class StepHostTime:
+    """The core's host time per step as Prometheus metrics: each loop iteration that stepped (messages in,
+    the engine's step, messages out), less the time it waited for the device where the runner counts it
+    (`wait_s`: the simulated devices), and the loop thread's CPU time; by the kind of step scheduled
+    (`decode`: one token for every sequence, nothing admitted; `mixed`: anything else)."""
+
+    def __init__(self, registry, runner) -> None:
+        """Registers `jaxpaged:engine_core_step_host_seconds` and `jaxpaged:engine_core_loop_cpu_seconds`."""
+        from prometheus_client import Counter, Histogram
+        self.host = Histogram("jaxpaged:engine_core_step_host_seconds",
+                              "Host time of each engine core iteration that stepped, less its wait for the device.",
+                              ["kind"], buckets=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 1.0),
+                              registry=registry)
+        self.cpu = Counter("jaxpaged:engine_core_loop_cpu_seconds",
+                           "CPU time of the engine core's loop thread in iterations that stepped.", ["kind"],
+                           registry=registry)
+        self._runner = runner
+        self._start = self._cpu = self._wait = 0.0
+
+    def start(self) -> None:
+        """An iteration that will step begins."""
+        self._start, self._cpu = time.perf_counter(), time.thread_time()
+        self._wait = getattr(self._runner, "wait_s", 0.0)
+
+    def stop(self, stats) -> None:
+        """It ended (`stats`: the engine's `SchedulerStats`): observe its host time and CPU time."""
+        waited = getattr(self._runner, "wait_s", 0.0) - self._wait
+        kind = "decode" if stats.last_step_tokens == stats.last_step_seqs else "mixed"
+        self.host.labels(kind).observe(time.perf_counter() - self._start - waited)
+        self.cpu.labels(kind).inc(time.thread_time() - self._cpu)
+
+
 class _EngineDead(RuntimeError):
     """Sent as `EngineDeadError` (the client maps error names back)."""
 
 
 _EngineDead.__name__ = "EngineDeadError"
-
-
-def to_delta(out: RequestOutput) -> M.RequestDelta:
-    """A core-side output (token ids only) as its wire form."""
-    m = out.metrics
-    metrics = None if m is None else M.Metrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
-                                               m.finish_time, m.num_preemptions, m.peak_blocks_shared,
-                                               m.peak_blocks_unshared, list(m.token_times))
-    seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text)
-            for c in out.outputs]
-    return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics, out.prompt_logprobs)
