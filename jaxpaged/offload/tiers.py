@@ -18,6 +18,13 @@ JAX orders the later donating ops after it.
 ``finish()`` after the step lands the gathered data (the copy overlapped the
 step) and spills host evictions to disk.
 
+With KV cache groups (``HybridKVCacheManager``, sliding-window models) an
+entry is one group's block, keyed by the group key the device cache uses
+(vLLM's offloading ``(block_hash, group)`` keys): an evicted block is offloaded
+under its own key, and a restore extends the device hit through
+``HybridKVCacheManager.plan_extension`` so each group gets back only the blocks
+it holds (a sliding group: those of its window), the rest staying on the device.
+
 KV events: the tiers publish into the manager's event log (``kv.enable_events``)
 with ``tier="host"`` / ``"disk"``; see ``jaxpaged.cache.events`` for what each
 move between tiers records. A restored block is committed into the device
@@ -33,6 +40,7 @@ import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.cache.events import KVEventLog
+from jaxpaged.cache.hybrid_manager import group_key
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
@@ -42,14 +50,16 @@ from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 class Restore:
     """Blocks a sequence gets back from the lower tiers instead of recomputing them.
 
-    ``blocks[i]`` fills table index ``first_index + i``; ``num_tokens`` is how
-    many tokens past the device prefix hit they make computed.
+    ``blocks[i]`` fills table index ``first_index + i`` (``indices[i]`` when
+    given: entries of a flat per-group table); ``num_tokens`` is how many tokens
+    past the device prefix hit they make computed.
     """
 
     first_index: int
     blocks: list[HostBlock]
     num_tokens: int
     swapped: bool = False
+    indices: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -140,7 +150,11 @@ class KVTiers:
         """What the lower tiers can restore after ``match`` for a sequence being admitted (no commitments).
 
         At least one token of ``compute_limit`` is always left to compute.
+        With KV cache groups the plan extends ``match`` in place for ``allocate_new``.
         """
+        limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
+        if hasattr(self.kv, "plan_extension"):
+            return self._plan_group_restore(match, limit)
         first = len(match.blocks)
         record = self._swapped.get(seq_id)
         if record is not None:
@@ -148,7 +162,6 @@ class KVTiers:
             if restored > match.num_cached_tokens:
                 blocks = record.blocks[first:cdiv(restored, self.block_size)]
                 return Restore(first, blocks, restored - match.num_cached_tokens, swapped=True)
-        limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
         blocks = []
         hashes = match.block_hashes
         for index in range(first, min(limit, len(hashes))):
@@ -157,6 +170,30 @@ class KVTiers:
                 break
             blocks.append(block)
         return Restore(first, blocks, len(blocks) * self.block_size) if blocks else None
+
+    def _plan_group_restore(self, match: PrefixMatch, limit: int) -> Restore | None:
+        """A restore of every group's blocks the tiers hold after the device hit (KV cache groups)."""
+        missing: set[bytes] = set()  # keys whose disk file turned out unreadable: plan again without them
+        while True:
+            extension = self.kv.plan_extension(match, lambda key: key not in missing and self._holds(key), limit)
+            if extension is None:
+                return None
+            hashes = match.block_hashes
+            blocks = []
+            for j, g in extension.slots:
+                key = group_key(hashes[j], g)
+                block = self._lookup(key, hashes[j - 1] if j else None)
+                if block is None:
+                    missing.add(key)
+                    break
+                blocks.append(block)
+            else:
+                indices = self.kv.apply_extension(match, extension)
+                num_tokens = extension.num_blocks * self.block_size - match.num_cached_tokens
+                return Restore(0, blocks, num_tokens, indices=indices)
+
+    def _holds(self, key: bytes) -> bool:
+        return key in self.host or (self.disk is not None and key in self.disk)
 
     def _lookup(self, block_hash: bytes, parent_hash: bytes | None) -> HostBlock | None:
         block = self.host.get(block_hash)
@@ -176,7 +213,10 @@ class KVTiers:
         if restore is None:
             return
         table = self.kv.block_table(seq_id)
-        dst = table[restore.first_index:restore.first_index + len(restore.blocks)]
+        if restore.indices is not None:
+            dst = [table[i] for i in restore.indices]
+        else:
+            dst = table[restore.first_index:restore.first_index + len(restore.blocks)]
         self._incoming.extend(zip(dst, restore.blocks))
         if restore.swapped:
             self.stats.swapped_in += len(restore.blocks)
