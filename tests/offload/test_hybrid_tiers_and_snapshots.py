@@ -6,7 +6,9 @@ restore the whole pool is filled with NaN, so a token can only be right if the
 restored blocks really came back from the tier or the snapshot, and a sliding
 group that read a block outside its window (never restored, NaN) would turn
 the outputs into NaN. The references are a run without prefix caching on the
-same weights and the dense no-cache forward.
+same weights and the dense no-cache forward. The model also caps its attention
+logits (Gemma 2's `attn_logit_softcapping`), so the paged path's cap is checked
+against the dense forward's on the way.
 """
 
 import numpy as np
@@ -29,7 +31,8 @@ FULL_BLOCKS, WINDOW_BLOCKS = PREFIX // BS, PREFIX // BS - (PREFIX - W + 1) // BS
 
 @pytest.fixture(scope="module")
 def model():
-    config = load_config("tiny").replace(sliding_window=W, layer_types=("sliding_attention", "full_attention"))
+    config = load_config("tiny").replace(sliding_window=W, layer_types=("sliding_attention", "full_attention"),
+                                         attn_logit_softcapping=1.0)
     return init_model(config, seed=3)
 
 
