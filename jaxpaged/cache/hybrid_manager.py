@@ -78,6 +78,7 @@ class HybridPrefixMatch(PrefixMatch):
 
     group_blocks: list[list[KVBlock | None | _FromTier]] = field(default_factory=list, repr=False,
                                                                  compare=False)
+    num_extended_tokens: int = 0  # tokens the extended group lists make computed (0: not extended)
 
 
 @dataclass
@@ -86,11 +87,14 @@ class MatchExtension:
 
     ``group_blocks`` covers ``num_blocks`` positions per group; ``slots`` are the
     ``(index, group)`` entries that are :data:`FROM_TIER`, in flat-table order.
+    ``num_tokens`` (a swapped-out sequence's computed length: its last block
+    may be partial) defaults to ``num_blocks * block_size``.
     """
 
     num_blocks: int
     group_blocks: list[list[KVBlock | None | _FromTier]]
     slots: list[tuple[int, int]]
+    num_tokens: int = 0
 
 
 @dataclass
@@ -218,7 +222,8 @@ class HybridKVCacheManager(ManagerQueries):
         request_keys = request_extra_keys(cache_salt, extra_keys)
         num_tokens = len(token_ids)
         if not self.enable_prefix_caching:
-            return HybridPrefixMatch([], 0, [], num_tokens=num_tokens, request_keys=request_keys)
+            return HybridPrefixMatch([], 0, [], num_tokens=num_tokens, request_keys=request_keys,
+                                     group_blocks=[[] for _ in range(self.num_groups)])
         hashes = chain_block_hashes(None, token_ids, self.block_size, request_keys, self.hash_algo)
         max_blocks = max(num_tokens - 1, 0) // self.block_size
         lookup = self._pool.cached.get
@@ -304,7 +309,37 @@ class HybridKVCacheManager(ManagerQueries):
                 if block is None:
                     slots.append((j, g))
             group_blocks.append(entries)
-        return MatchExtension(length, group_blocks, sorted(slots))
+        return MatchExtension(length, group_blocks, sorted(slots), length * self.block_size)
+
+    def plan_swap_in(self, match: PrefixMatch, num_tokens: int,
+                     swapped: set[tuple[int, int]]) -> MatchExtension | None:
+        """The extension that brings a swapped-out sequence back to ``num_tokens`` computed tokens.
+
+        ``swapped`` holds the ``(index, group)`` blocks the host kept. Each group
+        needs what its next query sees (a sliding group its window before
+        ``num_tokens``); positions before the device hit come from ``match``,
+        later ones from the host. None when something needed is missing (the
+        sequence is recomputed) or the device hit already covers it.
+        """
+        if not isinstance(match, HybridPrefixMatch) or not match.group_blocks:
+            return None
+        start, length = len(match.group_blocks[0]), cdiv(num_tokens, self.block_size)
+        if num_tokens <= start * self.block_size:
+            return None
+        group_blocks, slots = [], []
+        for g in range(self.num_groups):
+            first = self._first_needed(g, num_tokens)
+            entries: list[KVBlock | None | _FromTier] = [None] * min(first, length)
+            for j in range(first, length):
+                if j < start:
+                    entries.append(match.group_blocks[g][j])
+                elif (j, g) in swapped:
+                    entries.append(FROM_TIER)
+                    slots.append((j, g))
+                else:
+                    return None
+            group_blocks.append(entries)
+        return MatchExtension(length, group_blocks, sorted(slots), num_tokens)
 
     def apply_extension(self, match: HybridPrefixMatch, extension: MatchExtension) -> list[int]:
         """Extends ``match`` in place (pass it on to ``allocate_new``); returns the flat table index
@@ -315,6 +350,7 @@ class HybridKVCacheManager(ManagerQueries):
         """
         match.group_blocks = extension.group_blocks
         match.matched = [b for blocks in extension.group_blocks for b in blocks if isinstance(b, KVBlock)]
+        match.num_extended_tokens = extension.num_tokens
         return [j * self.num_groups + g for j, g in extension.slots]
 
     def allocate_new(self, seq_id: Hashable, token_ids: Sequence[int], num_new_tokens: int,
@@ -370,8 +406,9 @@ class HybridKVCacheManager(ManagerQueries):
             request_keys=request_keys, pending=(num_matched, num_matched))
         self._seqs[seq_id] = seq
         if num_known > num_matched:  # restored (their K/V land before the step) and device-adopted blocks
-            seq.num_computed = num_known * self.block_size
-            self._publish_full_blocks(seq, token_ids, num_known)
+            seq.num_computed = match.num_extended_tokens
+            if self.enable_prefix_caching:
+                self._publish_full_blocks(seq, token_ids, seq.num_computed // self.block_size)
         self._sync_in_flight(seq)
         if self.enable_prefix_caching:
             self._queries_tokens += num_tokens

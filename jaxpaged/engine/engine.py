@@ -144,7 +144,6 @@ class Engine:
             return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len,
                                             num_groups=layout.num_groups)
         if layout.is_hybrid:
-            self._check_hybrid_features()
             kv = HybridKVCacheManager(self.num_blocks, self.block_size, layout,
                                       enable_prefix_caching=self.config.enable_prefix_caching,
                                       hash_algo=self.config.hash_algo,
@@ -166,13 +165,6 @@ class Engine:
             mid = (low + high + 1) // 2
             low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
         return low
-
-    def _check_hybrid_features(self) -> None:
-        """What the sliding-window (hybrid) KV cache manager does not support yet: ValueError."""
-        config = self.config
-        if config.preemption_mode == "swap":
-            raise ValueError("preemption_mode='swap' is not supported for models with sliding-window layers "
-                             "yet (layer_types / sliding_window in the model config); use 'recompute'")
 
     def _tie_disk_tier_to_identity(self) -> None:
         """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""

@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.cache.events import KVEventLog
-from jaxpaged.cache.hybrid_manager import group_key
+from jaxpaged.cache.hybrid_manager import NULL_BLOCK, group_key
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
@@ -66,6 +66,7 @@ class Restore:
 class _SwapRecord:
     blocks: list[HostBlock]
     num_computed: int
+    positions: list[tuple[int, int]] | None = None  # KV cache groups: (index, group) of each block
 
 
 @dataclasses.dataclass
@@ -121,14 +122,24 @@ class KVTiers:
             self._spilled.append((block_hash, block))
 
     def swap_out(self, seq_id: Hashable, block_ids: Sequence[int], num_computed: int) -> bool:
-        """Keep a preempted sequence's computed blocks on the host; False (nothing kept) if they don't fit."""
+        """Keep a preempted sequence's computed blocks on the host; False (nothing kept) if they don't fit.
+
+        With KV cache groups ``block_ids`` is ignored: every group's blocks that
+        hold computed tokens and were not dropped (slid out) are kept.
+        """
         self.drop_swap(seq_id)
+        positions = None
+        if hasattr(self.kv, "group_block_tables"):
+            tables = self.kv.group_block_tables(seq_id)
+            positions = [(j, g) for j in range(cdiv(num_computed, self.block_size))
+                         for g, table in enumerate(tables) if table[j] != NULL_BLOCK]
+            block_ids = [tables[g][j] for j, g in positions]
         if not block_ids or not self.host.pin(len(block_ids)):
             self.stats.swap_fallbacks += bool(block_ids)
             return False
         copies = [HostBlock() for _ in block_ids]
         self._outgoing.extend(zip(block_ids, copies))
-        self._swapped[seq_id] = _SwapRecord(copies, num_computed)
+        self._swapped[seq_id] = _SwapRecord(copies, num_computed, positions)
         self.stats.swapped_out += len(copies)
         return True
 
@@ -153,10 +164,14 @@ class KVTiers:
         With KV cache groups the plan extends ``match`` in place for ``allocate_new``.
         """
         limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
+        record = self._swapped.get(seq_id)
         if hasattr(self.kv, "plan_extension"):
+            if record is not None:
+                swap_in = self._plan_group_swap_in(match, record, min(record.num_computed, compute_limit - 1))
+                if swap_in is not None:
+                    return swap_in
             return self._plan_group_restore(match, limit)
         first = len(match.blocks)
-        record = self._swapped.get(seq_id)
         if record is not None:
             restored = min(record.num_computed, compute_limit - 1)
             if restored > match.num_cached_tokens:
@@ -191,6 +206,16 @@ class KVTiers:
                 indices = self.kv.apply_extension(match, extension)
                 num_tokens = extension.num_blocks * self.block_size - match.num_cached_tokens
                 return Restore(0, blocks, num_tokens, indices=indices)
+
+    def _plan_group_swap_in(self, match: PrefixMatch, record: _SwapRecord, num_tokens: int) -> Restore | None:
+        """The swapped blocks each group needs to get back to ``num_tokens`` computed (KV cache groups)."""
+        kept = dict(zip(record.positions, record.blocks))
+        extension = self.kv.plan_swap_in(match, num_tokens, set(kept))
+        if extension is None:
+            return None
+        indices = self.kv.apply_extension(match, extension)
+        return Restore(0, [kept[slot] for slot in extension.slots], num_tokens - match.num_cached_tokens,
+                       swapped=True, indices=indices)
 
     def _holds(self, key: bytes) -> bool:
         return key in self.host or (self.disk is not None and key in self.disk)

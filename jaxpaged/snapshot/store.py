@@ -71,7 +71,7 @@ class BlockRecord:
             raise ValueError(f"unknown tier {d['tier']!r}")
         return cls(bytes.fromhex(d["hash"]), None if d["parent"] is None else bytes.fromhex(d["parent"]),
                    tuple(int(t) for t in d["tokens"]), _decode_keys(d["extra_keys"]), d["tier"],
-                   bytes.fromhex(d["digest"]), int(d["group"]))
+                   bytes.fromhex(d["digest"]), int(d.get("group", 0)))  # format 2 had no groups
 
 
 def block_digest(block: np.ndarray) -> bytes:

@@ -51,7 +51,8 @@ def reference(model, prompts):
                                  enable_prefix_caching=False, pool_fill_value=float("nan")), model=model)
     (out,) = _run(engine, [prompts["b"]], PARAMS)
     assert_dense_greedy(model, prompts["b"], out.outputs[0].token_ids)
-    return engine.runner, out.outputs[0].token_ids
+    fills = [o.outputs[0].token_ids for o in _run(engine, prompts["fill"], PARAMS)]
+    return engine.runner, out.outputs[0].token_ids, fills
 
 
 def _engine(runner, **config):
@@ -81,7 +82,7 @@ def _assert_clean(engine):
 
 
 def test_host_tier_restores_each_group_its_own_blocks(reference, prompts):
-    runner, expected = reference
+    runner, expected, _ = reference
     engine = _engine(runner, host_cache_bytes=1 << 22)
     engine.kv.enable_events()
     _evict_to_tiers(engine, prompts)
@@ -98,7 +99,7 @@ def test_host_tier_restores_each_group_its_own_blocks(reference, prompts):
 def test_tier_serves_the_sliding_group_where_the_device_serves_the_full_one(reference, prompts):
     """A short filler evicts (LRU) only a's sliding blocks, which slid out or were freed first: the
     device alone serves no hit, the full group's device blocks plus the window from the host serve 64."""
-    runner, expected = reference
+    runner, expected, _ = reference
     engine = _engine(runner, host_cache_bytes=1 << 22)
     _poison(runner)
     _run(engine, [prompts["a"]], PARAMS)
@@ -112,7 +113,7 @@ def test_tier_serves_the_sliding_group_where_the_device_serves_the_full_one(refe
 
 
 def test_disk_tier_behind_a_small_host_tier(reference, prompts, tmp_path):
-    runner, expected = reference
+    runner, expected, _ = reference
     block_bytes = int(np.prod(runner.kv_block_shape)) * 4
     engine = _engine(runner, host_cache_bytes=6 * block_bytes, disk_cache_dir=str(tmp_path))
     _evict_to_tiers(engine, prompts)
@@ -123,8 +124,23 @@ def test_disk_tier_behind_a_small_host_tier(reference, prompts, tmp_path):
     _assert_clean(engine)
 
 
+@pytest.mark.parametrize("caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+def test_swap_preemption_brings_back_each_groups_blocks(reference, prompts, caching):
+    """Two unrelated 94-token prompts need ~2 x 29 blocks of 48: one is preempted, swapped out and back
+    (with the prefix cache, the blocks still cached on the device first, the host's after them)."""
+    runner, _, expected = reference
+    _poison(runner)
+    engine = _engine(runner, host_cache_bytes=1 << 22, preemption_mode="swap", enable_prefix_caching=caching)
+    outs = _run(engine, prompts["fill"], PARAMS)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    stats = engine.tiers.stats
+    assert engine.scheduler.num_preemptions > 0 and stats.swapped_in > 0 and stats.swap_fallbacks == 0
+    _assert_clean(engine)
+    assert engine.tiers.num_swapped_seqs == 0
+
+
 def test_snapshot_restores_each_group_into_a_poisoned_pool(reference, prompts, tmp_path):
-    runner, expected = reference
+    runner, expected, _ = reference
     engine = _engine(runner)
     _run(engine, [prompts["a"]], PARAMS)
     saved = engine.save_prefix_cache(tmp_path / "snap")
@@ -145,7 +161,7 @@ def test_snapshot_restores_each_group_into_a_poisoned_pool(reference, prompts, t
 
 def test_contiguous_baseline_treats_every_layer_as_full(reference, prompts):
     """Each group reserves max_model_len: 2 x 24 blocks, the whole pool, for one sequence."""
-    runner, expected = reference
+    runner, expected, _ = reference
     _poison(runner)
     engine = _engine(runner, kv_layout="contiguous", enable_prefix_caching=False)
     assert engine.max_model_len == (NB // 2) * BS and engine.kv.region_blocks == NB
@@ -156,7 +172,7 @@ def test_contiguous_baseline_treats_every_layer_as_full(reference, prompts):
 
 
 def test_residency_sampling_follows_every_groups_blocks(reference, prompts):
-    runner, _ = reference
+    runner, _, _ = reference
     ticks = iter(range(10**6))
     engine = Engine(EngineConfig(model="tiny", num_blocks=NB, block_size=BS, max_num_batched_tokens=32,
                                  kv_cache_metrics_sample=1.0), runner=runner, clock=lambda: float(next(ticks)))
