@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.config import ModelConfig, dtype_itemsize
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig, dtype_itemsize
 from jaxpaged.mathutils import cdiv
 
 
@@ -43,8 +43,8 @@ def max_concurrent_seqs(num_blocks: int, block_size: int, context_len: int) -> i
     return num_blocks // cdiv(context_len, block_size)
 
 
-def kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = 16, context_len: int = 2048,
-                kv_dtype: str | None = None, weight_dtype: str | None = None,
+def kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                context_len: int = 2048, kv_dtype: str | None = None, weight_dtype: str | None = None,
                 tensor_parallel_size: int = 1) -> KVCapacity:
     """Capacity of ``budget_bytes`` of KV cache for ``config`` (dtypes default to the config's).
 
@@ -129,8 +129,8 @@ class HybridCapacity:
         return 1.0 - self.hybrid_bytes_per_seq / self.full_bytes_per_seq
 
 
-def hybrid_kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = 16, context_len: int = 2048,
-                       kv_dtype: str | None = None) -> HybridCapacity:
+def hybrid_kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                       context_len: int = 2048, kv_dtype: str | None = None) -> HybridCapacity:
     """Capacity of ``budget_bytes`` with the hybrid KV cache manager vs all layers as full attention.
 
     A sequence is counted at ``context_len`` tokens after its last step, holding

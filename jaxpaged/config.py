@@ -21,6 +21,10 @@ import numpy as np
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
+# tokens per KV block unless `EngineConfig.block_size` says otherwise (vLLM's default too); library
+# defaults that need a block size (capacity math, cost models, simulator scenarios) all read this one
+DEFAULT_BLOCK_SIZE = 16
+
 
 ROPE_SCALING_TYPES = ("llama3", "linear")
 

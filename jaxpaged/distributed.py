@@ -97,3 +97,8 @@ def broadcast_object(value=None):
     buffer[:payload.size] = payload
     data = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
     return json.loads(data.tobytes().decode())
+
+
+def leave_group() -> None:
+    """Leave the jax.distributed group together (a barrier), before process 0's coordinator goes away."""
+    jax.distributed.shutdown()

@@ -62,25 +62,24 @@ class WindowedHitRate:
 
 def tier_hit_tokens(engine: Engine) -> dict[str, int]:
     """Prompt tokens served by each KV tier so far: the device prefix cache, the host and disk tiers."""
-    hits = {"device": engine.kv.stats.prefix_hits_tokens, "host": 0, "disk": 0}
-    tiers = getattr(engine, "tiers", None)
+    hits = {"device": engine.kv_stats().prefix_hits_tokens, "host": 0, "disk": 0}
+    tiers = engine.tier_stats()
     if tiers is not None:
-        hits["host"] = tiers.stats.host_hits * engine.block_size
-        hits["disk"] = tiers.stats.disk_hits * engine.block_size
+        hits["host"] = tiers.host_hits * engine.block_size
+        hits["disk"] = tiers.disk_hits * engine.block_size
     return hits
 
 
 def kv_residency_summary(engine: Engine) -> dict:
     """The KV residency numbers for a benchmark report: eviction policy, evictions by reason, pinned
     blocks, per-tier hit tokens, and the median / p90 / count of each sampled residency histogram."""
-    kv = engine.kv
-    stats = kv.stats
-    out = {"eviction_policy": getattr(kv, "eviction_policy", "none"),
+    stats = engine.kv_stats()
+    out = {"eviction_policy": engine.eviction_policy,
            "evictions_by_reason": dict(stats.evictions_by_reason), "pinned_blocks": stats.num_pinned_blocks,
            "tier_hit_tokens": tier_hit_tokens(engine)}
-    tracker = getattr(kv, "residency", None)
-    if tracker is not None:
-        for name, values in tracker.samples().items():
+    samples = engine.kv_residency_samples()
+    if samples is not None:
+        for name, values in samples.items():
             arr = np.asarray(values, dtype=float)
             out[f"{name}_s"] = {"count": int(arr.size),
                                 "p50": float(np.median(arr)) if arr.size else None,
@@ -151,19 +150,19 @@ class EngineMetrics:
 
     def __call__(self, engine: Engine, outputs: list[RequestOutput]) -> None:
         """Update from the engine after one step; ``outputs`` are what the step returned."""
-        kv = engine.kv.stats
+        kv, load = engine.kv_stats(), engine.load()
         self.kv_cache_usage.set(kv.usage)
-        self.running.set(len(engine.scheduler.running))
-        self.waiting.set(len(engine.scheduler.waiting))
+        self.running.set(load.num_running)
+        self.waiting.set(load.num_waiting)
         totals = {
             "prefix_queries": kv.prefix_queries_tokens,
             "prefix_hits": kv.prefix_hits_tokens,
             "evictions": kv.num_evictions,
-            "preemptions": engine.scheduler.num_preemptions,
+            "preemptions": engine.num_preemptions,
             "prompt_tokens": engine.stats.prompt_tokens,
             "generation_tokens": engine.stats.generation_tokens,
         }
-        busy_s = getattr(engine.runner, "busy_s", None)  # the simulated devices count their busy time
+        busy_s = engine.device_busy_s()  # the simulated devices count their busy time
         if busy_s is not None:
             totals["device_busy_seconds"] = busy_s
         for name, total in totals.items():
@@ -197,9 +196,9 @@ class EngineMetrics:
             if delta > 0:
                 metric.labels(label).inc(delta)
             self._last[key] = total
-        tracker = getattr(engine.kv, "residency", None)
-        if tracker is not None:
-            for name, values in tracker.samples().items():
+        samples = engine.kv_residency_samples()
+        if samples is not None:
+            for name, values in samples.items():
                 seen = self._seen.get(name, 0)
                 for value in values[seen:]:
                     self.residency[name].observe(value)
@@ -250,14 +249,14 @@ class PeriodicLogger:
 
     def format_line(self, engine: Engine, elapsed: float) -> str:
         """The summary line for the ``elapsed`` seconds since the previous one."""
-        kv = engine.kv.stats
+        kv, load = engine.kv_stats(), engine.load()
         prompt_rate = (engine.stats.prompt_tokens - self._last_prompt) / elapsed if elapsed > 0 else 0.0
         gen_rate = (engine.stats.generation_tokens - self._last_generation) / elapsed if elapsed > 0 else 0.0
         return (f"Avg prompt throughput: {prompt_rate:.1f} tokens/s, "
                 f"Avg generation throughput: {gen_rate:.1f} tokens/s, "
-                f"Running: {len(engine.scheduler.running)} reqs, Waiting: {len(engine.scheduler.waiting)} reqs, "
+                f"Running: {load.num_running} reqs, Waiting: {load.num_waiting} reqs, "
                 f"KV cache usage: {kv.usage * 100:.1f}%, Prefix cache hit rate: {kv.prefix_hit_rate * 100:.1f}%, "
-                f"Preemptions: {engine.scheduler.num_preemptions}")
+                f"Preemptions: {engine.num_preemptions}")
 
 
 def attach_metrics(engine: Engine, *, port: int | None = None, log_interval_s: float | None = None,

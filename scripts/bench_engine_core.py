@@ -109,7 +109,7 @@ def main(argv):
     base = ["--device=simulated", f"--model={bench_flags.MODEL.value}", f"--device_profile={PROFILE.value}",
             f"--max_num_seqs={max(concurrencies)}", "--max_num_batched_tokens=8192",
             f"--max_model_len={INPUT_LEN.value + OUTPUT_LEN.value + 16}", "--max_waiting_requests=4096"]
-    extra = {"thread": [], "process": ["--engine_core=process"],
+    extra = {"thread": ["--engine_core=thread"], "process": ["--engine_core=process"],
              "process2": ["--engine_core=process", "--api_server_count=2"]}
     rows = []
     for config in CONFIGS.value:

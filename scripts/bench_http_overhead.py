@@ -85,10 +85,10 @@ def main(argv):
         offline_compiles: list[int] = []  # per offline run, warm-up runs first
 
         def run_offline():
-            engine.kv.reset_prefix_cache()
-            compiles = engine.runner.num_compiles
+            engine.reset_prefix_cache()
+            compiles = engine.num_compiles
             outcome = offline_results(engine, requests, offsets)
-            offline_compiles.append(engine.runner.num_compiles - compiles)
+            offline_compiles.append(engine.num_compiles - compiles)
             return outcome
 
         def run_http():

@@ -59,13 +59,13 @@ def timed_pass(engine: Engine, prompts, max_tokens) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for p in prompts:
         engine.add_request(f"r{next(_REQUEST_IDS)}", p, params)
-    compiles_before = engine.runner.num_compiles
+    compiles_before = engine.num_compiles
     peak, start = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-        peak = max(peak, engine.kv.stats.num_used_blocks)
+        peak = max(peak, engine.kv_stats().num_used_blocks)
     return {"peak_blocks": peak, "seconds": time.perf_counter() - start,
-            "compiles": engine.runner.num_compiles - compiles_before}
+            "compiles": engine.num_compiles - compiles_before}
 
 
 def main(argv):

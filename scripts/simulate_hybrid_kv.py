@@ -40,12 +40,12 @@ def run(deployment: Deployment, context_len: int, num_requests: int, max_tokens:
     """One simulated run; the most sequences running at once is sampled after every step."""
     engine, clock = make_sim_engine(deployment.engine_config(), deployment.model_config, deployment.cost_model())
     peak = [0]
-    engine.stat_loggers.append(lambda e, outputs: peak.__setitem__(0, max(peak[0], len(e.scheduler.running))))
+    engine.stat_loggers.append(lambda e, outputs: peak.__setitem__(0, max(peak[0], e.load().num_running)))
     prompt_len = context_len - max_tokens
     requests = [WorkloadRequest(f"r{i}", [(i * 7919 + j) % 30000 + 1 for j in range(prompt_len)], max_tokens)
                 for i in range(num_requests)]
     result = simulate(engine, clock, requests)
-    return {"num_blocks": engine.num_blocks, "kv_layout_groups": len(getattr(engine.kv, "windows", (None,))),
+    return {"num_blocks": engine.num_blocks, "kv_layout_groups": len(engine.model_config.attention_windows),
             "peak_running": peak[0], "num_preemptions": result.num_preemptions,
             "simulated_s": result.duration_s, "output_tokens_per_s": result.output_tokens / result.duration_s,
             "wall_s": result.wall_s}

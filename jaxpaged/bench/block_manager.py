@@ -21,6 +21,7 @@ from jaxpaged.cache.block_pool import BlockPool
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
+from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.mathutils import cdiv
 
 
@@ -29,7 +30,7 @@ class BenchConfig:
     """What to measure: pool shape, prompt length, repeats, hash algorithms."""
 
     num_blocks: int = 4096
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     prompt_len: int = 1024
     repeats: int = 2000
     hash_algos: tuple[str, ...] = ("sha256", "xxh3_128")

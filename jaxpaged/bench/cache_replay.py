@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager
+from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.traces import TraceRequest, output_token_ids, prompt_token_ids
 
 
@@ -42,7 +43,8 @@ class ReplayResult:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
-def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | float, block_size: int = 16,
+def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | float,
+                 block_size: int = DEFAULT_BLOCK_SIZE,
                  policy: str = "lru", decode: bool = False, hash_algo: str = "xxh3_128",
                  prompts: Sequence[np.ndarray] | None = None) -> ReplayResult:
     """Replays ``requests`` through a pool of ``capacity_tokens // block_size`` blocks (``inf``: one big

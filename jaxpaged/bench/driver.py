@@ -83,13 +83,13 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
             continue
         finished = engine.step()
         filled, reserved = kv_slot_usage(engine)
-        samples.append(StepSample(engine.kv.stats.usage, filled, reserved, len(engine.scheduler.running)))
+        samples.append(StepSample(engine.kv_stats().usage, filled, reserved, engine.load().num_running))
         for out in finished:
             request = by_id[out.request_id]
             history.record(request, prompts[out.request_id], out.outputs[0].token_ids)
             outputs.append(out)
             if on_finish is not None:
                 on_finish(out)
-    kv = engine.kv.stats
-    return RunRecord(outputs, samples, start, clock(), engine.scheduler.num_preemptions,
+    kv = engine.kv_stats()
+    return RunRecord(outputs, samples, start, clock(), engine.num_preemptions,
                      kv.prefix_queries_tokens, kv.prefix_hits_tokens, kv.num_evictions)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from jaxpaged.config import load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutputKind
@@ -61,7 +61,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                           seed: int = 0) -> HostOverhead:
     """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
     config = load_config(model)
-    block_size = 16
+    block_size = DEFAULT_BLOCK_SIZE
     budget = 16384  # prompts go in fast; the measured steps are pure decodes whatever the budget
     cost_model = CostModel(config, get_profile(profile), block_size=block_size)
     longest = context_len + context_len // 8

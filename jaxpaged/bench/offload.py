@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from jaxpaged.capacity import kv_capacity
-from jaxpaged.config import load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -32,7 +32,7 @@ def _ttft(engine: Engine, request_id: str, prompt: list[int]) -> tuple[float, in
     raise RuntimeError("request produced no output")
 
 
-def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = 16,
+def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int = DEFAULT_BLOCK_SIZE,
                max_num_batched_tokens: int = 512, host_cache_bytes: int = 1 << 30) -> dict:
     """Median TTFT for a `prefix_len`-token prefix: recompute, host-tier hit, device hit.
 
@@ -65,7 +65,7 @@ def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int =
     result = {k: {"ttft_s": statistics.median(v), "cached_tokens": statistics.median(cached[k])}
               for k, v in times.items()}
     result["host_hit_vs_recompute_speedup"] = result["recompute"]["ttft_s"] / result["host_hit"]["ttft_s"]
-    result["tier_stats"] = dataclasses.asdict(engine.tiers.stats)
+    result["tier_stats"] = dataclasses.asdict(engine.tier_stats())
     return result
 
 
@@ -108,12 +108,12 @@ def bench_budget(model_name: str, kv_cache_bytes: int, num_requests: int, prompt
         while engine.has_unfinished_requests():
             for out in engine.step():
                 generated += len(out.outputs[0].token_ids)
-            peak = max(peak, len(engine.scheduler.running))
+            peak = max(peak, engine.load().num_running)
         seconds = time.perf_counter() - start
         rows.append({"kv_cache_dtype": dtype_name, "num_blocks": engine.num_blocks,
-                     "peak_concurrent_seqs": peak, "preemptions": engine.scheduler.num_preemptions,
+                     "peak_concurrent_seqs": peak, "preemptions": engine.num_preemptions,
                      "generated_tokens": generated, "seconds": seconds,
-                     "throughput_tok_s": generated / seconds, "compiles": engine.runner.num_compiles})
+                     "throughput_tok_s": generated / seconds, "compiles": engine.num_compiles})
     return rows
 
 

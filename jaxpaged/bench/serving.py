@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from jaxpaged.bench.driver import run_workload
 from jaxpaged.bench.report import median_summary, mode_ratios, summarize
 from jaxpaged.bench.timing import TimedRunner
+from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner
@@ -33,7 +34,7 @@ class ServingSetup:
     """What every mode shares: KV budget in blocks, block size and engine limits."""
 
     num_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_model_len: int = 1024
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jaxpaged.bench.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
-from jaxpaged.config import list_configs, load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, list_configs, load_config
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ class BackendRun:
 class EngineLimits:
     """The jaxpaged engine's knobs; `num_blocks=None` sizes the pool to hold every prompt at once."""
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     num_blocks: int | None = None
@@ -142,16 +142,16 @@ class JaxpagedBackend:
 
     def measure(self) -> BackendRun:
         """One timed call over the prompts, with the prefix cache emptied first (nothing reused from before)."""
-        if not self.llm.engine.kv.reset_prefix_cache():
+        if not self.llm.engine.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be emptied: a block is still in use")
-        runner = self.llm.engine.runner
-        compiles = runner.num_compiles
+        engine = self.llm.engine
+        compiles = engine.num_compiles
         start = time.perf_counter()
         outputs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]
         computed = sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs)
-        return BackendRun(self.name, token_ids, elapsed, self.warmup_s, self.load_s, runner.num_compiles - compiles,
+        return BackendRun(self.name, token_ids, elapsed, self.warmup_s, self.load_s, engine.num_compiles - compiles,
                           computed)
 
 

@@ -1,4 +1,4 @@
-"""`EngineConfig`: everything that shapes an engine, validated on creation."""
+"""`EngineConfig`: everything that shapes an engine, each field validated once, on creation."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import os
 
 import numpy as np
 
+from jaxpaged.attention.backend import BACKENDS
 from jaxpaged.cache.eviction import EVICTION_POLICIES
-from jaxpaged.config import ModelConfig
+from jaxpaged.cache.hashing import HASH_ALGOS
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, DTYPE_ALIASES, SUPPORTED_DTYPES, ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
-from jaxpaged.offload.setup import validate_tier_options
 from jaxpaged.scheduler import PREEMPTION_MODES
 from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, check_optional_int,
                                  check_optional_str, check_str)
 
+KV_LAYOUTS = ("paged", "contiguous")  # contiguous: the naive baseline, max_model_len reserved per sequence
 DEFAULT_KV_CACHE_BYTES = 256 << 20
 
 
@@ -23,7 +25,7 @@ class EngineConfig:
     """Everything that shapes an engine; `LLM(**kwargs)` fills it."""
 
     model: str = "tiny"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE  # the one default: flags, engine, runner and kernels read it from here
     num_blocks: int | None = None  # or derive it from kv_cache_bytes
     kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
@@ -61,19 +63,15 @@ class EngineConfig:
     kv_cache_metrics_sample: float = 0.0
 
     def __post_init__(self):
-        """Check every field's type and range; ValueError naming the field."""
+        """Check every field once, here: ValueError naming the field and its limit.
+
+        Only the checks that need the model or a given runner (`kv_scales` shapes,
+        `kv_cache_bytes` against one block, the runner's geometry, tensor-parallel
+        splits, sliding-window support) wait for `EngineBuilder`.
+        """
         self._check_types()
-        if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
-            raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
-        if self.kv_layout not in ("paged", "contiguous"):
-            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
-        if self.eviction_policy not in EVICTION_POLICIES:
-            raise ValueError(f"eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        validate_tier_options(self)
+        self._check_choices()
+        self._check_combinations()
 
     def _check_types(self) -> None:
         check_str("model", self.model)
@@ -84,20 +82,42 @@ class EngineConfig:
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=INT32_MAX)
         check_optional_int("max_model_len", self.max_model_len, low=1, high=INT32_MAX)
         check_int("seed", self.seed, low=0, high=2**32 - 1)  # seeds the random weights too
+        check_optional_int("host_cache_bytes", self.host_cache_bytes, low=1)
         check_int("disk_cache_bytes", self.disk_cache_bytes, low=1)
+        check_int("tensor_parallel_size", self.tensor_parallel_size, low=1, high=1 << 16)
         check_float("pool_fill_value", self.pool_fill_value, allow_nan=True)
         check_float("kv_scale_margin", self.kv_scale_margin, low=1.0)
         check_float("kv_cache_metrics_sample", self.kv_cache_metrics_sample, low=0.0, high=1.0)
         for name in ("enable_prefix_caching", "save_prefix_cache_on_shutdown", "async_scheduling",
                      "pallas_interpret"):
             check_bool(name, getattr(self, name))
-        for name in ("attention_backend", "kv_cache_dtype", "hash_algo", "kv_layout", "preemption_mode",
-                     "eviction_policy"):
-            check_str(name, getattr(self, name))
-        check_optional_str("dtype", self.dtype)
         check_optional_str("prefix_cache_snapshot", self.prefix_cache_snapshot)
         if self.disk_cache_dir is not None and not isinstance(self.disk_cache_dir, (str, os.PathLike)):
             raise ValueError(f"disk_cache_dir must be a path, got {self.disk_cache_dir!r}")
+        is_pair = isinstance(self.kv_scales, (tuple, list)) and len(self.kv_scales) == 2
+        if self.kv_scales is not None and not is_pair:
+            raise ValueError(f"kv_scales must be None or a pair (k_scale, v_scale), "
+                             f"got {type(self.kv_scales).__name__}")
+
+    def _check_choices(self) -> None:
+        check_str("attention_backend", self.attention_backend, choices=BACKENDS)
+        check_str("hash_algo", self.hash_algo, choices=HASH_ALGOS)
+        check_str("kv_layout", self.kv_layout, choices=KV_LAYOUTS)
+        check_str("preemption_mode", self.preemption_mode, choices=PREEMPTION_MODES)
+        check_str("eviction_policy", self.eviction_policy, choices=EVICTION_POLICIES)
+        _check_dtype_name("kv_cache_dtype", self.kv_cache_dtype, also=("auto",))
+        if self.dtype is not None:
+            _check_dtype_name("dtype", self.dtype)
+
+    def _check_combinations(self) -> None:
+        if self.save_prefix_cache_on_shutdown and not self.prefix_cache_snapshot:
+            raise ValueError("save_prefix_cache_on_shutdown needs prefix_cache_snapshot (the directory)")
+        if self.disk_cache_dir is not None and self.host_cache_bytes is None:
+            raise ValueError("disk_cache_dir needs the host tier in front of it: set host_cache_bytes")
+        if self.preemption_mode == "swap" and self.host_cache_bytes is None:
+            raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
+        if self.host_cache_bytes is not None and self.kv_layout != "paged":
+            raise ValueError("host_cache_bytes (the host tier) needs kv_layout='paged'")
 
     def resolve_num_blocks(self, model_config: ModelConfig, kv_dtype) -> int:
         """`num_blocks`, or as many blocks as `kv_cache_bytes` (default 256 MiB) holds at `kv_dtype`."""
@@ -109,3 +129,11 @@ class EngineConfig:
         if budget < per_block:
             raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")
         return budget // per_block
+
+
+def _check_dtype_name(name: str, value, *, also: tuple[str, ...] = ()) -> None:
+    """ValueError naming `name` unless `value` is a supported dtype name, an alias, or one of `also`."""
+    check_str(name, value)
+    if value not in also and DTYPE_ALIASES.get(value, value) not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name} must be one of {also + SUPPORTED_DTYPES} or an alias {tuple(DTYPE_ALIASES)}, "
+                         f"got {value!r}")

@@ -9,8 +9,11 @@ and dispatches it before it reads step N's tokens; N's outputs are processed
 while N+1 runs on the device, and the tokens N sampled are N+1's inputs
 straight from the device. Beam search needs each step's tokens before the next
 is scheduled, so the engine runs synchronously while a beam request is live.
+The overlapped or synchronous step is chosen once, when the engine is built.
 
-`Engine` is the low-level API benchmarks and servers drive (`add_request`,
+`EngineBuilder` (`jaxpaged.engine.builder`) assembles the parts; this class is
+only the loop over them, plus the questions outside code asks
+(`jaxpaged.engine.queries`). `Engine` is the low-level API benchmarks and servers drive (`add_request`,
 `step`, `abort`, `has_unfinished_requests`); `jaxpaged.llm.LLM` wraps it for
 offline batches.
 """
@@ -23,30 +26,23 @@ from typing import Callable
 from typing import Sequence as Seq
 
 import jax
-import numpy as np
 
-from jaxpaged.attention import resolve_backend
-from jaxpaged.cache import KVCacheManager, KVManager
-from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
-from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.cache import KVCacheManager
+from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
 from jaxpaged.engine.config import EngineConfig
-from jaxpaged.engine.input_processor import InputProcessor
-from jaxpaged.engine.output_processor import OutputProcessor
-from jaxpaged.kv.fp8 import validate_kv_scales
-from jaxpaged.kv.pool import kv_dtype_from_name
+from jaxpaged.engine.queries import EngineQueries
 from jaxpaged.model import LlamaModel
-from jaxpaged.offload.setup import build_tiers
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner, StepHandle
+from jaxpaged.runner import Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, SchedulerStats
+from jaxpaged.scheduler import SchedulerOutput, SchedulerStats
 from jaxpaged.sequence import Request
 from jaxpaged.validation import check_float, check_str
 
 MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
 
 
-class Engine:
+class Engine(EngineQueries):
     """Continuous-batching engine over one model and one paged KV pool."""
 
     def __init__(
@@ -58,125 +54,27 @@ class Engine:
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """Build the engine; `runner` replaces the device (e.g. a simulator), `clock` the time source.
+        """Build the parts with `EngineBuilder` (same arguments), then restore `prefix_cache_snapshot`.
 
+        `runner` replaces the device (e.g. a simulator), `clock` the time source.
         A given runner must have the configured block size and block count
         (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
         config, the runner's block count is taken.
         """
-        self.config = config
-        self.clock = clock
-        if runner is None and model is None:
-            from jaxpaged.checkpoint import load_model
-            model = load_model(config.model, dtype=config.dtype, seed=config.seed,
-                               tensor_parallel_size=config.tensor_parallel_size)
-        self.model_config = runner.config if runner is not None else model.config
-        kv_dtype = kv_dtype_from_name(config.kv_cache_dtype, config.dtype or self.model_config.dtype)
-        if runner is not None and config.num_blocks is None and config.kv_cache_bytes is None:
-            self.num_blocks = runner.num_blocks
-        else:
-            self.num_blocks = config.resolve_num_blocks(self.model_config, kv_dtype)
-        self.block_size = config.block_size
-        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
-                                 self.num_blocks * self.block_size)
-        kv_scales = None
-        if config.kv_scales is not None:
-            kv_scales = validate_kv_scales(self.model_config, config.kv_scales)
-        # fp8 without given scales: calibrate on the first prefill, before anything is written
-        self._calibrate_kv_scales = (runner is None and kv_scales is None
-                                     and np.dtype(kv_dtype) == np.dtype("float8_e4m3fn"))
-        if runner is None:
-            backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)
-            runner = ModelRunner(model, self.num_blocks, self.block_size, kv_dtype=kv_dtype, backend=backend,
-                                 pool_fill_value=config.pool_fill_value, kv_scales=kv_scales,
-                                 max_num_seqs=config.max_num_seqs,
-                                 tensor_parallel_size=config.tensor_parallel_size)
-        self._check_runner(runner)
-        runner.reset()  # a runner reused from an earlier engine keeps none of its rows
-        self.runner = runner
-        self.kv: KVManager = self._make_kv_manager()
-        if isinstance(self.kv, HybridKVCacheManager):  # a sliding group holds ~W tokens, not the whole context
-            self.max_model_len = self._hybrid_max_model_len(
-                config.max_model_len or self.model_config.max_position_embeddings)
-        self.tiers = build_tiers(config, self.kv, runner)
-        if not self._calibrate_kv_scales:
-            self._tie_disk_tier_to_identity()
-        self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode),
-            self.kv, self.tiers, clock=clock)
-        self.input_processor = InputProcessor(
-            self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
-            block_size=self.block_size, load_tokenizer=lambda: self._load_tokenizer(tokenizer), seed=config.seed,
-            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None),
-            computes_logits=getattr(runner, "computes_logits", True))
-        self.output_processor = OutputProcessor(lambda: self.input_processor.tokenizer)
+        parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock).build()
+        self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
+        self.num_blocks, self.block_size, self.max_model_len = parts.num_blocks, parts.block_size, parts.max_model_len
+        self.runner, self.kv, self.tiers, self.scheduler = parts.runner, parts.kv, parts.tiers, parts.scheduler
+        self.input_processor, self.output_processor = parts.input_processor, parts.output_processor
+        self._calibrate_kv_scales = parts.calibrate_kv_scales
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
         self._arrivals = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
-        if config.prefix_cache_snapshot:
-            self._restore_prefix_cache_at_start(config.prefix_cache_snapshot)
-
-    def _check_runner(self, runner: Runner) -> None:
-        if runner.block_size != self.block_size:
-            raise ValueError(f"the runner's block_size ({runner.block_size}) differs from "
-                             f"EngineConfig.block_size ({self.block_size})")
-        if runner.num_blocks != self.num_blocks:
-            raise ValueError(f"the runner's pool has {runner.num_blocks} blocks; the engine's config "
-                             f"asks for {self.num_blocks} (num_blocks / kv_cache_bytes)")
-        owns_pool = isinstance(runner, KVPoolRunner)
-        if self.config.host_cache_bytes is not None and not owns_pool:
-            raise ValueError("host_cache_bytes needs a runner that owns a device KV pool (ModelRunner)")
-        if self.config.prefix_cache_snapshot and not owns_pool:
-            raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
-        if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
-                                        or self.config.prefix_cache_snapshot):
-            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
-                             f"{jax.process_count()} processes no process can read a whole pool block")
-
-    def _make_kv_manager(self) -> KVManager:
-        layout = kv_cache_layout(self.model_config.layer_windows)
-        if self.config.kv_layout == "contiguous":  # the all-layers-full baseline, one region per group
-            from jaxpaged.cache.contiguous import ContiguousKVCacheManager
-            region_len = (self.num_blocks // layout.num_groups) * self.block_size
-            self.max_model_len = min(self.max_model_len, region_len)
-            return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len,
-                                            num_groups=layout.num_groups)
-        if layout.is_hybrid:
-            kv = HybridKVCacheManager(self.num_blocks, self.block_size, layout,
-                                      enable_prefix_caching=self.config.enable_prefix_caching,
-                                      hash_algo=self.config.hash_algo,
-                                      max_chunk_tokens=self.config.max_num_batched_tokens,
-                                      eviction_policy=self.config.eviction_policy, clock=self.clock)
-        else:
-            kv = KVCacheManager(self.num_blocks, self.block_size,
-                                enable_prefix_caching=self.config.enable_prefix_caching,
-                                hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
-                                clock=self.clock)
-        if self.config.kv_cache_metrics_sample > 0:
-            kv.track_residency(self.config.kv_cache_metrics_sample)
-        return kv
-
-    def _hybrid_max_model_len(self, limit: int) -> int:
-        """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
-        low, high = 0, limit  # can_fit(low) holds; find the largest such length by bisection
-        while low < high:
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
-        return low
-
-    def _tie_disk_tier_to_identity(self) -> None:
-        """Disk-tier files are tied to this engine's identity (model, weights, layout, final fp8 scales)."""
-        if self.tiers is not None and self.tiers.disk is not None:
-            from jaxpaged.snapshot import engine_identity, identity_digest
-            self.tiers.set_format(identity_digest(engine_identity(self)))
-
-    def _load_tokenizer(self, given):
-        if given is not None:
-            return given
-        from jaxpaged.tokenizer import load_tokenizer
-        return load_tokenizer(self.config.model, self.model_config)
+        # chosen once: overlapped (async scheduling) or synchronous steps
+        self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
+        restore_prefix_cache_at_start(self)
 
     @property
     def tokenizer(self):
@@ -283,18 +181,13 @@ class Engine:
         stats = load_prefix_cache(self, path, adopt_kv_scales=self._calibrate_kv_scales)
         if self._calibrate_kv_scales:  # an fp8 engine took the snapshot's scales: no calibration now
             self._calibrate_kv_scales = False
-            self._tie_disk_tier_to_identity()
+            tie_disk_tier_to_identity(self)
         return stats
 
     def shutdown(self) -> None:
         """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
         if self.config.save_prefix_cache_on_shutdown:
             self.save_prefix_cache()
-
-    def _restore_prefix_cache_at_start(self, path: str) -> None:
-        from pathlib import Path
-        if Path(path).exists():  # absent: a first start, nothing to restore
-            self.load_prefix_cache(path)
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -305,25 +198,32 @@ class Engine:
         `output_kind` asks) and for every request that finished. With
         asynchronous scheduling the results processed are the previous step's.
         """
-        overlap = self._can_overlap()
-        advanced: list[Request] = []
-        if self._in_flight is not None and not overlap:
-            advanced += self._finish_in_flight()  # beam search needs the previous step's tokens first
-        with jax.profiler.TraceAnnotation("schedule"):
-            scheduler_output = self.scheduler.schedule()
-        handle = self._dispatch(scheduler_output)
-        if self._in_flight is not None:
-            advanced += self._finish_in_flight()  # the previous step's results, while this step runs
-        self._in_flight = (scheduler_output, handle)
-        if not overlap:
-            advanced += self._finish_in_flight()
-        outputs = self.collect_outputs(advanced)
+        outputs = self.collect_outputs(self._run_step())
         for logger in self.stat_loggers:
             logger(self, outputs)
         return outputs
 
-    def _can_overlap(self) -> bool:
-        return self.config.async_scheduling and not self.scheduler.num_beam_requests
+    def _sync_step(self) -> list[Request]:
+        """Schedule, dispatch and wait: the requests this step advanced."""
+        with jax.profiler.TraceAnnotation("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        self._in_flight = (scheduler_output, self._dispatch(scheduler_output))
+        return self._finish_in_flight()
+
+    def _overlapped_step(self) -> list[Request]:
+        """Dispatch this step before reading the previous one's tokens: the requests that step advanced.
+
+        Beam search needs each step's tokens before the next is scheduled, so
+        while a beam request is live the step in flight is finished first.
+        """
+        if self.scheduler.num_beam_requests:
+            return self._finish_in_flight() + self._sync_step()
+        with jax.profiler.TraceAnnotation("schedule"):
+            scheduler_output = self.scheduler.schedule()
+        handle = self._dispatch(scheduler_output)
+        advanced = self._finish_in_flight()  # the previous step's results, while this step runs
+        self._in_flight = (scheduler_output, handle)
+        return advanced
 
     def _dispatch(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Lower-tier transfers, fp8 calibration on the first prefill, then the runner's step."""
@@ -334,11 +234,13 @@ class Engine:
             with jax.profiler.TraceAnnotation("fp8_calibration"):
                 self.runner.calibrate_kv_scales(seq.token_ids[:start + n], self.config.kv_scale_margin)
             self._calibrate_kv_scales = False
-            self._tie_disk_tier_to_identity()
+            tie_disk_tier_to_identity(self)
         return self.runner.execute_model(scheduler_output)
 
     def _finish_in_flight(self) -> list[Request]:
-        """Wait for the step in flight and apply its results; returns the requests it advanced."""
+        """Wait for the step in flight (if any) and apply its results; returns the requests it advanced."""
+        if self._in_flight is None:
+            return []
         scheduler_output, handle = self._in_flight
         self._in_flight = None
         result = handle.result()

@@ -43,19 +43,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
-    """Limits on one step's batch, and what preemption does."""
+    """Limits on one step's batch, and what preemption does (checked once, by `EngineConfig`)."""
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     preemption_mode: str = "recompute"
-
-    def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
 
 
 class Scheduler:
@@ -64,8 +56,6 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVManager, tiers=None, *,
                  clock: Callable[[], float] = time.monotonic):
         """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it."""
-        if config.preemption_mode == "swap" and tiers is None:
-            raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
         self.config = config
         self.kv = kv
         self.tiers = tiers

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ from jaxpaged.engine import Engine
 from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.engine_client import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,15 @@ class AsyncEngine:
         self._crash_requested = False
         self._thread = threading.Thread(target=self._run, name="jaxpaged-engine-loop", daemon=True)
 
+    @functools.cached_property
+    def model_info(self) -> ModelInfo:
+        """The engine's tokenizer, model and limits (fixed, so read from any thread)."""
+        return ModelInfo.of(self.engine)
+
+    async def engine_metrics(self) -> str:
+        """Nothing: in one process the server's registry already holds the engine's metrics (`attach_metrics`)."""
+        return ""
+
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -215,6 +226,11 @@ class AsyncEngine:
         """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`); blocks cached now."""
         return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt})
 
+    async def query(self, name: str):
+        """The answer to a named engine query (`engine_queries.QUERIES`), read on the loop thread."""
+        from jaxpaged.server.engine_queries import answer
+        return await self.call_in_loop(lambda engine: answer(engine, name))
+
     async def call_in_loop(self, fn):
         """Run `fn(engine)` on the loop thread between two steps and return its result.
 
@@ -262,7 +278,7 @@ class AsyncEngine:
                 self._deliver(engine.step())
             engine.shutdown()
             if self.multi_process:
-                _leave_group()
+                distributed.leave_group()
             self._fail_everything(EngineDeadError("the engine is shutting down"))
         except BaseException as err:  # noqa: BLE001 - any failure ends the loop; clients must hear of it
             log.exception("engine loop died")
@@ -364,7 +380,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     """Apply one command record to the engine (the same on every process); returns its result."""
     op = record["op"]
     if op == "add":
-        if len(engine.scheduler.waiting) >= max_waiting_requests:
+        if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
         params = SamplingParams(**(record["params"] | {"output_kind": RequestOutputKind[record["params"]["output_kind"]]}))
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
@@ -386,11 +402,7 @@ def reset_prefix_cache(engine: Engine) -> bool:
     (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
     cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
     other engines may share, and its files are only served to an engine with the same identity."""
-    if not engine.kv.reset_prefix_cache():
-        return False
-    if engine.tiers is not None:
-        engine.tiers.host.clear_cached()
-    return True
+    return engine.reset_prefix_cache()
 
 
 def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:
@@ -407,10 +419,5 @@ def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:
         if engine.has_unfinished_requests():
             engine.step()
     engine.shutdown()
-    _leave_group()
+    distributed.leave_group()
 
-
-def _leave_group() -> None:
-    """Leave the jax.distributed group together (a barrier), before process 0's coordinator goes away."""
-    import jax
-    jax.distributed.shutdown()

@@ -1,25 +1,39 @@
-"""`EngineClient`: what the FastAPI app (`build_app`) needs of the engine it serves.
+"""`EngineClient`: all the HTTP server (`build_app` and its routes) knows of the engine it serves.
 
-Three implement it: `AsyncEngine` (the engine loop in this process),
-`core.client.CoreClient` (the engine core in another process) and
-`replicas.pool.ReplicaPool` (engine replicas on Ray Serve), so the app is one
-piece of code for all of them.
+Three implement it: `AsyncEngine` (the engine loop in a thread of this
+process), `core.client.CoreClient` (the engine core in another process) and
+`replicas.pool.ReplicaPool` (engine replicas on Ray Serve, routed by prefix),
+so the app is one piece of code for all of them. `tests/server/
+test_engine_clients.py` checks that each has every member, with the same
+parameters.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+import dataclasses
+from typing import AsyncIterator, Protocol, runtime_checkable
 
+from jaxpaged.config import ModelConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 
 
-class ModelLimits(Protocol):
-    """The engine's fixed facts the app reads: its tokenizer, model config and longest sequence."""
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """The engine's fixed facts a front end reads: its tokenizer, model, longest sequence and cache geometry
+    (the block size and hash algorithm, for a router that hashes prompts as the engine does)."""
 
     tokenizer: object
-    model_config: object
+    model_config: ModelConfig
     max_model_len: int
+    block_size: int
+    hash_algo: str
+
+    @classmethod
+    def of(cls, engine) -> "ModelInfo":
+        """The facts of an `Engine` (fixed at its construction, so safe to read from any thread)."""
+        return cls(engine.tokenizer, engine.model_config, engine.max_model_len, engine.block_size,
+                   engine.config.hash_algo)
 
 
 class RequestOutputStream(Protocol):
@@ -30,12 +44,14 @@ class RequestOutputStream(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class EngineClient(Protocol):
-    """Requests in, streams of outputs out; errors (ValueError, QueueFullError, EngineDeadError) raised by
-    `add_request` before anything streams. Optional: `engine_metrics()` (text appended to /metrics),
-    `crash_for_test()` and `stall_for_test()` (the debug endpoints)."""
+    """Requests in, streams of outputs out. `add_request` raises ValueError / TypeError (bad input),
+    QueueFullError or EngineDeadError before anything streams. `engine_metrics()` is Prometheus text the
+    server appends to its own /metrics ("" when the server's registry already has the engine's);
+    `crash_for_test` / `stall_for_test` back the debug endpoints."""
 
-    engine: ModelLimits
+    model_info: ModelInfo
     error: BaseException | None
 
     @property
@@ -45,9 +61,19 @@ class EngineClient(Protocol):
 
     def shutdown(self, timeout_s: float | None = None) -> None: ...
 
+    def dead_reason(self) -> str: ...
+
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
                           cache_salt: str | None = None) -> RequestOutputStream: ...
 
     def abort(self, request_id: str) -> None: ...
 
     async def reset_prefix_cache(self) -> bool: ...
+
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int: ...
+
+    async def engine_metrics(self) -> str: ...
+
+    def crash_for_test(self) -> None: ...
+
+    async def stall_for_test(self, seconds: float) -> None: ...

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import scipy.optimize
 
-from jaxpaged.config import ModelConfig
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
@@ -84,7 +84,7 @@ def measure_batches(runner, batches: list[list[ScheduledSeq]], repeats: int) -> 
 
 
 def fit_profile(config: ModelConfig, shapes: list[Shape], measured: Sequence[float], *, name: str = "cpu",
-                block_size: int = 16, weight_bytes_per_param: float = 4.0,
+                block_size: int = DEFAULT_BLOCK_SIZE, weight_bytes_per_param: float = 4.0,
                 kv_bytes_per_element: float = 4.0, memory_bytes: int = 0, phase_overlap: bool = True,
                 grid: np.ndarray | None = None) -> DeviceProfile:
     """The profile (padded shapes) whose predictions have the least relative squared error.

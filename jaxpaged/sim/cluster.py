@@ -84,8 +84,7 @@ class ClusterResult:
 
 
 def _load(engine) -> ReplicaLoad:
-    scheduler = engine.scheduler
-    return ReplicaLoad(len(scheduler.waiting), len(scheduler.running), engine.kv.stats.usage)
+    return engine.load()
 
 
 @collect_cycles_rarely()
@@ -104,7 +103,7 @@ def simulate_cluster(deployment: Deployment, num_replicas: int, policy,
     router = Router(policy, RequestHasher(deployment.block_size, deployment.hash_algo))
     for index in range(num_replicas):
         engine, clock = make_sim_engine(engine_config, model_config, deployment.cost_model())
-        engine.kv.enable_events()
+        engine.enable_kv_events()
         engines.append(engine)
         clocks.append(clock)
         router.add_replica(index)
@@ -157,7 +156,7 @@ def simulate_cluster(deployment: Deployment, num_replicas: int, policy,
         engine, clock = engines[replica], clocks[replica]
         finished = engine.step()
         now = clock()
-        events = engine.kv.take_events()
+        events = engine.take_kv_events()
         if events:
             num_published += 1
             heapq.heappush(published, (now, num_published, replica, events))

@@ -37,7 +37,7 @@ import collections
 import dataclasses
 from typing import Iterable
 
-from jaxpaged.config import ModelConfig
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.step_input import step_buckets
@@ -69,7 +69,7 @@ class CostModel:
 
     def __init__(self, config: ModelConfig, profile: DeviceProfile, *,
                  weight_bytes_per_param: float = 2.0, kv_bytes_per_element: float = 2.0,
-                 block_size: int = 16, tensor_parallel_size: int = 1):
+                 block_size: int = DEFAULT_BLOCK_SIZE, tensor_parallel_size: int = 1):
         """`weight_bytes_per_param`: 2 for bf16/fp16, 1 for fp8/int8, 0.5 for 4-bit.
 
         With `tensor_parallel_size` > 1 every figure is one device's (see the module docstring).

@@ -154,14 +154,14 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
                 if nxt is not None:
                     order += 1
                     heapq.heappush(ready, (max(start + nxt.arrival_time, clock()), order, nxt))
-    stats = engine.kv.stats
+    stats = engine.kv_stats()
     first = min((rec.arrival_time for rec in records), default=start)
     return SimResult(
         records=records,
         duration_s=clock() - first,
-        busy_s=engine.runner.busy_s,
+        busy_s=engine.device_busy_s(),
         num_steps=engine.stats.num_steps,
-        num_preemptions=engine.scheduler.num_preemptions,
+        num_preemptions=engine.num_preemptions,
         prefix_hit_rate=stats.prefix_hits_tokens / stats.prefix_queries_tokens if stats.prefix_queries_tokens else 0.0,
         output_tokens=output_tokens,
         wall_s=time.perf_counter() - wall_start,

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxpaged.cache.kv_groups import kv_cache_layout
-from jaxpaged.config import ModelConfig, load_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig, load_config
 from jaxpaged.engine import EngineConfig
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import SimResult, make_sim_engine, simulate
@@ -37,7 +37,7 @@ class Deployment:
     kv_bytes_per_element: float = 2.0
     kv_cache_bytes: int | None = None  # None: memory_utilization * device memory - weights
     memory_utilization: float = 0.9  # vLLM's gpu_memory_utilization default
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

@@ -39,7 +39,7 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     (ValueError), as is an engine without prefix caching.
     """
     _require_prefix_caching(engine, "save")
-    blocks = engine.kv.cached_blocks()
+    blocks = engine.cached_blocks()
     data = engine.runner.read_blocks([b.block_id for b in blocks]) if blocks else []
     records = [_record(engine, b.block_hash, parent_hash=b.parent_hash, token_ids=b.token_ids,
                        extra_keys=b.extra_keys, tier="device", digest=block_digest(d)) for b, d in zip(blocks, data)]
@@ -103,5 +103,5 @@ def _record(engine, key: bytes, **fields) -> BlockRecord:
 
 
 def _require_prefix_caching(engine, action: str) -> None:
-    if not engine.kv.enable_prefix_caching:
+    if not engine.prefix_caching_enabled:
         raise ValueError(f"cannot {action} a prefix-cache snapshot: prefix caching is disabled")

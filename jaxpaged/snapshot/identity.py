@@ -48,7 +48,7 @@ def engine_identity(engine) -> dict:
         "format_version": FORMAT_VERSION,
         "block_size": engine.block_size,
         "kv_cache_dtype": runner.kv_dtype.name,
-        "hash_algo": engine.kv.hash_algo,
+        "hash_algo": engine.config.hash_algo,
         "model_config": json.loads(json.dumps(engine.model_config.to_dict())),  # as read back: tuples are lists
         "params_fingerprint": params_fingerprint(runner.params),
         "kv_scales": [k_scale.tolist(), v_scale.tolist()],

@@ -116,7 +116,7 @@ def test_swap_preemption_equals_recompute(tiny_model):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(host_cache_bytes=0), "host_cache_bytes must be a positive int"),
+    (dict(host_cache_bytes=0), "host_cache_bytes must be at least 1"),
     (dict(host_cache_bytes=10), "smaller than one KV block"),
     (dict(disk_cache_dir="/tmp/x"), "needs the host tier"),
     (dict(preemption_mode="swap"), "needs the host tier"),

@@ -54,6 +54,29 @@ def test_two_processes_match_single_process(tmp_path):
     assert len(results["single"]["tokens"]) == 6
 
 
+def test_a_follower_waiting_on_a_dead_process_0_exits_with_an_error():
+    """Process 0 killed (SIGKILL) while process 1 waits in its next broadcast, as a server's follower does
+    between steps: process 1 must end, non-zero, naming the dead task, rather than wait forever."""
+    address = f"--coordinator_address=localhost:{_free_port()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    worker = [sys.executable, str(HERE / "dead_leader_worker.py"), address, "--num_processes=2"]
+    leader = subprocess.Popen(worker + ["--process_id=0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    follower = subprocess.Popen(worker + ["--process_id=1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in leader.stdout:
+            if "joined" in line:  # both broadcast once: the follower is in its second broadcast
+                break
+        leader.kill()
+        log, _ = follower.communicate(timeout=120)
+        assert follower.returncode != 0, log[-3000:]
+        assert "another task died" in log, log[-3000:]
+    finally:
+        leader.kill()
+        follower.kill()
+
+
 @pytest.mark.parametrize("args,message", [
     ((None, 2, 0), "needs --coordinator_address"),
     (("localhost:1", 2, 2), r"process_id must be in \[0, 2\)"),

@@ -44,5 +44,5 @@ def test_more_devices_than_visible():
 
 
 def test_engine_config_rejects_nonpositive_size():
-    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+    with pytest.raises(ValueError, match="tensor_parallel_size must be at least 1"):
         EngineConfig(tensor_parallel_size=0)

@@ -77,3 +77,17 @@ def wait_idle(base: str, settle_s: float = 0.3) -> dict[str, float]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the engine did not go idle: {now}")
         time.sleep(settle_s)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found

@@ -3,7 +3,8 @@
 An API server that dies leaves the core and the other API server serving; the
 core killed with SIGKILL ends every open stream with an error event and turns
 /health into 503, then every process exits; SIGTERM drains an open stream,
-saves the snapshot and leaves no process behind. (The OpenAI API's behaviour
+saves the snapshot and leaves no process behind; the launcher killed with
+SIGKILL still drains and leaves no process behind. (The OpenAI API's behaviour
 over the split is `test_openai_server.py`'s, run against both.)
 """
 
@@ -17,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.live_server import WAIT_S, free_port, start_server, wait_healthy
+from tests.server.live_server import WAIT_S, children_of, free_port, start_server, wait_healthy
 
 
 def _start(*flags):
@@ -52,8 +53,8 @@ def _wait_gone(pids: list[int]) -> None:
         time.sleep(0.1)
 
 
-def _long_stream(client: openai.OpenAI, max_tokens: int = 900):
-    return client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=max_tokens, temperature=0, stream=True,
+def _long_stream(client: openai.OpenAI, max_tokens: int = 900, model: str = "tiny"):
+    return client.completions.create(model=model, prompt=[1, 2, 3], max_tokens=max_tokens, temperature=0, stream=True,
                                      extra_body={"ignore_eos": True})
 
 
@@ -107,3 +108,22 @@ def test_core_sigkill_fails_every_stream_then_nothing_is_left():
         _wait_gone([core, *apis])
     finally:
         proc.kill()
+
+
+def test_launcher_sigkill_drains_then_leaves_no_process():
+    """The launcher (serve.py's own process) killed with SIGKILL: its children get SIGTERM (PR_SET_PDEATHSIG),
+    so the open stream is drained to its end and the core, the API servers and multiprocessing's helper exit."""
+    proc, base, core, apis = _start("--device=simulated", "--model=llama3-8b")  # no model to build or compile
+    children = children_of(proc.pid)
+    try:
+        assert {core, *apis} <= set(children)
+        stream = _long_stream(_client(base), 200, model="llama3-8b")
+        next(stream)
+        proc.kill()
+        rest = list(stream)
+        assert rest[-1].choices[0].finish_reason == "length"
+        _wait_gone(children)
+    finally:
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

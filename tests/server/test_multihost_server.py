@@ -1,6 +1,8 @@
 """Multi-host serving: 2 local processes x 2 CPU devices (TP=4 across them); process 0 serves HTTP.
 
-Its outputs equal a one-process engine's; SIGTERM to process 0 stops both.
+Process 0 is split (the default): its engine core process is jax process 0 and
+broadcasts to process 1, which steps in its own single process. Its outputs
+equal a one-process engine's; SIGTERM to process 0 stops both.
 """
 
 import signal
@@ -11,7 +13,7 @@ import pytest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
-from tests.server.live_server import ROOT, WAIT_S, free_port, start_server, wait_healthy
+from tests.server.live_server import ROOT, WAIT_S, children_of, free_port, start_server, wait_healthy
 
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
 
@@ -38,6 +40,7 @@ def group():
 
 def test_outputs_equal_one_process_and_sigterm_stops_the_group(group, tiny_model):
     base, procs = group
+    assert len(children_of(procs[0].pid)) >= 2 and not children_of(procs[1].pid)  # core + API server; none
     prompts = [[5, 6, 7, 8, 9, 10], list(range(20, 41))]
     bodies = [{"model": "tiny", "prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": True} for p in prompts]
     bodies.append({"model": "tiny", "prompt": prompts[1], "max_tokens": 6, "temperature": 0.8, "seed": 3,

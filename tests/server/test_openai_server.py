@@ -23,10 +23,11 @@ from tests.server.live_server import WAIT_S, read_metrics, serving
 KV_TOKENS = 4096
 
 
-SPLIT = ("--engine_core=process", "--api_server_count=2")
+THREAD = ("--engine_core=thread",)
+SPLIT = ("--engine_core=process", "--api_server_count=2")  # the default is the split with one API server
 
 
-@pytest.fixture(scope="module", params=[(), SPLIT], ids=["thread", "process"])
+@pytest.fixture(scope="module", params=[THREAD, SPLIT], ids=["thread", "process"])
 def server(request):
     yield from serving(f"--kv_budget_tokens={KV_TOKENS}", "--max_model_len=512", "--enable_debug_endpoints",
                        *request.param)

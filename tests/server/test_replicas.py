@@ -1,4 +1,5 @@
-"""Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`serve.py --data_parallel_size=2`).
+"""Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`serve.py --data_parallel_size=2`),
+each replica actor owning one engine core process (the default `--engine_core=process`).
 
 One cluster for the module, started as a `scripts/serve.py` subprocess and
 driven with the official `openai` client; each replica's XLA runs
@@ -263,3 +264,17 @@ def test_a_bad_request_is_a_400_naming_the_field(client):
         client.completions.create(model="tiny", prompt=[1, 2, 999], max_tokens=2)
     assert "vocabulary" in err.value.message
     assert _complete(client, [1, 2, 3]).choices[0].finish_reason == "length"
+
+
+def test_each_replica_steps_in_its_own_engine_core_process(server):
+    """The default `--engine_core=process`: every replica actor has spawned one engine core process (the pid
+    `/debug/replicas` reports), a child of that Ray actor's worker process."""
+    pids = [r["pid"] for r in _live(server)]
+    assert len(set(pids)) == 2
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert b"multiprocessing.spawn" in f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{parent}/cmdline", "rb") as f:
+            assert b"ray" in f.read()  # the replica's actor (a Ray worker), not the launcher

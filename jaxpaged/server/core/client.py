@@ -1,9 +1,7 @@
 """`CoreClient`: the API server's `EngineClient` over an engine core in another process.
 
-It has the `AsyncEngine` shape `build_app` serves (`engine` with the tokenizer
-and limits, `add_request` returning a `RequestStream`, `abort`,
-`reset_prefix_cache`, `is_running`, `engine_metrics`), so the app is the same
-code in one process or split. Prompts are tokenized here, on a worker thread;
+It is an `EngineClient` (engine_client.py), as `AsyncEngine` is, so the app
+is the same code in one process or split. Prompts are tokenized here, on a worker thread;
 the core checks and adds them and answers each add before anything streams.
 Every step's `StepOutputs` is turned into text here (`FrontendOutputs`).
 
@@ -15,7 +13,6 @@ every open stream gets `EngineDeadError` and `/health` answers 503.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import os
@@ -25,28 +22,17 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from jaxpaged.config import ModelConfig
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
                                           refuse_overlong)
 from jaxpaged.server.core import messages as M
 from jaxpaged.server.core.frontend_outputs import FrontendOutputs, core_params
+from jaxpaged.server.engine_client import ModelInfo
 
 log = logging.getLogger(__name__)
 
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "QueueFullError": QueueFullError,
            "EngineDeadError": EngineDeadError}
-
-
-@dataclasses.dataclass
-class CoreInfo:
-    """What the core tells an API server when it connects (`build_app` reads the first three)."""
-
-    tokenizer: object
-    model_config: ModelConfig
-    max_model_len: int
-    block_size: int
-    pid: int
 
 
 class CoreClient:
@@ -55,7 +41,7 @@ class CoreClient:
     def __init__(self, address: str, core_pid: int) -> None:
         """`core_pid`: the core's process, watched so its death is noticed within the event loop's next turn."""
         self.address, self.core_pid = address, core_pid
-        self.engine: CoreInfo | None = None
+        self.model_info: ModelInfo | None = None
         self.error: BaseException | None = None
         self.multi_process = False
         self._ctx = zmq.asyncio.Context()
@@ -82,8 +68,8 @@ class CoreClient:
         loop.add_reader(self._pidfd, self._core_exited)
         self._reader = loop.create_task(self._read())
         info = await self._call(M.Hello(0, os.getpid()))
-        self.engine = pickle.loads(info)
-        self._outputs = FrontendOutputs(self.engine.tokenizer)
+        self.model_info = pickle.loads(info)
+        self._outputs = FrontendOutputs(self.model_info.tokenizer)
 
     def start(self) -> None:
         """Nothing to start (`connect` did it); kept for `build_app`'s lifespan."""
@@ -91,7 +77,7 @@ class CoreClient:
     @property
     def is_running(self) -> bool:
         """Whether the core is alive and serving."""
-        return self.error is None and not self._stopped and self.engine is not None
+        return self.error is None and not self._stopped and self.model_info is not None
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop serving through the core (the core itself is stopped by whoever started it)."""
@@ -117,6 +103,14 @@ class CoreClient:
         """As `AsyncEngine.reset_prefix_cache`, in the core."""
         return await self._call(M.Call(0, "reset_prefix_cache"))
 
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """As `AsyncEngine.pin_prefix`, in the core (a text prompt is tokenized there, as the engine would)."""
+        return await self._call(M.Call(0, "pin_prefix", [prompt, ttl_s, cache_salt]))
+
+    async def query(self, name: str):
+        """The answer to a named engine query (`engine_queries.QUERIES`), read in the core between two steps."""
+        return pickle.loads(await self._call(M.Call(0, "query", [name])))
+
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
@@ -124,9 +118,9 @@ class CoreClient:
         """As `AsyncEngine.add_request`: tokenized here, checked and added by the core before this returns."""
         if not self.is_running:
             raise EngineDeadError(self.dead_reason())
-        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)
+        refuse_overlong(prompt, self.model_info.tokenizer, self.model_info.max_model_len)
         if isinstance(prompt, str):
-            prompt = await asyncio.to_thread(self.engine.tokenizer.encode, prompt)
+            prompt = await asyncio.to_thread(self.model_info.tokenizer.encode, prompt)
         if not isinstance(prompt, (list, tuple)):
             raise ValueError("prompt must be a string or a list of token ids")
         prompt = list(prompt)

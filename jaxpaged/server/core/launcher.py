@@ -3,8 +3,10 @@
 The launcher (the process `serve.py` runs in) starts the core, then the API
 servers, each listening on the same port with SO_REUSEPORT (the kernel
 spreads connections over them), each connected to the core over an `ipc://`
-socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG), so
-no process outlives it. What the launcher does when a child ends:
+socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG, set
+by `start_child`), so no process outlives it: a launcher killed with SIGKILL
+still has its children drain and exit. Multi-host: the core is the process
+that joins jax.distributed as process 0 (`CoreSpec.distributed`). What the launcher does when a child ends:
 
 - an API server: the others and the core keep serving (the core aborts that
   server's requests);
@@ -54,12 +56,9 @@ def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_deat
     ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
     socket_dir = tempfile.mkdtemp(prefix="jaxpaged-core-")
     address = f"ipc://{socket_dir}/core.sock"
-    core = ctx.Process(target=_child, args=(run_core, core_spec, address), name="jaxpaged-engine-core")
-    core.start()
-    servers = [ctx.Process(target=_child, args=(run_api_server, api, address, core.pid), name=f"jaxpaged-api-{i}")
+    core = start_child(ctx, run_core, core_spec, address, name="jaxpaged-engine-core")
+    servers = [start_child(ctx, run_api_server, api, address, core.pid, name=f"jaxpaged-api-{i}")
                for i in range(api_server_count)]
-    for s in servers:
-        s.start()
     log.info("engine core pid %d; API servers %s on %s:%d", core.pid, [s.pid for s in servers], api.host, api.port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,10 +97,17 @@ def _stop(procs, drain_timeout_s: float) -> None:
             p.join()
 
 
-def _child(target, *args) -> None:
-    """A child's entry: die with the launcher (PR_SET_PDEATHSIG), then run `target`."""
+def start_child(ctx, target, *args, name: str) -> multiprocessing.Process:
+    """Start `target(*args)` in a new process of `ctx` that gets SIGTERM when this one dies, however it dies."""
+    proc = ctx.Process(target=_child, args=(os.getpid(), target, *args), name=name)
+    proc.start()
+    return proc
+
+
+def _child(parent_pid: int, target, *args) -> None:
+    """A child's entry: die with the parent (PR_SET_PDEATHSIG: SIGTERM, so it drains), then run `target`."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the launcher died before the prctl
+    if os.getppid() != parent_pid:  # the parent died before the prctl: nobody would send the signal
         raise SystemExit(1)
     target(*args)
 

@@ -19,15 +19,18 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import time
 
 import msgspec
 import zmq
 
+from jaxpaged import distributed
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server.async_engine import apply_record
 from jaxpaged.server.core import messages as M
+from jaxpaged.server.engine_client import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,10 @@ class CoreSpec:
     device_profile: str = "h200-141gb"
     max_waiting_requests: int = 1024
     drain_timeout_s: float = 30.0
+    enable_kv_events: bool = False  # a replica's core: its ingress routes on the cache manager's events
+    # Multi-host: (coordinator_address, num_processes, process_id 0). This core joins jax.distributed and
+    # broadcasts every iteration's engine commands to the other processes (`async_engine.run_follower`).
+    distributed: tuple[str, int, int] | None = None
 
 
 def build_engine(spec: CoreSpec) -> Engine:
@@ -57,23 +64,49 @@ def run_core(spec: CoreSpec, address: str) -> None:
     """Process entry point: build the engine, bind `address`, serve until SIGTERM or a failure."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s core %(levelname)s %(message)s")
     from jaxpaged.metrics import attach_metrics
+    multi_process = spec.distributed is not None and distributed.initialize(*spec.distributed)
     engine = build_engine(spec)
+    if spec.enable_kv_events:
+        engine.enable_kv_events()
     metrics = attach_metrics(engine)
     core = EngineCore(engine, address, metrics=metrics, max_waiting_requests=spec.max_waiting_requests,
-                      drain_timeout_s=spec.drain_timeout_s)
+                      drain_timeout_s=spec.drain_timeout_s, multi_process=multi_process)
     signal.signal(signal.SIGTERM, lambda *_: core.request_stop())
     signal.signal(signal.SIGINT, lambda *_: core.request_stop())
-    raise SystemExit(core.serve())
+    status = core.serve()
+    log.info("engine core exits (%d)", status)
+    # Everything the engine keeps is written by now (Engine.shutdown). The interpreter's own teardown
+    # (XLA's client and thread pools) took ~3 s more on a busy 2-core host and serves nobody: skip it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+@dataclasses.dataclass(slots=True)
+class _Command:
+    """An engine command record and who waits for its answer (None: nobody)."""
+
+    record: dict
+    identity: bytes | None = None
+    call_id: int | None = None
 
 
 class EngineCore:
-    """The loop: read every pending message, apply it, step, send each API server its step's outputs."""
+    """The loop: read every pending message, apply it, step, send each API server its step's outputs.
+
+    Engine commands (add, abort, reset, pin, stop) are records applied in
+    arrival order once per iteration; with `multi_process` (process 0 of a
+    multi-host group) each iteration's records are broadcast first, so every
+    process applies the same ones and steps in lockstep.
+    """
 
     def __init__(self, engine: Engine, address: str, *, metrics=None, max_waiting_requests: int = 1024,
-                 drain_timeout_s: float = 30.0) -> None:
+                 drain_timeout_s: float = 30.0, multi_process: bool = False) -> None:
         """Binds a ROUTER socket at `address` (`ipc://...` or `tcp://...`)."""
         self.engine, self.metrics = engine, metrics
         self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
+        self.multi_process = multi_process
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
@@ -84,6 +117,7 @@ class EngineCore:
         self._encoder = msgspec.msgpack.Encoder()
         self._clients: dict[bytes, int] = {}  # identity -> pidfd of its API server process
         self._owner: dict[str, bytes] = {}  # request id -> identity of the API server that added it
+        self._commands: list[_Command] = []  # this iteration's engine commands
         self._stop_requested = False
         self._crash_requested = False
 
@@ -96,21 +130,28 @@ class EngineCore:
         try:
             drain_deadline = None
             while True:
+                stop = False
                 if self._stop_requested:
                     if drain_deadline is None:
                         drain_deadline = time.monotonic() + self.drain_timeout_s
                     if time.monotonic() >= drain_deadline:
                         self._abort(list(self._owner))
                         drain_deadline = float("inf")
-                    if not self.engine.has_unfinished_requests():
-                        break
+                    stop = not self.engine.has_unfinished_requests()
                 busy = self.engine.has_unfinished_requests()
-                self._read_messages(0 if busy else _IDLE_POLL_MS)
+                self._read_messages(0 if busy or stop else _IDLE_POLL_MS)
+                if stop:
+                    self._commands.append(_Command({"op": "stop"}))
+                self._apply_commands()
+                if stop:
+                    break
                 if self._crash_requested:
                     raise RuntimeError("engine core crashed on request (debug endpoint)")
                 if self.engine.has_unfinished_requests():
                     self._send_outputs(self.engine.step())
             self.engine.shutdown()
+            if self.multi_process:
+                distributed.leave_group()
             self._tell_everyone(M.Dead("the engine is shutting down"))
             return 0
         except BaseException as err:  # noqa: BLE001 - every API server must hear of it
@@ -135,30 +176,59 @@ class EngineCore:
                 identity, payload = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._apply(identity.bytes, self._decoder.decode(payload.buffer))
+            self._take(identity.bytes, self._decoder.decode(payload.buffer))
 
-    def _apply(self, identity: bytes, msg) -> None:
+    def _take(self, identity: bytes, msg) -> None:
+        """Queue an engine command for this iteration, or answer a call that does not touch the engine's state."""
         if isinstance(msg, M.Abort):
             self._abort(msg.request_ids)
             return
+        record = self._record_of(msg)
+        if record is not None:
+            self._commands.append(_Command(record, identity, msg.call_id))
+            return
         try:
-            value = self._answer(identity, msg)
-            reply = M.Reply(msg.call_id, value)
+            reply = M.Reply(msg.call_id, self._answer(identity, msg))
         except Exception as err:  # a bad request or call: only its caller hears of it
             reply = M.Reply(msg.call_id, None, type(err).__name__, str(err))
         self._send(identity, reply)
 
+    def _record_of(self, msg) -> dict | None:
+        if isinstance(msg, M.Add):
+            return {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids, "params": msg.params,
+                    "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock()}
+        if isinstance(msg, M.Call) and msg.name == "reset_prefix_cache":
+            return {"op": "reset"}
+        if isinstance(msg, M.Call) and msg.name == "pin_prefix":
+            prompt, ttl_s, cache_salt = msg.args
+            return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt}
+        return None
+
+    def _apply_commands(self) -> None:
+        """Refuse adds while draining, broadcast the rest (multi-host), apply them in order and answer them."""
+        commands, self._commands = self._commands, []
+        admitted = []
+        for c in commands:
+            if c.record["op"] == "add" and self._stop_requested:
+                self._send(c.identity, M.Reply(c.call_id, None, "EngineDeadError", "the engine is shutting down"))
+            else:
+                admitted.append(c)
+        if self.multi_process:
+            distributed.broadcast_object([c.record for c in admitted])
+        for c in admitted:
+            try:
+                value, error = apply_record(self.engine, c.record, self.max_waiting_requests), None
+                if c.record["op"] == "add":
+                    self._owner[c.record["id"]] = c.identity
+            except Exception as err:  # a bad request: only its caller hears of it
+                value, error = None, err
+            if c.identity is not None:
+                self._send(c.identity, M.Reply(c.call_id, value) if error is None
+                           else M.Reply(c.call_id, None, type(error).__name__, str(error)))
+
     def _answer(self, identity: bytes, msg):
         if isinstance(msg, M.Hello):
             return self._hello(identity, msg.pid)
-        if isinstance(msg, M.Add):
-            if self._stop_requested:
-                raise _EngineDead("the engine is shutting down")
-            apply_record(self.engine, {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids,
-                                       "params": msg.params, "cache_salt": msg.cache_salt,
-                                       "arrival_time": self.engine.clock()}, self.max_waiting_requests)
-            self._owner[msg.request_id] = identity
-            return None
         return self._call(msg.name, msg.args)
 
     def _hello(self, identity: bytes, pid: int) -> bytes:
@@ -166,18 +236,20 @@ class EngineCore:
             pidfd = os.pidfd_open(pid)
             self._clients[identity] = pidfd
             self._poller.register(pidfd, zmq.POLLIN)
-        e = self.engine
-        from jaxpaged.server.core.client import CoreInfo
         import pickle  # the tokenizer is a Python object; both ends are this same program
-        return pickle.dumps(CoreInfo(e.tokenizer, e.model_config, e.max_model_len, e.block_size, os.getpid()))
+        return pickle.dumps(ModelInfo.of(self.engine))
 
     def _call(self, name: str, args: list):
-        if name == "reset_prefix_cache":
-            return apply_record(self.engine, {"op": "reset"}, self.max_waiting_requests)
+        if name == "query":
+            import pickle  # the answers are Python objects (KV events, loads); both ends are this same program
+            from jaxpaged.server.engine_queries import answer
+            return pickle.dumps(answer(self.engine, str(args[0])))
         if name == "metrics":
             from prometheus_client import generate_latest
             return generate_latest(self.metrics.registry).decode() if self.metrics is not None else ""
         if name == "stall":
+            if self.multi_process:
+                raise ValueError("stall is single-process only (the other processes step in lockstep)")
             time.sleep(float(args[0]))
             return None
         if name == "crash":
@@ -186,9 +258,10 @@ class EngineCore:
         raise ValueError(f"unknown engine core call {name!r}")
 
     def _abort(self, request_ids: list[str]) -> None:
+        queued = {c.record["id"] for c in self._commands if c.record["op"] == "add"}  # added this iteration
         for request_id in request_ids:
-            if request_id in self._owner:
-                self.engine.abort(request_id)
+            if request_id in self._owner or request_id in queued:
+                self._commands.append(_Command({"op": "abort", "id": request_id}))
 
     def _client_died(self, identity: bytes) -> None:
         """An API server's process ended: abort its requests (their final outputs go nowhere)."""

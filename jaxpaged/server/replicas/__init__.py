@@ -1,8 +1,9 @@
 """Data-parallel engine replicas on Ray Serve behind the prefix-aware router (needs the `serve` extra).
 
-- `replica.EngineReplica`: one engine (with its `AsyncEngine` loop) per Serve
-  replica; streams its KV events and load to the ingress.
-- `pool.ReplicaPool`: in the ingress, the `AsyncEngine` look-alike that
+- `replica.EngineReplica`: one engine per Serve replica, in an engine core
+  process the actor owns (or an `AsyncEngine` loop thread); streams its KV
+  events and load to the ingress.
+- `pool.ReplicaPool`: in the ingress, the `EngineClient` that
   `jaxpaged.server.api.build_app` serves: routes each request with a
   `jaxpaged.router.Router` fed by the replicas' events, and streams its outputs.
 - `pinned_router.PinnedReplicaRouter`: a Ray Serve request router that sends a

@@ -111,8 +111,13 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
                       max_waiting_requests: int = 1024, enable_debug_endpoints: bool = False,
                       replica_env: dict[str, str] | None = None, liveness_timeout_s: float = 60.0,
                       report_interval_s: float = 0.05,
-                      max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES):
+                      max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+                      engine_core: str = "process"):
     """The bound Serve application: ``num_replicas`` engines behind the routing ingress.
+
+    ``engine_core``: "process", each replica actor owns one engine core process
+    (the replica detokenizes, its core steps); "thread", the engine loop runs
+    in the actor.
 
     ``replica_env``: environment variables of the replica processes (e.g. XLA
     thread limits). Replicas ask for no CPU from Ray's scheduler, so any
@@ -130,7 +135,7 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
         ray_actor_options=actor_options, health_check_period_s=HEALTH_CHECK_PERIOD_S, logging_config=QUIET,
         request_router_config=RequestRouterConfig(request_router_class=PINNED_ROUTER),
     ).bind(config, ingress_deployment=INGRESS_DEPLOYMENT, max_waiting_requests=max_waiting_requests,
-           report_interval_s=report_interval_s)
+           report_interval_s=report_interval_s, engine_core=engine_core)
     ingress = serve.deployment(Ingress, name=INGRESS_DEPLOYMENT, num_replicas=1, max_ongoing_requests=100_000,
                                ray_actor_options={"num_cpus": 0}, logging_config=QUIET)
     return ingress.bind(replica, served_model_name=served_model_name, model=config.model, policy=policy,

@@ -5,20 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jaxpaged.cache.events import KVEvent
-from jaxpaged.config import ModelConfig
 from jaxpaged.router import ReplicaLoad
 from jaxpaged.server.async_engine import EngineDeadError, QueueFullError
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the ingress needs of the replicas' engine to parse requests and hash prompts like they do."""
-
-    tokenizer: object
-    model_config: ModelConfig
-    max_model_len: int
-    block_size: int
-    hash_algo: str
+from jaxpaged.server.engine_client import ModelInfo  # noqa: F401 - the replicas send it to the ingress
 
 
 @dataclass(frozen=True)

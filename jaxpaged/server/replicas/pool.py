@@ -1,4 +1,4 @@
-"""`ReplicaPool`: the ingress's view of the engine replicas, shaped like `AsyncEngine` so `build_app` serves it.
+"""`ReplicaPool`: the ingress's view of the engine replicas, an `EngineClient` that `build_app` serves.
 
 Each request is hashed like the engines hash it and routed by a
 `jaxpaged.router.Router`, whose index the replicas' event reports feed
@@ -28,8 +28,8 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import EngineDeadError, refuse_overlong
-from jaxpaged.server.replicas.messages import (Accepted, ModelInfo, RemoteError, ReplicaCacheView,
-                                               ReplicaReport)
+from jaxpaged.server.engine_client import ModelInfo
+from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 from jaxpaged.server.replicas.metrics import merge_replica_metrics
 from jaxpaged.server.replicas.pinned_router import live_replica_ids
 from jaxpaged.server.replicas.replica import RESYNC
@@ -56,7 +56,7 @@ class ReplicaPool:
                  liveness_timeout_s: float = 60.0) -> None:
         """``handle``: the replicas' deployment handle (routed by `PinnedReplicaRouter`); ``info``: their model."""
         self.handle = handle
-        self.engine = info  # build_app reads tokenizer, model_config and max_model_len from here
+        self.model_info = info
         self.deployment = deployment
         self.liveness_timeout_s = liveness_timeout_s
         self.router = Router(make_policy(policy), RequestHasher(info.block_size, info.hash_algo))
@@ -67,7 +67,7 @@ class ReplicaPool:
         self._watcher: asyncio.Task | None = None
         self._stopped = False
 
-    # ---- lifecycle (as AsyncEngine) -------------------------------------------------------
+    # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
         """Starts the task that drops replicas Serve removed or that stopped reporting."""
@@ -84,6 +84,10 @@ class ReplicaPool:
         self._stopped = True
         if self._watcher is not None:
             self._watcher.get_loop().call_soon_threadsafe(self._watcher.cancel)
+
+    def dead_reason(self) -> str:
+        """Why no request can be served."""
+        return "the ingress is shutting down" if self._stopped else "no live engine replica"
 
     def actor_name(self, replica: str | None) -> str | None:
         """The Ray actor name of a live replica (None if it is not live)."""
@@ -105,9 +109,9 @@ class ReplicaPool:
         replica, or the chosen ones died before taking it; tried on up to every
         live replica).
         """
-        refuse_overlong(prompt, self.engine.tokenizer, self.engine.max_model_len)  # before any per-token work
+        refuse_overlong(prompt, self.model_info.tokenizer, self.model_info.max_model_len)  # before any per-token work
         if isinstance(prompt, str):  # off the event loop (a long prompt would stall every stream); sent as ids
-            prompt = await asyncio.to_thread(self.engine.tokenizer.encode, prompt)
+            prompt = await asyncio.to_thread(self.model_info.tokenizer.encode, prompt)
         token_ids = list(prompt)
         tried: list[str] = []
         while True:
@@ -127,6 +131,10 @@ class ReplicaPool:
                 raise first.exception()
             assert isinstance(first, Accepted), first
             return _ReplicaStream(self, replica, request_id, stream)
+
+    def abort(self, request_id: str) -> None:
+        """Nothing to do by id: a request is aborted on its replica by closing its stream (`_ReplicaStream.close`),
+        which the server always does for a request it gives up."""
 
     def _choose(self, token_ids: list[int], cache_salt: str | None, exclude: list[str]) -> str:
         loads = {r: self._load(r) for r in self._replicas if r not in exclude}

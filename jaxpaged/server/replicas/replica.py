@@ -1,46 +1,44 @@
 """One engine replica of a Ray Serve deployment: serves requests and streams its KV events to the ingress.
 
-The engine runs in an `AsyncEngine` loop thread, as in the single-engine
-server. A background task drains the cache manager's events on that thread
-every ``report_interval_s`` (with the replica's load) and sends the batch to
-the ingress's ``report``; a batch the ingress did not take is kept and sent
-with the next one, so the ingress sees every event once, in order. The first
-batch of a replica's life starts with ``AllBlocksCleared``.
+The replica actor owns one engine core process (`engine_core="process"`, the
+default, as each of vLLM's data-parallel ranks is one engine core): it is
+that core's only API-server side, a `CoreClient` that detokenizes, while the
+core process steps. The core gets SIGTERM if the actor dies (killed, or
+replaced by Serve), so none outlives its replica. `engine_core="thread"`
+runs the engine in an `AsyncEngine` loop thread of the actor instead.
+
+A background task asks the engine for its cache manager's events (the
+`kv_events` query, between two steps) every ``report_interval_s`` (with the
+replica's load) and sends the batch to the ingress's ``report``; a batch the
+ingress did not take is kept and sent with the next one, so the ingress sees
+every event once, in order. The first batch of a replica's life starts with
+``AllBlocksCleared``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
+import shutil
+import tempfile
 from typing import AsyncIterator
 
 from prometheus_client import generate_latest
 from ray import serve
 
-from jaxpaged.cache.events import AllBlocksCleared, BlockStored, KVEvent
+from jaxpaged.cache.events import AllBlocksCleared, KVEvent
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
-from jaxpaged.router import ReplicaLoad
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
-from jaxpaged.server.replicas.messages import (Accepted, ModelInfo, RemoteError, ReplicaCacheView,
-                                               ReplicaReport)
+from jaxpaged.server.engine_client import ModelInfo
+from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 
 log = logging.getLogger(__name__)
 
 RESYNC = "resync"  # the ingress's answer to a report from a replica it does not know
-
-
-def engine_load(engine: Engine) -> ReplicaLoad:
-    """The engine's queue lengths and KV usage (call on its loop thread)."""
-    return ReplicaLoad(num_waiting=len(engine.scheduler.waiting), num_running=len(engine.scheduler.running),
-                       kv_usage=engine.kv.stats.usage)
-
-
-def cached_hashes(engine: Engine) -> set[bytes]:
-    """The hashes in the engine's device prefix cache (call on its loop thread)."""
-    return {block.block_hash for block in engine.kv.cached_blocks()}
 
 
 class EngineReplica:
@@ -50,20 +48,49 @@ class EngineReplica:
     """
 
     async def __init__(self, config: EngineConfig, *, ingress_deployment: str, max_waiting_requests: int = 1024,
-                       report_interval_s: float = 0.05, heartbeat_s: float = 1.0) -> None:
-        """Builds the engine, enables its KV events, starts its loop and the report task."""
+                       report_interval_s: float = 0.05, heartbeat_s: float = 1.0,
+                       engine_core: str = "process") -> None:
+        """Builds the engine (in its core process, or here), enables its KV events, starts the report task."""
+        if engine_core not in ("process", "thread"):
+            raise ValueError(f"engine_core must be 'process' or 'thread', got {engine_core!r}")
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
         self.report_interval_s = report_interval_s
         self.heartbeat_s = heartbeat_s  # an unchanged replica still reports this often (the ingress's liveness)
-        engine = Engine(config)
-        engine.kv.enable_events()
-        self.metrics = attach_metrics(engine)
-        self.async_engine = AsyncEngine(engine, max_waiting_requests=max_waiting_requests)
-        self.async_engine.start()
+        self.metrics = None
+        self._core = self._socket_dir = None
+        if engine_core == "process":
+            self.client = await self._start_core(config, max_waiting_requests)
+        else:
+            engine = Engine(config)
+            engine.enable_kv_events()
+            self.metrics = attach_metrics(engine)
+            self.client = AsyncEngine(engine, max_waiting_requests=max_waiting_requests)
+            self.client.start()
         self._ingress = serve.get_deployment_handle(ingress_deployment, app_name=context.app_name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+
+    async def _start_core(self, config: EngineConfig, max_waiting_requests: int):
+        """The replica's engine core process (it dies with this actor) and the client connected to it."""
+        from jaxpaged.server.core.client import CoreClient
+        from jaxpaged.server.core.launcher import start_child
+        from jaxpaged.server.core.process import CoreSpec, run_core
+        self._socket_dir = tempfile.mkdtemp(prefix="jaxpaged-replica-")
+        address = f"ipc://{self._socket_dir}/core.sock"
+        spec = CoreSpec(config, max_waiting_requests=max_waiting_requests, enable_kv_events=True)
+        self._core = start_child(multiprocessing.get_context("spawn"), run_core, spec, address,
+                                 name="jaxpaged-replica-core")
+        client = CoreClient(address, self._core.pid)
+        await client.connect()
+        return client
+
+    def __del__(self) -> None:
+        """Serve stops the replica: stop its core process (it drains) and remove its socket."""
+        if self._core is not None and self._core.is_alive():
+            self._core.terminate()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -74,7 +101,7 @@ class EngineReplica:
         Cancelling the stream (the client went away) aborts the request.
         """
         try:
-            stream = await self.async_engine.add_request(request_id, prompt, params, cache_salt=cache_salt)
+            stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt)
         except (ValueError, TypeError, QueueFullError, EngineDeadError) as err:
             yield RemoteError.of(err)
             return
@@ -87,42 +114,42 @@ class EngineReplica:
 
     async def reset_prefix_cache(self, target_replica: str | None = None) -> bool:
         """Drops the unreferenced cached blocks; False if some are in use."""
-        return await self.async_engine.reset_prefix_cache()
+        return await self.client.reset_prefix_cache()
 
     async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None,
                          target_replica: str | None = None) -> int:
         """Pins the prompt's blocks for ``ttl_s`` seconds (`Engine.pin_prefix`); the blocks cached now."""
-        return await self.async_engine.pin_prefix(prompt, ttl_s, cache_salt=cache_salt)
+        return await self.client.pin_prefix(prompt, ttl_s, cache_salt=cache_salt)
 
-    def metrics_text(self, target_replica: str | None = None) -> str:
+    async def metrics_text(self, target_replica: str | None = None) -> str:
         """This replica's engine metrics (Prometheus text), for the ingress's ``/metrics``."""
+        if self.metrics is None:
+            return await self.client.engine_metrics()
         return generate_latest(self.metrics.registry).decode()
 
     def crash_for_test(self, target_replica: str | None = None) -> None:
         """Make the engine loop raise, as an unexpected engine error would (debug endpoint)."""
-        self.async_engine.crash_for_test()
+        self.client.crash_for_test()
 
     async def stall_for_test(self, seconds: float, target_replica: str | None = None) -> None:
         """Make the engine loop sleep ``seconds`` between two steps, as a long compile would (debug endpoint)."""
-        await self.async_engine.stall_for_test(seconds)
+        await self.client.stall_for_test(seconds)
 
     def model_info(self, target_replica: str | None = None) -> ModelInfo:
         """Tokenizer, model config and cache geometry, for the ingress."""
-        engine = self.async_engine.engine
-        return ModelInfo(engine.tokenizer, engine.model_config, engine.max_model_len, engine.block_size,
-                         engine.config.hash_algo)
+        return self.client.model_info
 
     async def inspect(self, target_replica: str | None = None) -> ReplicaCacheView:
         """The replica's actual cached hashes and load, read on its loop thread (introspection)."""
-        hashes, load, evictions = await self.async_engine.call_in_loop(
-            lambda e: (cached_hashes(e), engine_load(e), e.kv.stats.num_evictions))
+        hashes, load, evictions = await self.client.query("cache_view")
         return ReplicaCacheView(self.replica_id, self.actor_name, hashes, load,
-                                {"pid": os.getpid(), "num_evictions": evictions})
+                                {"pid": self._core.pid if self._core is not None else os.getpid(),
+                                 "num_evictions": evictions})
 
     def check_health(self) -> None:
         """Serve's health check: raises (and Serve replaces the replica) once the engine loop is gone."""
-        if not self.async_engine.is_running:
-            raise RuntimeError(f"replica {self.replica_id}: {self.async_engine.dead_reason()}")
+        if not self.client.is_running:
+            raise RuntimeError(f"replica {self.replica_id}: {self.client.dead_reason()}")
         if self._reporter.done() and not self._reporter.cancelled() and self._reporter.exception() is not None:
             raise RuntimeError(f"replica {self.replica_id}: event reporting failed: {self._reporter.exception()!r}")
 
@@ -136,10 +163,10 @@ class EngineReplica:
         while True:
             try:
                 if resync:
-                    events, load = await self.async_engine.call_in_loop(self._full_state)
+                    events, load = await self.client.query("kv_full_state")
                     pending = events
                 else:
-                    events, load = await self.async_engine.call_in_loop(self._take)
+                    events, load = await self.client.query("kv_events")
                     pending.extend(events)
             except EngineDeadError:
                 return  # check_health reports it; Serve replaces the replica
@@ -153,17 +180,3 @@ class EngineReplica:
                     pending, first, sent_load, sent_at = [], False, load, loop.time()
                     resync = answer == RESYNC
             await asyncio.sleep(self.report_interval_s)
-
-    @staticmethod
-    def _take(engine: Engine) -> tuple[list[KVEvent], ReplicaLoad]:
-        return engine.kv.take_events(), engine_load(engine)
-
-    @staticmethod
-    def _full_state(engine: Engine) -> tuple[list[KVEvent], ReplicaLoad]:
-        """Events that rebuild the whole cache: cleared, then every cached hash (the log restarts here)."""
-        engine.kv.take_events()  # already covered by the state below
-        hashes = tuple(cached_hashes(engine))
-        events: list[KVEvent] = [AllBlocksCleared()]
-        if hashes:
-            events.append(BlockStored(hashes, None, None, engine.block_size))
-        return events, engine_load(engine)

@@ -1,0 +1,89 @@
+"""What outside code asks an engine: its load, cache contents and events, counters, and the prefix-cache reset.
+
+Metrics, the replica pool, the simulator and benchmarks ask these questions
+rather than reaching into the scheduler, the KV manager, the runner or the
+tiers, so those parts can change shape without their callers changing.
+`Engine` mixes this in; every method reads the parts on the caller's thread
+(the engine loop's thread in a server).
+"""
+
+from __future__ import annotations
+
+from jaxpaged.cache import CacheStats, KVEvent
+from jaxpaged.cache.records import CachedBlockInfo
+from jaxpaged.offload.tiers import TierStats
+from jaxpaged.router.policies import ReplicaLoad
+
+
+class EngineQueries:
+    """Public read-side questions (and the cache reset) answered from the engine's parts."""
+
+    def load(self) -> ReplicaLoad:
+        """Requests waiting and running, and the fraction of KV blocks held by requests."""
+        return ReplicaLoad(num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+                           kv_usage=self.kv.stats.usage)
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences preempted so far (recomputed or swapped out)."""
+        return self.scheduler.num_preemptions
+
+    def kv_stats(self) -> CacheStats:
+        """The device KV cache's counters now: usage, prefix queries/hits, evictions, pinned blocks."""
+        return self.kv.stats
+
+    def tier_stats(self) -> TierStats | None:
+        """The host/disk tiers' counters; None without a host tier."""
+        return None if self.tiers is None else self.tiers.stats
+
+    @property
+    def eviction_policy(self) -> str:
+        """The device cache's eviction policy name ("none" for the contiguous baseline)."""
+        return getattr(self.kv, "eviction_policy", "none")
+
+    def kv_residency_samples(self) -> dict[str, list[float]] | None:
+        """Sampled block lifetimes / idle-before-evict / reuse gaps (seconds), or None when not measured
+        (`kv_cache_metrics_sample` 0)."""
+        tracker = getattr(self.kv, "residency", None)
+        return None if tracker is None else tracker.samples()
+
+    def device_busy_s(self) -> float | None:
+        """Seconds the device spent in steps, for runners that count it (the simulated ones); else None."""
+        return getattr(self.runner, "busy_s", None)
+
+    @property
+    def num_compiles(self) -> int:
+        """Distinct step shapes the runner has compiled so far."""
+        return self.runner.num_compiles
+
+    @property
+    def prefix_caching_enabled(self) -> bool:
+        """Whether full blocks are cached and reused (off for the contiguous baseline and when disabled)."""
+        return self.kv.enable_prefix_caching
+
+    def cached_blocks(self) -> list[CachedBlockInfo]:
+        """Every block in the device prefix cache, coldest first (block id, hash, parent hash, tokens, ref count)."""
+        return self.kv.cached_blocks()
+
+    def cached_block_hashes(self) -> set[bytes]:
+        """The hashes of every block in the device prefix cache."""
+        return {block.block_hash for block in self.cached_blocks()}
+
+    def enable_kv_events(self) -> None:
+        """Start recording KV cache events (blocks stored / removed / cleared) for `take_kv_events`."""
+        self.kv.enable_events()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """The KV cache events since the last call (empty unless `enable_kv_events` was called)."""
+        return self.kv.take_events()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block of the device pool, then every cached (unpinned) block of the host
+        tier, so no earlier prompt is a hit afterwards. False, and nothing cleared, while some device
+        block is in use. The disk tier is kept: it is persistent storage that other engines may share,
+        and its files are only served to an engine with the same identity."""
+        if not self.kv.reset_prefix_cache():
+            return False
+        if self.tiers is not None:
+            self.tiers.host.clear_cached()
+        return True

@@ -1,0 +1,61 @@
+"""`ServerState`: what every route reads — the `EngineClient`, the served model's name and chat template,
+and the request-level steps the generating routes share (model check, prompt rendering, queueing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry
+
+from jaxpaged.server.chat import ChatTemplate
+from jaxpaged.server.engine_client import EngineClient
+from jaxpaged.server.streams import close_streams
+
+
+class ModelNotFound(Exception):
+    """The request names a model this server does not serve."""
+
+
+@dataclasses.dataclass
+class ServerState:
+    """One server's engine client and naming (see the module docstring)."""
+
+    client: EngineClient
+    served_model_name: str
+    chat_template: ChatTemplate
+    registry: CollectorRegistry
+
+    def check_model(self, name: str | None) -> None:
+        """ModelNotFound (a 404) unless `name` is absent or the served model's."""
+        if name is not None and name != self.served_model_name:
+            raise ModelNotFound(name)
+
+    def render_chat(self, body) -> str:
+        """The body's `messages` as one prompt text, by the chat template."""
+        return self.chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
+                                         add_generation_prompt=body.add_generation_prompt)
+
+    def prompt_or_messages(self, body, what: str):
+        """The body's `prompt`, or its `messages` rendered by the chat template (exactly one must be set)."""
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ValueError(f"{what} needs exactly one of 'prompt' and 'messages'")
+        return body.prompt if body.prompt is not None else self.render_chat(body)
+
+    async def pin_prompts(self, body, prompts) -> None:
+        """The request's `pin_ttl_s`: pin each prompt's blocks before it is queued."""
+        if body.pin_ttl_s is not None:
+            for prompt in prompts:
+                await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=body.cache_salt)
+
+    async def submit(self, base_id: str, prompts, params, cache_salt) -> list:
+        """Queue every prompt; if one is refused (or the client leaves), abort those already queued."""
+        streams = []
+        try:
+            for i, prompt in enumerate(prompts):
+                streams.append(await self.client.add_request(f"{base_id}-{i}", prompt, params,
+                                                             cache_salt=cache_salt))
+        except BaseException:
+            close_streams(streams)
+            raise
+        return streams

@@ -1,0 +1,96 @@
+"""EngineConfig checks every field once, on creation, and each refusal names the field it refuses."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
+from jaxpaged.engine import EngineBuilder, EngineConfig
+from jaxpaged.sim.runner import SimClock, SimulatedRunner
+from jaxpaged.sim.scenario import Deployment
+
+# one value per field that EngineConfig alone must refuse (no model needed); a new field needs one here
+BAD_VALUE = {
+    "model": 3,
+    "block_size": 0,
+    "num_blocks": -1,
+    "kv_cache_bytes": 0,
+    "enable_prefix_caching": "yes",
+    "prefix_cache_snapshot": 7,
+    "save_prefix_cache_on_shutdown": 1,
+    "max_num_seqs": 0,
+    "max_num_batched_tokens": 2.5,
+    "max_model_len": 0,
+    "async_scheduling": None,
+    "attention_backend": "cuda",
+    "pallas_interpret": "no",
+    "kv_cache_dtype": "int4",
+    "dtype": "float64",
+    "seed": -1,
+    "hash_algo": "md5",
+    "pool_fill_value": "nan",
+    "kv_layout": "ring",
+    "kv_scales": 1.0,
+    "kv_scale_margin": 0.5,
+    "host_cache_bytes": 0,
+    "disk_cache_dir": 5,
+    "disk_cache_bytes": 0,
+    "preemption_mode": "teleport",
+    "tensor_parallel_size": 0,
+    "eviction_policy": "random",
+    "kv_cache_metrics_sample": 1.5,
+}
+# what a field needs beside it so that only the field itself is wrong
+CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}}
+
+
+def test_every_field_has_a_refusal_case():
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert fields == set(BAD_VALUE), f"add a bad value for {sorted(fields - set(BAD_VALUE))}"
+
+
+@pytest.mark.parametrize("field", sorted(BAD_VALUE))
+def test_each_refusal_names_its_field(field):
+    with pytest.raises(ValueError) as err:
+        EngineConfig(**CONTEXT.get(field, {}), **{field: BAD_VALUE[field]})
+    assert re.match(rf"{field}\b", str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, field, limit", [
+    (dict(save_prefix_cache_on_shutdown=True), "save_prefix_cache_on_shutdown", "prefix_cache_snapshot"),
+    (dict(disk_cache_dir="/tmp/d"), "disk_cache_dir", "host_cache_bytes"),
+    (dict(preemption_mode="swap"), "preemption_mode", "host_cache_bytes"),
+    (dict(host_cache_bytes=1 << 20, kv_layout="contiguous"), "host_cache_bytes", "kv_layout='paged'"),
+])
+def test_combinations_name_both_fields(kwargs, field, limit):
+    with pytest.raises(ValueError) as err:
+        EngineConfig(**kwargs)
+    assert field in str(err.value) and limit in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kv_cache_dtype="fp8_e4m3"), dict(kv_cache_dtype="auto"), dict(dtype="bf16"), dict(dtype=None),
+    dict(attention_backend="xla_reference"), dict(hash_algo="xxh3_128"), dict(eviction_policy="sieve"),
+    dict(host_cache_bytes=1 << 20, preemption_mode="swap", disk_cache_dir="/tmp/d"),
+    dict(kv_scales=([1.0], [1.0])),  # the shapes are checked against the model when the engine is built
+])
+def test_good_values_pass(kwargs):
+    EngineConfig(**kwargs)
+
+
+def test_the_block_size_default_is_the_library_one():
+    assert EngineConfig().block_size == DEFAULT_BLOCK_SIZE
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(kv_cache_bytes=100), "kv_cache_bytes"),  # less than one block of the tiny model
+    (dict(num_blocks=8, kv_scales=(np.ones((1, 1)), np.ones((1, 1)))), "kv_scales"),  # not [layers, kv heads]
+])
+def test_checks_that_need_the_model_name_the_field_too(kwargs, field):
+    model_config = load_config("tiny")
+    runner = SimulatedRunner(model_config, Deployment(model="tiny").cost_model(), SimClock(), num_blocks=8)
+    with pytest.raises(ValueError) as err:
+        EngineBuilder(EngineConfig(model="tiny", block_size=DEFAULT_BLOCK_SIZE, **kwargs), runner=runner).build()
+    assert re.match(rf"{field}\b", str(err.value)), str(err.value)
