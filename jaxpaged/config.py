@@ -54,7 +54,7 @@ class RopeScaling:
                              f"low_freq_factor ({self.low_freq_factor})")
 
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh", "gelu")
 
 
@@ -96,6 +96,7 @@ class ModelConfig:
     sandwich_norms: bool = False  # norms after attention and around the MLP (Gemma's four per layer)
     query_pre_attn_scalar: float | None = None  # softmax scale is its -1/2 power (Gemma); else head_dim's
     final_logit_softcapping: float | None = None  # logits become cap * tanh(logits / cap)
+    attn_logit_softcapping: float | None = None  # attention scores become cap * tanh(scores / cap) (Gemma 2)
     rope_local_theta: float | None = None  # RoPE base of sliding layers, unscaled (Gemma 3); None: rope_theta
 
     def __post_init__(self):
@@ -120,7 +121,8 @@ class ModelConfig:
             raise ValueError(f"model_type {self.model_type!r} is not implemented; use one of {MODEL_TYPES}")
         if self.hidden_act not in HIDDEN_ACTS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not implemented; use one of {HIDDEN_ACTS}")
-        for field in ("query_pre_attn_scalar", "final_logit_softcapping", "rope_local_theta"):
+        for field in ("query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
+                      "rope_local_theta"):
             value = getattr(self, field)
             if value is not None and not value > 0:
                 raise ValueError(f"{field} must be positive or None, got {value}")

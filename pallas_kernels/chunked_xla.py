@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from pallas_kernels.reference import soft_capped
+
 # One loop step's working set (K and V chunks plus the score tile, float32) is kept
 # near this size: on a CPU a chunk that stays in cache runs several times faster than
 # one that streams through memory (measured in docs/BENCHMARKS.md).
@@ -72,13 +74,14 @@ def chunked_paged_attention(
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
     kv_chunk: int | None = None,
     query_tile: int | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention of ragged query rows over each sequence's paged context, chunk by chunk.
 
     Arguments and result as `ragged_paged_attention_reference` (`sliding_window`
-    included); in addition
+    and `soft_cap` included); in addition
     `kv_chunk` (keys per loop step, rounded down to whole blocks, at most the
     block table's width) and `query_tile` (prefill rows per tile) trade loop
     overhead against cache misses and wasted masked work; None picks them with
@@ -129,7 +132,7 @@ def chunked_paged_attention(
             first_chunk = jnp.min(first_key) // chunk_len
         acc = _online_softmax(q_tile, jnp.repeat(jnp.where(tile_valid, tile_pos, -1), group, axis=1),
                               k_pages, v_pages, tables, context_lens, first_key, first_chunk, trip,
-                              sliding_window)
+                              sliding_window, soft_cap)
         acc = acc.reshape(num_kv_heads, num_seqs, tile, group, head_dim).transpose(1, 2, 0, 3, 4)
         return jax.lax.dynamic_update_slice_in_dim(out, acc, start, axis=1)
 
@@ -158,10 +161,11 @@ def _online_softmax(
     first_chunk: Int[Array, ""] | int,
     trip: Int[Array, ""],
     sliding_window: int | None,
+    soft_cap: float | None = None,
 ) -> Float[Array, "Hkv S R D"]:
     """Softmax-weighted values of key chunks `first_chunk .. trip` for one query tile (rows at `row_pos`, -1 = none).
 
-    `q_tile` is already scaled; rows that see no key come out zero. Keys below a
+    `q_tile` is already scaled (the cap applies to the scaled scores); rows that see no key come out zero. Keys below a
     sequence's `first_key` (before its sliding window) are masked like keys past its context.
     """
     num_kv_heads, num_seqs, num_rows, head_dim = q_tile.shape
@@ -181,7 +185,7 @@ def _online_softmax(
             visible = visible & (key_pos[None, None, :] > row_pos[:, :, None] - sliding_window)
         # v is masked too: 0 * NaN would otherwise leak a poisoned slot into the sum.
         v = jnp.where(in_context[None, :, :, None], v, 0.0)
-        scores = jnp.einsum("hsrd,hscd->hsrc", q_tile, k)
+        scores = soft_capped(jnp.einsum("hsrd,hscd->hsrc", q_tile, k), soft_cap)
         scores = jnp.where(visible[None], scores, -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
         safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)

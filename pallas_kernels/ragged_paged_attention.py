@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
+from pallas_kernels.reference import check_soft_cap, soft_capped
 from pallas_kernels.tuning import LaunchParams, choose_launch_params, next_power_of_2
 
 # Finite, so a fully masked row keeps `exp(m_prev - m_next)` at 1 instead of NaN.
@@ -51,7 +52,7 @@ MASK_VALUE = -1e30
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "max_query_len", "sm_scale", "sliding_window", "interpret", "queries_per_block",
+        "max_query_len", "sm_scale", "sliding_window", "soft_cap", "interpret", "queries_per_block",
         "pages_per_compute_block", "num_splits", "num_warps", "num_stages",
     ),
 )
@@ -69,6 +70,7 @@ def ragged_paged_attention(
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
     interpret: bool = False,
     queries_per_block: int | None = None,
     pages_per_compute_block: int | None = None,
@@ -92,6 +94,8 @@ def ragged_paged_attention(
       sliding_window: static window W: the query at position p sees keys p - W + 1 .. p
         only, and each program starts at the first page its rows can see (pages before
         it, which the host may have freed and reused, are never loaded). None: full.
+      soft_cap: static logit soft cap c: scaled scores s become `c * tanh(s / c)` before
+        masking (Gemma's `attn_logit_softcapping`). None: no cap.
       interpret: run the kernel in Pallas interpret mode (CPU tests).
       queries_per_block, pages_per_compute_block, num_splits, num_warps, num_stages:
         launch overrides; None picks them with `tuning.choose_launch_params`.
@@ -101,6 +105,7 @@ def ragged_paged_attention(
     """
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+    check_soft_cap(soft_cap)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, _, block_size, _ = k_pages.shape
     num_seqs, blocks_per_seq = block_tables.shape
@@ -135,6 +140,7 @@ def ragged_paged_attention(
         q_tiles, k_pages, v_pages, tables, seq_info, logit_scale[:, None],
         params=params, block_size=block_size, query_tiles=query_tiles,
         padded_group=q_tiles.shape[2] // query_slots, interpret=interpret, sliding_window=sliding_window,
+        soft_cap=soft_cap,
     )
     out = merge_splits(out, row_max, row_sum)  # [Hkv, S, slots * Gp, D]
     if v_scale is not None:
@@ -200,7 +206,7 @@ def _split_block_table(block_tables: Int[Array, "S M"], params: LaunchParams) ->
 def _paged_attention_call(
     q_tiles, k_pages, v_pages, tables, seq_info, logit_scale, *,
     params: LaunchParams, block_size: int, query_tiles: int, padded_group: int, interpret: bool,
-    sliding_window: int | None = None,
+    sliding_window: int | None = None, soft_cap: float | None = None,
 ):
     """The `pallas_call`: per-split normalised output `[splits, Hkv, S, slots*Gp, D]` f32,
     plus running max and sum `[splits, Hkv, S, slots*Gp]`."""
@@ -226,6 +232,7 @@ def _paged_attention_call(
         blocks_per_split=blocks_per_split,
         block_size=block_size,
         sliding_window=sliding_window,
+        soft_cap=soft_cap,
     )
     pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda h, i, k: (h, 0, 0, 0))
     in_specs = [
@@ -264,7 +271,7 @@ def _attention_kernel(
     seq_ref, scale_ref, table_ref, q_ref, k_ref, v_ref,  # inputs
     o_ref, max_ref, sum_ref,  # outputs
     *, group, queries_per_block, query_tiles, pages_per_compute_block, blocks_per_split, block_size,
-    sliding_window=None,
+    sliding_window=None, soft_cap=None,
 ):
     """One (KV head, query tile, split): online softmax over the split's pages.
 
@@ -311,7 +318,7 @@ def _attention_kernel(
         visible = (key_pos[None, :] <= query_pos[:, None]) & row_valid[:, None]
         if sliding_window is not None:
             visible = visible & (key_pos[None, :] > query_pos[:, None] - sliding_window)
-        scores = jnp.where(visible, scores * logit_scale, MASK_VALUE)
+        scores = jnp.where(visible, soft_capped(scores * logit_scale, soft_cap), MASK_VALUE)
         new_max = jnp.maximum(row_max, scores.max(axis=1))
         probs = jnp.where(visible, jnp.exp(scores - new_max[:, None]), 0.0)
         correction = jnp.exp(row_max - new_max)

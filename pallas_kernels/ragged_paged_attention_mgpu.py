@@ -55,6 +55,7 @@ from pallas_kernels.ragged_paged_attention import (
     _scatter_rows,
     merge_splits,
 )
+from pallas_kernels.reference import check_soft_cap
 from pallas_kernels.tuning import next_power_of_2
 from pallas_kernels.tuning_mgpu import ROWS, MosaicLaunchParams, choose_mosaic_launch_params
 
@@ -80,7 +81,8 @@ def interpret_params(detect_races: bool = True):
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "max_query_len", "sm_scale", "sliding_window", "interpret", "pages_per_step", "num_splits", "num_stages",
+        "max_query_len", "sm_scale", "sliding_window", "soft_cap", "interpret", "pages_per_step", "num_splits",
+        "num_stages",
     ),
 )
 def ragged_paged_attention_mgpu(
@@ -97,6 +99,7 @@ def ragged_paged_attention_mgpu(
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
     interpret=None,
     pages_per_step: int | None = None,
     num_splits: int | None = None,
@@ -117,6 +120,8 @@ def ragged_paged_attention_mgpu(
       sm_scale: softmax scale, usually `head_dim ** -0.5`.
       k_scale, v_scale: `[num_kv_heads]` float32 dequantisation scales for fp8 pools.
       sliding_window: static window W (keys p - W + 1 .. p are visible), or None.
+      soft_cap: static logit soft cap c: scaled scores s become `c * tanh(s / c)` before
+        masking (Gemma's `attn_logit_softcapping`). None: no cap.
       interpret: None to compile for the GPU, or `interpret_params()` (a
         `plgpu.InterpretGPUParams`) to run in Mosaic GPU interpret mode on a CPU.
       pages_per_step, num_splits, num_stages: launch overrides; None picks them with
@@ -132,6 +137,7 @@ def ragged_paged_attention_mgpu(
     num_kv_heads, _, block_size, _ = k_pages.shape
     num_seqs, blocks_per_seq = block_tables.shape
     _check_inputs(q, k_pages, v_pages, block_tables, sliding_window)
+    check_soft_cap(soft_cap)
     group = num_q_heads // num_kv_heads
     compute_dtype = _compute_dtype(q.dtype, k_pages.dtype)
     params = choose_mosaic_launch_params(
@@ -156,7 +162,8 @@ def ragged_paged_attention_mgpu(
     out, row_max, row_sum = _mosaic_call(
         seq_info, tables, logit_scale, q_tiles, k_pages, v_pages,
         params=params, query_tiles=query_tiles, blocks_per_split=per_split,
-        padded_group=next_power_of_2(group), sliding_window=sliding_window, interpret=interpret,
+        padded_group=next_power_of_2(group), sliding_window=sliding_window, soft_cap=soft_cap,
+        interpret=interpret,
     )
     out = merge_splits(out, row_max, row_sum)  # [Hkv, S, slots * Gp, D]
     if v_scale is not None:
@@ -201,7 +208,7 @@ def _mma_transforms(dtype) -> tuple:
 def _mosaic_call(
     seq_info, tables, logit_scale, q_tiles, k_pages, v_pages, *,
     params: MosaicLaunchParams, query_tiles: int, blocks_per_split: int, padded_group: int,
-    sliding_window: int | None, interpret,
+    sliding_window: int | None, interpret, soft_cap: float | None = None,
 ):
     """The Mosaic GPU kernel: per-split normalised output `[splits, Hkv, S, slots*Gp, D]`
     float32, plus running max and sum `[splits, Hkv, S, slots*Gp]`."""
@@ -216,7 +223,7 @@ def _mosaic_call(
     body = functools.partial(
         _attention_kernel, query_tiles=query_tiles, queries_per_block=params.queries_per_block,
         group=padded_group, pages_per_step=params.pages_per_step, blocks_per_split=blocks_per_split,
-        stages=stages, sliding_window=sliding_window, probe_reads=interpret is not None,
+        stages=stages, sliding_window=sliding_window, soft_cap=soft_cap, probe_reads=interpret is not None,
     )
     kv_ring = plgpu.SMEM((stages, keys, head_dim), k_pages.dtype, transforms=() if fp8 else mma)
     converted = plgpu.SMEM((keys, head_dim), compute_dtype, transforms=mma) if fp8 else None
@@ -251,6 +258,7 @@ def _attention_kernel(
     o_ref, max_ref, sum_ref,  # outputs (GMEM)
     *, q, k, v, k16, v16, p, out, stats, q_bar, k_bar, v_bar,  # scratch (SMEM, barriers)
     query_tiles, queries_per_block, group, pages_per_step, blocks_per_split, stages, sliding_window, probe_reads,
+    soft_cap=None,
 ):
     """One (KV head, query tile, split): a TMA-fed online softmax over the visible pages.
 
@@ -301,7 +309,9 @@ def _attention_kernel(
     row_live = plgpu.broadcasted_iota(jnp.int32, (ROWS, keys), 0, layout=wgmma) // group + first_query < query_len
     key_iota = plgpu.broadcasted_iota(jnp.int32, (ROWS, keys), 1, layout=wgmma)
     value_iota = plgpu.broadcasted_iota(jnp.int32, (keys, head_dim), 0, layout=wgmma)
-    logit_scale = scale_ref[h] * LOG2E  # scores kept in log2 units: exp2 below
+    logit_scale = scale_ref[h]
+    if soft_cap is None:  # scores kept in log2 units: exp2 below
+        logit_scale = logit_scale * LOG2E
 
     def kv_step(step, carry):
         acc, row_max, row_sum = carry
@@ -320,6 +330,8 @@ def _attention_kernel(
             return acc_ref[...]
 
         scores = pl.run_scoped(scores_of, plgpu.ACC((ROWS, keys), jnp.float32)) * logit_scale
+        if soft_cap is not None:  # the cap applies to the true scores, then to log2 units
+            scores = jnp.tanh(scores * (1.0 / soft_cap)) * (soft_cap * LOG2E)
         key_pos = first_key + key_iota
         visible = (key_pos <= row_pos) & (key_pos < keys_end) & row_live
         if sliding_window is not None:

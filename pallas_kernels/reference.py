@@ -39,6 +39,7 @@ def ragged_paged_attention_reference(
     k_scale: Float[Array, "Hkv"] | None = None,
     v_scale: Float[Array, "Hkv"] | None = None,
     sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention of ragged query rows over each sequence's paged context.
 
@@ -54,6 +55,8 @@ def ragged_paged_attention_reference(
       sm_scale: softmax scale, usually `head_dim ** -0.5`.
       k_scale, v_scale: `[num_kv_heads]` float32 dequantisation scales for fp8 pools.
       sliding_window: static window W (keys p - W + 1 .. p are visible), or None for full attention.
+      soft_cap: static logit soft cap c (Gemma 2's `attn_logit_softcapping`): the scaled scores s
+        become `c * tanh(s / c)` before masking and softmax. None: no cap.
 
     Returns:
       `[T, num_q_heads, head_dim]` in `q.dtype`; padding rows are zero.
@@ -74,7 +77,7 @@ def ragged_paged_attention_reference(
     k = _gather_context(k_pages, block_tables, k_scale)  # [Hkv, S, C, D] float32
     v = _gather_context(v_pages, block_tables, v_scale)
 
-    scores = jnp.einsum("sqhgd,hscd->shgqc", qs.astype(jnp.float32), k) * sm_scale
+    scores = soft_capped(jnp.einsum("sqhgd,hscd->shgqc", qs.astype(jnp.float32), k) * sm_scale, soft_cap)
     q_pos = (context_lens - query_lens)[:, None] + offsets[None, :]  # [S, Qmax]
     k_pos = jnp.arange(ctx)
     visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & row_valid[:, :, None]
@@ -115,3 +118,16 @@ def _gather_context(
     if scale is not None:
         gathered = gathered * scale.astype(jnp.float32)[:, None, None, None]
     return gathered
+
+
+def soft_capped(scores: Float[Array, "..."], soft_cap: float | None) -> Float[Array, "..."]:
+    """`soft_cap * tanh(scores / soft_cap)` (Gemma's attention logit soft-capping); `scores` if None."""
+    if soft_cap is None:
+        return scores
+    return soft_cap * jnp.tanh(scores / soft_cap)
+
+
+def check_soft_cap(soft_cap: float | None) -> None:
+    """ValueError unless `soft_cap` is None or a positive number (a static kernel argument)."""
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap must be positive or None, got {soft_cap}")

@@ -94,18 +94,22 @@ def paged_attention(
     backend: AttentionBackend,
     sliding_window: int | None = None,
     sm_scale: float | None = None,
+    soft_cap: float | None = None,
 ) -> Float[Array, "T Hq D"]:
     """Attention for every row of a step: decode group and prefill group, each in one call.
 
     `sliding_window` (static) limits each query to its last W keys (None: full attention).
     `sm_scale` (static) multiplies the scores: the model's own (Gemma's
     `query_pre_attn_scalar ** -0.5`); None means `head_dim ** -0.5`.
+    `soft_cap` (static) caps the scaled scores at `c * tanh(s / c)` (None: no cap).
     """
     kernel = _kernel(backend)
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
     if sliding_window is not None:
         options["sliding_window"] = sliding_window
+    if soft_cap is not None:
+        options["soft_cap"] = float(soft_cap)
     n_dec = layout.num_decode_seqs
     outputs = []
     if n_dec:
@@ -134,11 +138,13 @@ def write_and_attend(
     backend: AttentionBackend,
     sliding_window: int | None = None,
     sm_scale: float | None = None,
+    soft_cap: float | None = None,
 ) -> tuple[Float[Array, "T Hq D"], Array, Array]:
     """Scatter this step's K/V into one layer's pages, then attend; returns (output, k_pages', v_pages').
 
     `sliding_window` is the layer's window (static; None for full attention);
-    `sm_scale` the softmax scale (static; None for `head_dim ** -0.5`).
+    `sm_scale` the softmax scale (static; None for `head_dim ** -0.5`);
+    `soft_cap` the attention logit soft cap (static; None for none).
 
     Under a mesh the heads axis of q, k, v, the pages and the scales is split
     over `tp` and the batch metadata is replicated; nothing crosses devices.
@@ -147,7 +153,7 @@ def write_and_attend(
     def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
         k_pages, v_pages = write_layer_kv(k_pages, v_pages, k, v, batch.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_pages, v_pages, batch, layout, k_scale, v_scale, backend, sliding_window,
-                              sm_scale)
+                              sm_scale, soft_cap)
         return out, k_pages, v_pages
 
     if backend.mesh is None:

@@ -14,6 +14,13 @@ scheduler drive it unchanged (``EngineConfig(kv_layout="contiguous")``).
 (the rest of the region is reserved but the step need not read it).
 ``fork`` is not supported: parallel sampling and beam search raise ValueError
 (copying a region would need a device copy the engine does not issue on fork).
+
+For a model with sliding-window layers (``num_groups`` KV cache groups) the
+baseline treats every layer as full attention, as a server without a hybrid
+manager would: each group gets ``ceil(max_model_len / block_size)`` blocks of
+the region (``G`` consecutive blocks per ``block_size`` tokens, so the flat
+table ``j * G + g`` is one run of block ids) and nothing slides out. The
+attention still masks to each layer's window; only the memory is all-full.
 """
 
 from __future__ import annotations
@@ -43,22 +50,24 @@ class ContiguousKVCacheManager:
     enable_prefix_caching = False
     on_evict = None  # nothing is ever cached, so nothing is evicted
 
-    def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int) -> None:
-        """Split ``num_blocks`` blocks into regions of ``ceil(max_model_len / block_size)`` blocks.
+    def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int, num_groups: int = 1) -> None:
+        """Split ``num_blocks`` blocks into regions of ``num_groups * ceil(max_model_len / block_size)`` blocks.
 
         Raises:
           ValueError: a non-positive size, or one region larger than the pool.
         """
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("max_model_len", max_model_len)):
+                            ("max_model_len", max_model_len), ("num_groups", num_groups)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.region_blocks = cdiv(max_model_len, block_size)
+        self.num_groups = num_groups
+        self.region_blocks = num_groups * cdiv(max_model_len, block_size)
         if self.region_blocks > num_blocks:
-            raise ValueError(f"one region of {max_model_len} tokens needs {self.region_blocks} blocks; "
+            raise ValueError(f"one region of {max_model_len} tokens ({num_groups} KV cache group(s)) needs "
+                             f"{self.region_blocks} blocks; "
                              f"the pool has only {num_blocks}")
         self.num_regions = num_blocks // self.region_blocks
         self._free_regions = list(range(self.num_regions))  # a min-heap: lowest region first
@@ -79,7 +88,7 @@ class ContiguousKVCacheManager:
         """The region's physical block ids that hold the sequence's allocated tokens."""
         region = self._seq(seq_id)
         start = region.index * self.region_blocks
-        return list(range(start, start + cdiv(region.num_allocated, self.block_size)))
+        return list(range(start, start + self.num_groups * cdiv(region.num_allocated, self.block_size)))
 
     def num_blocks_held(self, seq_id: Hashable) -> int:
         """Blocks the sequence keeps from others: its whole region."""
@@ -181,9 +190,9 @@ class ContiguousKVCacheManager:
                              f"{region.num_allocated}], got {num_computed_tokens}")
         end = num_computed_tokens + num_new_tokens
         self._check_fits(end, f"sequence {seq_id!r} grown")
-        old_blocks = cdiv(region.num_allocated, self.block_size)
+        old_blocks = self.num_groups * cdiv(region.num_allocated, self.block_size)
         region.num_allocated = max(region.num_allocated, end)
-        new_blocks = cdiv(region.num_allocated, self.block_size)
+        new_blocks = self.num_groups * cdiv(region.num_allocated, self.block_size)
         if new_blocks == old_blocks:
             return NO_CHANGE
         first = region.index * self.region_blocks

@@ -27,13 +27,15 @@ Rules, per group, as vLLM v1's ``SlidingWindowManager`` and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from jaxpaged.cache.block_pool import BlockPool, KVBlock
 from jaxpaged.cache.eviction import EvictionPolicy
-from jaxpaged.cache.events import DEVICE_TIER, KVEvent, KVEventLog, stored_in_chain_order
+from jaxpaged.cache.events import (DEVICE_TIER, BlockRemoved, BlockStored, KVEvent, KVEventLog,
+                                   stored_in_chain_order)
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.kv_groups import KVCacheLayout
@@ -45,16 +47,54 @@ NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the win
 PAD_BLOCK = 0  # what a null entry reads as in the flat table the runner gets
 
 
+class _FromTier:
+    """The type of :data:`FROM_TIER`."""
+
+    def __repr__(self) -> str:
+        return "FROM_TIER"
+
+
+FROM_TIER = _FromTier()  # a matched entry a lower tier restores into a fresh block (see extend_match)
+
+
 def group_key(block_hash: bytes, group: int) -> bytes:
     """The prefix-cache key of a block hash in KV cache group ``group`` (group 0 keeps the plain hash)."""
     return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
 
 
+def split_group_key(key: bytes, digest_len: int) -> tuple[bytes, int]:
+    """The block hash and group of a :func:`group_key` (``digest_len``: the plain hash's length)."""
+    return key[:digest_len], int.from_bytes(key[digest_len:], "little") if len(key) > digest_len else 0
+
+
 @dataclass
 class HybridPrefixMatch(PrefixMatch):
-    """A :class:`PrefixMatch` with each group's matched blocks (None where a sliding group needs none)."""
+    """A :class:`PrefixMatch` with each group's matched blocks (None where a sliding group needs none).
 
-    group_blocks: list[list[KVBlock | None]] = field(default_factory=list, repr=False, compare=False)
+    After :meth:`HybridKVCacheManager.extend_match` the group lists run past
+    ``num_cached_tokens`` (the device hit): their entries there are device
+    blocks or :data:`FROM_TIER` (a fresh block the lower tier fills).
+    """
+
+    group_blocks: list[list[KVBlock | None | _FromTier]] = field(default_factory=list, repr=False,
+                                                                 compare=False)
+    num_extended_tokens: int = 0  # tokens the extended group lists make computed (0: not extended)
+
+
+@dataclass
+class MatchExtension:
+    """A device match extended with lower-tier blocks (``HybridKVCacheManager.plan_extension``).
+
+    ``group_blocks`` covers ``num_blocks`` positions per group; ``slots`` are the
+    ``(index, group)`` entries that are :data:`FROM_TIER`, in flat-table order.
+    ``num_tokens`` (a swapped-out sequence's computed length: its last block
+    may be partial) defaults to ``num_blocks * block_size``.
+    """
+
+    num_blocks: int
+    group_blocks: list[list[KVBlock | None | _FromTier]]
+    slots: list[tuple[int, int]]
+    num_tokens: int = 0
 
 
 @dataclass
@@ -115,6 +155,7 @@ class HybridKVCacheManager(ManagerQueries):
         self._hits_tokens = 0
         self._cow_copies = 0
         self._num_slid_out = 0
+        self._event_sources: list[Callable[[KVEventLog | None], None]] = []
 
     # ----------------------------------------------------------------- queries
 
@@ -180,7 +221,8 @@ class HybridKVCacheManager(ManagerQueries):
         request_keys = request_extra_keys(cache_salt, extra_keys)
         num_tokens = len(token_ids)
         if not self.enable_prefix_caching:
-            return HybridPrefixMatch([], 0, [], num_tokens=num_tokens, request_keys=request_keys)
+            return HybridPrefixMatch([], 0, [], num_tokens=num_tokens, request_keys=request_keys,
+                                     group_blocks=[[] for _ in range(self.num_groups)])
         hashes = chain_block_hashes(None, token_ids, self.block_size, request_keys, self.hash_algo)
         max_blocks = max(num_tokens - 1, 0) // self.block_size
         lookup = self._pool.cached.get
@@ -230,6 +272,86 @@ class HybridKVCacheManager(ManagerQueries):
                 return length
         return 0
 
+    def plan_extension(self, match: PrefixMatch, in_lower_tier: Callable[[bytes], bool],
+                       max_blocks: int) -> MatchExtension | None:
+        """How far a lower tier can extend a device match so that every group is served (no side effects).
+
+        Each group's block at a position past the device hit comes from the
+        device prefix cache while it is still there, else from the tier when
+        ``in_lower_tier(group_key(hash, group))``. The longest length (at most
+        ``max_blocks``) every group can serve is found by the same fixpoint as a
+        device hit, and a sliding group gets only the blocks of its window before
+        that length's first computed token: no restored block is one its layers
+        would not hold. None when the tier adds nothing.
+        """
+        if not isinstance(match, HybridPrefixMatch) or not match.group_blocks:
+            return None
+        start, hashes = len(match.group_blocks[0]), match.block_hashes
+        max_blocks = min(max_blocks, len(hashes))
+        if max_blocks <= start:
+            return None
+        lookup = self._pool.cached.get
+        device = [[lookup(group_key(h, g)) for h in hashes[start:max_blocks]] for g in range(self.num_groups)]
+        served = [[True] * start + [True if block is not None or in_lower_tier(group_key(h, g)) else None
+                                    for block, h in zip(device[g], hashes[start:max_blocks])]
+                  for g in range(self.num_groups)]
+        length = self._longest_hit(served, max_blocks)
+        if length <= start:
+            return None
+        group_blocks, slots = [], []
+        for g in range(self.num_groups):
+            first = self._first_needed(g, length * self.block_size)
+            entries: list[KVBlock | None | _FromTier] = [None] * min(first, length)
+            for j in range(first, length):
+                block = match.group_blocks[g][j] if j < start else device[g][j - start]
+                entries.append(FROM_TIER if block is None else block)
+                if block is None:
+                    slots.append((j, g))
+            group_blocks.append(entries)
+        return MatchExtension(length, group_blocks, sorted(slots), length * self.block_size)
+
+    def plan_swap_in(self, match: PrefixMatch, num_tokens: int,
+                     swapped: set[tuple[int, int]]) -> MatchExtension | None:
+        """The extension that brings a swapped-out sequence back to ``num_tokens`` computed tokens.
+
+        ``swapped`` holds the ``(index, group)`` blocks the host kept. Each group
+        needs what its next query sees (a sliding group its window before
+        ``num_tokens``); positions before the device hit come from ``match``,
+        later ones from the host. None when something needed is missing (the
+        sequence is recomputed) or the device hit already covers it.
+        """
+        if not isinstance(match, HybridPrefixMatch) or not match.group_blocks:
+            return None
+        start, length = len(match.group_blocks[0]), cdiv(num_tokens, self.block_size)
+        if num_tokens <= start * self.block_size:
+            return None
+        group_blocks, slots = [], []
+        for g in range(self.num_groups):
+            first = self._first_needed(g, num_tokens)
+            entries: list[KVBlock | None | _FromTier] = [None] * min(first, length)
+            for j in range(first, length):
+                if j < start:
+                    entries.append(match.group_blocks[g][j])
+                elif (j, g) in swapped:
+                    entries.append(FROM_TIER)
+                    slots.append((j, g))
+                else:
+                    return None
+            group_blocks.append(entries)
+        return MatchExtension(length, group_blocks, sorted(slots), num_tokens)
+
+    def apply_extension(self, match: HybridPrefixMatch, extension: MatchExtension) -> list[int]:
+        """Extends ``match`` in place (pass it on to ``allocate_new``); returns the flat table index
+        (``j * G + g``) of each block the tier fills, in ``extension.slots`` order.
+
+        ``match.num_cached_tokens`` stays the device hit; ``allocate_new`` then
+        admits the extended length as computed and publishes the restored blocks.
+        """
+        match.group_blocks = extension.group_blocks
+        match.matched = [b for blocks in extension.group_blocks for b in blocks if isinstance(b, KVBlock)]
+        match.num_extended_tokens = extension.num_tokens
+        return [j * self.num_groups + g for j, g in extension.slots]
+
     def allocate_new(self, seq_id: Hashable, token_ids: Sequence[int], num_new_tokens: int,
                      match: PrefixMatch | None, *, cache_salt: str | None = None,
                      extra_keys: tuple = ()) -> bool:
@@ -257,17 +379,23 @@ class HybridKVCacheManager(ManagerQueries):
             raise ValueError(f"num_new_tokens must be in [0, {num_tokens - num_cached}] "
                              f"({num_tokens} tokens, {num_cached} cached), got {num_new_tokens}")
         num_matched = num_cached // self.block_size
-        num_fresh = (cdiv(num_cached + num_new_tokens, self.block_size) - num_matched) * self.num_groups
+        num_known = len(match.group_blocks[0])  # past num_matched: positions a lower tier extended
+        total = cdiv(num_cached + num_new_tokens, self.block_size)
+        if total < num_known:
+            raise ValueError(f"num_new_tokens ({num_new_tokens}) must cover the {num_known - num_matched} "
+                             "blocks the lower tier restores")
+        num_restored = sum(1 for blocks in match.group_blocks for b in blocks if b is FROM_TIER)
+        num_fresh = (total - num_known) * self.num_groups + num_restored
         num_revived = sum(1 for block in match.matched if block.ref_count == 0)
         if num_fresh > self._pool.num_free - num_revived:
             return False
         self._pool.take(match.matched)  # first, so allocating can't evict them
         fresh = iter(self._pool.allocate(num_fresh))
-        per_group = num_fresh // self.num_groups
         tables, skipped = [], []
         for blocks in match.group_blocks:
-            table = [NULL_BLOCK if b is None else b.block_id for b in blocks]
-            table += [next(fresh).block_id for _ in range(per_group)]
+            table = [NULL_BLOCK if b is None else next(fresh).block_id if b is FROM_TIER else b.block_id
+                     for b in blocks]
+            table += [next(fresh).block_id for _ in range(total - num_known)]
             tables.append(table)
             skipped.append(sum(1 for b in blocks if b is None))
         seq = HybridSequenceState(
@@ -275,6 +403,10 @@ class HybridKVCacheManager(ManagerQueries):
             block_hashes=list(match.block_hashes), num_hashed_blocks=num_matched,
             request_keys=request_keys, pending=(num_matched, num_matched))
         self._seqs[seq_id] = seq
+        if num_known > num_matched:  # restored (their K/V land before the step) and device-adopted blocks
+            seq.num_computed = match.num_extended_tokens
+            if self.enable_prefix_caching:
+                self._publish_full_blocks(seq, token_ids, seq.num_computed // self.block_size)
         self._sync_in_flight(seq)
         if self.enable_prefix_caching:
             self._queries_tokens += num_tokens
@@ -297,7 +429,7 @@ class HybridKVCacheManager(ManagerQueries):
             return
         for g, blocks in enumerate(match.group_blocks):
             for block, block_hash in zip(blocks, match.block_hashes):
-                if block is not None and block.block_hash != group_key(block_hash, g):
+                if isinstance(block, KVBlock) and block.block_hash != group_key(block_hash, g):
                     raise ValueError(
                         f"stale PrefixMatch: block {block.block_id} was evicted since match_prefix; "
                         "call match_prefix again right before allocate_new")
@@ -448,15 +580,38 @@ class HybridKVCacheManager(ManagerQueries):
         blocks = self._pool.blocks
         self._pool.release([blocks[b] for b in reversed(_flat(seq.tables, NULL_BLOCK)) if b != NULL_BLOCK])
 
+    def cache_restored_blocks(self, entries: Sequence[tuple[bytes, bytes | None, tuple[int, ...], tuple]]
+                              ) -> list[int | None]:
+        """Publishes blocks from a snapshot at ref count 0, coldest first, in empty pool blocks only.
+
+        ``entries`` are ``(key, parent_hash, token_ids, extra_keys)`` with the
+        key a group key (:func:`group_key`). Nothing cached is evicted. Returns
+        each entry's block id, whose K/V the caller writes before the next step;
+        None where the key is cached already or no empty block is left.
+        """
+        pool, log, out = self._pool, self._pool.events, []
+        for key, parent, tokens, keys in entries:
+            if key in pool.cached or not len(pool.empty):
+                out.append(None)
+                continue
+            (block,) = pool.allocate(1)  # an empty block: nothing is evicted
+            pool.cache_block(block, key, parent, tuple(tokens), keys)
+            if log is not None and len(key) == self._digest_len:
+                log.store(key, parent, tuple(tokens), self.block_size, DEVICE_TIER)
+            pool.release([block])
+            out.append(block.block_id)
+        return out
+
     # ------------------------------------------------------------------- events
 
     def enable_events(self, *, include_token_ids: bool = False) -> KVEventLog:
-        """Records group 0's prefix-cache events (the plain chained hashes); returns the log.
+        """Records group 0's prefix-cache events (the plain chained hashes) of every tier; returns the log.
 
         Group 0 is the full-attention group when the model has one (else the only
         sliding one), so a router mirroring these events knows which prefixes the
-        engine holds every block of; the sliding groups' entries are keyed per
-        group and stay out of the log. Starts with a ``BlockStored`` per cached block.
+        engine holds every block of; the sliding groups' entries (device or lower
+        tier) are keyed per group and stay out of the log. Starts with a
+        ``BlockStored`` per cached block, then each lower tier's (``add_event_source``).
         """
         log = _GroupZeroEventLog(self._digest_len, include_token_ids=include_token_ids)
         entries = [(b.block_hash, b.parent_hash, b.token_ids) for b in self.cached_blocks()
@@ -465,15 +620,9 @@ class HybridKVCacheManager(ManagerQueries):
                                            include_token_ids=include_token_ids):
             log.append(event)
         self._pool.events = log
+        for attach in self._event_sources:
+            attach(log)
         return log
-
-    def disable_events(self) -> None:
-        """Stops recording events and drops the log."""
-        self._pool.events = None
-
-    def add_event_source(self, attach) -> None:
-        """Lower KV tiers are not supported with KV cache groups (the engine refuses them)."""
-        raise ValueError("offload tiers are not supported for models with sliding-window layers yet")
 
     # ---------------------------------------------------------- in-flight blocks
 
@@ -490,17 +639,39 @@ class HybridKVCacheManager(ManagerQueries):
 
 
 class _GroupZeroEventLog(KVEventLog):
-    """An event log whose device eviction hook drops the group-tagged keys of groups > 0."""
+    """An event log that keeps only group 0's keys: the group-tagged keys of groups > 0 make no event.
+
+    Tagged keys are longer than a plain chained hash; the device eviction hook
+    and the lower tiers (which hold every group's blocks) record through here.
+    """
 
     def __init__(self, digest_len: int, *, include_token_ids: bool) -> None:
         super().__init__(include_token_ids=include_token_ids)
         self._digest_len = digest_len  # a plain chained hash's length; tagged keys are longer
 
-    def removed(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
-                parent_hash: bytes | None) -> None:
-        """Records a removed group-0 hash; other groups' evictions make no event."""
+    def append(self, event: KVEvent) -> None:
+        """Records ``event`` with the tagged hashes of stored or removed blocks left out (dropped if none are left).
+
+        A tagged key is never a parent (every key's parent is a plain hash), so
+        in a stored run it can only come last: the run is cut before it.
+        """
+        if isinstance(event, BlockRemoved):
+            hashes = tuple(h for h in event.block_hashes if len(h) == self._digest_len)
+            event = dataclasses.replace(event, block_hashes=hashes)
+        elif isinstance(event, BlockStored):
+            keep = next((i for i, h in enumerate(event.block_hashes) if len(h) != self._digest_len),
+                        len(event.block_hashes))
+            tokens = event.token_ids
+            event = dataclasses.replace(event, block_hashes=event.block_hashes[:keep],
+                                        token_ids=None if tokens is None else tokens[:keep * event.block_size])
+        if isinstance(event, (BlockStored, BlockRemoved)) and not event.block_hashes:
+            return
+        super().append(event)
+
+    def remove(self, block_hash: bytes, tier: str) -> None:
+        """Records a removed group-0 hash; other groups' removals make no event."""
         if len(block_hash) == self._digest_len:
-            super().removed(block_id, block_hash, token_ids, parent_hash)
+            super().remove(block_hash, tier)
 
 
 def _flat(tables: Sequence[Sequence[int]], null: int) -> list[int]:

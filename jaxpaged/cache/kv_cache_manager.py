@@ -46,7 +46,6 @@ from jaxpaged.cache.hashing import (
     request_extra_keys,
 )
 from jaxpaged.cache.in_flight import InFlightHashes
-from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.cache.invariants import check_manager
 from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
 from jaxpaged.cache.records import (
@@ -97,15 +96,6 @@ class KVCacheManager(ManagerQueries):
         self._event_sources: list[Callable[[KVEventLog | None], None]] = []
 
     # ----------------------------------------------------------------- queries
-
-    @property
-    def residency(self) -> ResidencyTracker | None:
-        """The sampled block-residency tracker, once :meth:`track_residency` started it."""
-        return self._pool.residency
-
-    def track_residency(self, sample: float) -> ResidencyTracker:
-        """Follows one cached block in ``round(1 / sample)``: lifetimes, idle-before-evict, reuse gaps."""
-        return self._pool.track_residency(sample)
 
     @property
     def eviction_policy(self) -> str:
@@ -472,24 +462,6 @@ class KVCacheManager(ManagerQueries):
         for attach in self._event_sources:
             attach(log)
         return log
-
-    def disable_events(self) -> None:
-        """Stops recording events and drops the log (no tier does event work after)."""
-        self._pool.events = None
-        for attach in self._event_sources:
-            attach(None)
-
-    def add_event_source(self, attach: Callable[[KVEventLog | None], None]) -> None:
-        """Lets a lower KV tier (``jaxpaged.offload``) publish into this manager's events.
-
-        ``attach(log)`` is called whenever events are enabled (now too, if they
-        are on): it must record a ``BlockStored`` for every block its tier holds,
-        then record its tier's changes into ``log``. ``attach(None)``, when they
-        are disabled, must stop all its event work.
-        """
-        self._event_sources.append(attach)
-        if self._pool.events is not None:
-            attach(self._pool.events)
 
     def pin_prefix(self, token_ids: Sequence[int], ttl_s: float, *, cache_salt: str | None = None,
                    extra_keys: tuple = ()) -> int:

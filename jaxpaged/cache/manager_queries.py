@@ -4,16 +4,18 @@
 table per KV cache group) keep their sequences in `_seqs` (looked up by
 `_seq`, which raises for an unknown id), their blocks in a `BlockPool`
 (`_pool`), the same prefix-cache counters and an `InFlightHashes`
-(`_in_flight`); this mixin answers from them.
+(`_in_flight`), and the lower tiers' event hooks (`_event_sources`); this mixin
+answers from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from jaxpaged.cache.block_pool import EvictCallback
 from jaxpaged.cache.events import KVEvent, KVEventLog
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
+from jaxpaged.cache.residency import ResidencyTracker
 
 
 class ManagerQueries:
@@ -34,6 +36,19 @@ class ManagerQueries:
         self._pool.on_evict = callback
 
     @property
+    def residency(self) -> ResidencyTracker | None:
+        """The sampled block-residency tracker, once :meth:`track_residency` started it."""
+        return self._pool.residency
+
+    def track_residency(self, sample: float) -> ResidencyTracker:
+        """Follows one cached block in ``round(1 / sample)``: lifetimes, idle-before-evict, reuse gaps.
+
+        With KV cache groups every group's cached blocks count (a block id holds
+        one group's layers); a sliding group's block is freed when it slides out.
+        """
+        return self._pool.track_residency(sample)
+
+    @property
     def event_log(self) -> KVEventLog | None:
         """The log events are recorded in, or None while events are off."""
         return self._pool.events
@@ -42,6 +57,24 @@ class ManagerQueries:
         """Events recorded since the last call, oldest first ([] when events are off)."""
         log = self._pool.events
         return log.take() if log is not None else []
+
+    def disable_events(self) -> None:
+        """Stops recording events and drops the log (no tier does event work after)."""
+        self._pool.events = None
+        for attach in self._event_sources:
+            attach(None)
+
+    def add_event_source(self, attach: Callable[[KVEventLog | None], None]) -> None:
+        """Lets a lower KV tier (``jaxpaged.offload``) publish into this manager's events.
+
+        ``attach(log)`` is called whenever events are enabled (now too, if they
+        are on): it must record a ``BlockStored`` for every block its tier holds,
+        then record its tier's changes into ``log``. ``attach(None)``, when they
+        are disabled, must stop all its event work.
+        """
+        self._event_sources.append(attach)
+        if self._pool.events is not None:
+            attach(self._pool.events)
 
     def reset_prefix_cache(self) -> bool:
         """Drops every prefix-cache entry. Refused (False) while any block is in use."""

@@ -112,9 +112,6 @@ def _write_qwen3(config):
 # --- Gemma 3 (text) ------------------------------------------------------------------------------
 
 def _read_gemma3(hf):
-    if hf.get("attn_logit_softcapping") is not None:
-        raise ValueError("attn_logit_softcapping is not supported (Gemma 3 checkpoints set it to null; "
-                         "transformers' Gemma 3 does not apply it either)")
     if hf.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention=true is not supported: attention is causal")
     window = hf.get("sliding_window", 4096)
@@ -138,6 +135,7 @@ def _read_gemma3(hf):
         "scale_embeddings": True, "sandwich_norms": True,
         "query_pre_attn_scalar": float(hf.get("query_pre_attn_scalar", 256)),
         "final_logit_softcapping": hf.get("final_logit_softcapping"),
+        "attn_logit_softcapping": hf.get("attn_logit_softcapping"),  # null in Google's Gemma 3 configs
         "sliding_window": window, "layer_types": tuple(layer_types),
         "rope_theta": theta, "rope_scaling": scaling,
         "rope_local_theta": None if local_theta == theta else local_theta,
@@ -148,11 +146,30 @@ def _write_gemma3(config):
     return {
         "hidden_activation": config.hidden_act, "attention_bias": config.qkv_bias,
         "query_pre_attn_scalar": _int_if_whole(config.query_pre_attn_scalar),  # transformers wants an int
-        "final_logit_softcapping": config.final_logit_softcapping, "attn_logit_softcapping": None,
+        "final_logit_softcapping": config.final_logit_softcapping,
+        "attn_logit_softcapping": config.attn_logit_softcapping,
         "use_bidirectional_attention": False,
         "sliding_window": config.sliding_window, "layer_types": _layer_types(config),
         "rope_local_base_freq": config.rope_local_theta or config.rope_theta, **_write_rope(config),
     }
+
+
+# --- Gemma 2 ---------------------------------------------------------------------------------------
+
+def _read_gemma2(hf):
+    """Gemma 3's layer without q/k norms, with one RoPE base and attention-logit softcapping."""
+    hf = {"final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,  # Gemma2Config's defaults
+          "sliding_window_pattern": 2, **hf}  # no layer_types: even layers slide (0, 2, ...)
+    params = hf.pop("rope_parameters", None)  # transformers 5: one dict, no per-layer-type bases
+    theta, _ = read_rope(hf, params, 10_000.0)
+    rope = {"rope_theta": theta, "rope_scaling": params or hf.get("rope_scaling"), "rope_local_base_freq": theta}
+    return _read_gemma3({**hf, **rope}) | {"qk_norm": False}
+
+
+def _write_gemma2(config):
+    keys = _write_gemma3(config)
+    del keys["rope_local_base_freq"], keys["use_bidirectional_attention"]
+    return keys
 
 
 # transformers' Gemma3TextConfig defaults: the Hub's multimodal configs leave some of these out of text_config
@@ -170,6 +187,8 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family("MistralForCausalLM", _read_mistral, _write_mistral, bos_default=1, eos_default=2),
     "qwen2": Family("Qwen2ForCausalLM", _read_qwen2, _write_qwen2),
     "qwen3": Family("Qwen3ForCausalLM", _read_qwen3, _write_qwen3),
+    "gemma2": Family("Gemma2ForCausalLM", _read_gemma2, _write_gemma2, tie_default=True,
+                     bos_default=2, eos_default=1),
     "gemma3_text": Family("Gemma3ForCausalLM", _read_gemma3, _write_gemma3, tie_default=True,
                           bos_default=2, eos_default=1, key_defaults=GEMMA3_TEXT_DEFAULTS),
 }

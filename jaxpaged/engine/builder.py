@@ -152,21 +152,24 @@ class EngineBuilder:
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self) -> KVManager:
-        if self.config.kv_layout == "contiguous" and not kv_cache_layout(self.model_config.layer_windows).is_hybrid:
-            from jaxpaged.cache.contiguous import ContiguousKVCacheManager
-            return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len)
         layout = kv_cache_layout(self.model_config.layer_windows)
+        if self.config.kv_layout == "contiguous":  # the all-layers-full baseline, one region per group
+            from jaxpaged.cache.contiguous import ContiguousKVCacheManager
+            region_len = (self.num_blocks // layout.num_groups) * self.block_size
+            self.max_model_len = min(self.max_model_len, region_len)
+            return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len,
+                                            num_groups=layout.num_groups)
         if layout.is_hybrid:
-            self._check_hybrid_features()
-            return HybridKVCacheManager(self.num_blocks, self.block_size, layout,
-                                        enable_prefix_caching=self.config.enable_prefix_caching,
-                                        hash_algo=self.config.hash_algo,
-                                        max_chunk_tokens=self.config.max_num_batched_tokens,
-                                        eviction_policy=self.config.eviction_policy, clock=self.clock)
-        kv = KVCacheManager(self.num_blocks, self.block_size,
-                            enable_prefix_caching=self.config.enable_prefix_caching,
-                            hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
-                            clock=self.clock)
+            kv = HybridKVCacheManager(self.num_blocks, self.block_size, layout,
+                                      enable_prefix_caching=self.config.enable_prefix_caching,
+                                      hash_algo=self.config.hash_algo,
+                                      max_chunk_tokens=self.config.max_num_batched_tokens,
+                                      eviction_policy=self.config.eviction_policy, clock=self.clock)
+        else:
+            kv = KVCacheManager(self.num_blocks, self.block_size,
+                                enable_prefix_caching=self.config.enable_prefix_caching,
+                                hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
+                                clock=self.clock)
         if self.config.kv_cache_metrics_sample > 0:
             kv.track_residency(self.config.kv_cache_metrics_sample)
         return kv
@@ -178,17 +181,6 @@ class EngineBuilder:
             mid = (low + high + 1) // 2
             low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
         return low
-
-    def _check_hybrid_features(self) -> None:
-        """Features the sliding-window (hybrid) KV cache manager does not support yet: ValueError."""
-        config = self.config
-        for name, on in (("host_cache_bytes", config.host_cache_bytes is not None),
-                         ("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
-                         ("kv_layout='contiguous'", config.kv_layout == "contiguous"),
-                         ("kv_cache_metrics_sample", config.kv_cache_metrics_sample > 0)):
-            if on:
-                raise ValueError(f"{name} is not supported for models with sliding-window layers yet "
-                                 f"(layer_types / sliding_window in the model config)")
 
     def _load_tokenizer(self):
         if self._tokenizer is not None:

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout, write_and_attend
 from jaxpaged.config import ModelConfig
 from jaxpaged.model.rope import apply_rope
+from pallas_kernels.reference import soft_capped
 
 
 class RMSNorm(nnx.Module):
@@ -73,6 +74,7 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
         self.sliding_window = sliding_window  # static: None is full attention
         self.scale = config.attn_scale  # static
+        self.soft_cap = config.attn_logit_softcapping  # static: None is no cap
         self.q_proj = _linear(h, config.num_heads * d, dtype, rngs, config.qkv_bias)
         self.k_proj = _linear(h, config.num_kv_heads * d, dtype, rngs, config.qkv_bias)
         self.v_proj = _linear(h, config.num_kv_heads * d, dtype, rngs, config.qkv_bias)
@@ -108,7 +110,8 @@ class Attention(nnx.Module):
         """Write this step's K/V into the pool, then attend through the block tables."""
         q, k, v = self._qkv(x, positions, inv_freq)
         out, k_pages, v_pages = write_and_attend(q, k, v, k_pages, v_pages, k_scale, v_scale,
-                                                 batch, layout, backend, self.sliding_window, self.scale)
+                                                 batch, layout, backend, self.sliding_window, self.scale,
+                                                 self.soft_cap)
         return self.o_proj(out.reshape(x.shape[0], -1)), k_pages, v_pages
 
     def dense(self, x: Float[Array, "B L H"], positions: Int[Array, "B L"], inv_freq) -> Float[Array, "B L H"]:
@@ -117,7 +120,7 @@ class Attention(nnx.Module):
         group = self.num_heads // self.num_kv_heads
         k = jnp.repeat(k, group, axis=2).astype(jnp.float32)
         v = jnp.repeat(v, group, axis=2).astype(jnp.float32)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * self.scale
+        scores = soft_capped(jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k) * self.scale, self.soft_cap)
         length = x.shape[1]
         causal = jnp.tril(jnp.ones((length, length), bool))
         if self.sliding_window is not None:

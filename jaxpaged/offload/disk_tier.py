@@ -107,6 +107,10 @@ class DiskKVCache:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def __contains__(self, block_hash: bytes) -> bool:
+        """Whether a file for ``block_hash`` is indexed (it is checked only when loaded)."""
+        return self.usable and block_hash in self._sizes
+
     @property
     def tag(self) -> bytes | None:
         """The format tag files must carry (``format_tag``); None: every lookup misses."""

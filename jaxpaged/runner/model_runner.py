@@ -155,9 +155,10 @@ class ModelRunner:
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
         self._pool: KVPool = self._create_pool(kv_dtype, pool_fill_value, k_scale, v_scale)
         self.kv_dtype = np.dtype(self._pool.dtype)
-        self.kv_block_shape = (2, self.config.num_layers, self.config.num_kv_heads, block_size,
-                               self.config.head_dim)
         self.kv_layout = kv_cache_layout(self.config.layer_windows)
+        # a block id holds one pool tensor per layer of its KV cache group (all layers without groups)
+        self.kv_block_shape = (2, self.kv_layout.num_tensors, self.config.num_kv_heads, block_size,
+                               self.config.head_dim)
         self.input_batch = InputBatch(block_size, max_num_seqs, self.kv_layout.windows)
         self._last_tokens = self._put(np.zeros(self.input_batch.capacity, np.int32))
         self._trace_count = 0

@@ -61,7 +61,7 @@ class KVPoolRunner(Runner, Protocol):
     """
 
     kv_dtype: np.dtype
-    kv_block_shape: tuple[int, ...]  # one block, all layers: (2, num_layers, num_kv_heads, block_size, head_dim)
+    kv_block_shape: tuple[int, ...]  # one block: (2, pool tensors (num_layers unless KV cache groups), num_kv_heads, block_size, head_dim)
     params: object
 
     def start_read_blocks(self, block_ids: Sequence[int]) -> PendingBlocks:

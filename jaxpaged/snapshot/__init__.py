@@ -4,8 +4,9 @@
 token ids, extra keys, tier, K/V contents) plus the engine's identity (model
 config, weights fingerprint, block size, KV dtype and scales, hash function).
 `load_prefix_cache(engine, path)` refuses a snapshot whose identity differs
-(ValueError naming the field), then re-admits its blocks through the cache
-manager and writes their K/V into the pool, so the first repeated prompt after
+(ValueError naming the field, the KV cache group layout included), then
+re-admits its blocks through the cache manager (per group with sliding-window
+layers: ``jaxpaged.snapshot.groups``) and writes their K/V into the pool, so the first repeated prompt after
 a restart hits the cache. `Engine.save_prefix_cache` / `EngineConfig.prefix_cache_snapshot`
 are the usual entry points.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
+from jaxpaged.snapshot.groups import key_and_group, manager_key, restore_groups_into
 from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
 from jaxpaged.snapshot.identity import (adopt_snapshot_kv_scales, check_identity, engine_identity,
                                         identity_digest, params_fingerprint)
@@ -39,11 +41,12 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     _require_prefix_caching(engine, "save")
     blocks = engine.cached_blocks()
     data = engine.runner.read_blocks([b.block_id for b in blocks]) if blocks else []
-    records = [BlockRecord(b.block_hash, b.parent_hash, b.token_ids, b.extra_keys, tier="device",
-                           digest=block_digest(d)) for b, d in zip(blocks, data)]
+    records = [_record(engine, b.block_hash, parent_hash=b.parent_hash, token_ids=b.token_ids,
+                       extra_keys=b.extra_keys, tier="device", digest=block_digest(d)) for b, d in zip(blocks, data)]
     kv = blocks_to_layers(data) if blocks else None
     host = host_tier_blocks(engine)
-    records += [BlockRecord(block_hash, None, (), tier="host", digest=block_digest(d)) for block_hash, d in host]
+    records += [_record(engine, key, parent_hash=None, token_ids=(), tier="host", digest=block_digest(d))
+                for key, d in host]
     if host:
         kv = append_host_blocks(kv, [d for _, d in host])
     write_snapshot(path, engine_identity(engine), records, kv)
@@ -73,12 +76,13 @@ def load_prefix_cache(engine, path: str | Path, *, adopt_kv_scales: bool = False
     if not records:
         return RestoreStats(0, 0, 0)
     runner = engine.runner
-    kv, rows = read_kv(path, num_rows, len(records[0].block_hash), runner.kv_block_shape, runner.kv_dtype)
-    intact = [(r, rows[r.block_hash]) for r in records
-              if r.block_hash in rows and block_digest(layers_to_block(kv, rows[r.block_hash])) == r.digest]
+    kv, rows = read_kv(path, num_rows, len(records[0].row_key), runner.kv_block_shape, runner.kv_dtype)
+    intact = [(r, rows[r.row_key]) for r in records
+              if r.row_key in rows and block_digest(layers_to_block(kv, rows[r.row_key])) == r.digest]
     num_corrupt = len(records) - len(intact)
     device = [(r, row) for r, row in intact if r.tier == "device"]
-    writes, stats = restore_into(engine.kv, [r for r, _ in device])
+    restore = restore_groups_into if hasattr(engine.kv, "num_groups") else restore_into
+    writes, stats = restore(engine.kv, [r for r, _ in device])
     if writes:
         block_ids, indices = zip(*writes)
         runner.write_blocks(list(block_ids), [layers_to_block(kv, device[i][1]) for i in indices])
@@ -88,8 +92,14 @@ def load_prefix_cache(engine, path: str | Path, *, adopt_kv_scales: bool = False
         return stats
     if engine.tiers is None:  # no host tier here: its blocks cannot be used
         return RestoreStats(stats.num_restored, stats.num_skipped + len(host), stats.num_dropped)
-    kept = restore_host_blocks(engine, [r.block_hash for r, _ in host], kv, [row for _, row in host])
+    kept = restore_host_blocks(engine, [manager_key(engine.kv, r) for r, _ in host], kv, [row for _, row in host])
     return RestoreStats(stats.num_restored + kept, stats.num_skipped, stats.num_dropped + len(host) - kept)
+
+
+def _record(engine, key: bytes, **fields) -> BlockRecord:
+    """The record of the block the engine caches under ``key`` (hash and KV cache group split apart)."""
+    block_hash, group = key_and_group(engine.kv, key)
+    return BlockRecord(block_hash, group=group, **fields)
 
 
 def _require_prefix_caching(engine, action: str) -> None:

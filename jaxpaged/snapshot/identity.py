@@ -2,8 +2,9 @@
 
 K/V contents are only meaningful to the engine that computed them: the same
 architecture and weights, the same block size (a block's tokens and hash depend
-on it), the same KV dtype and fp8 scales, and the same hash function (block
-hashes are the cache's keys). A snapshot records all of these, and restoring it
+on it), the same KV dtype and fp8 scales, the same hash function (block
+hashes are the cache's keys), and the same KV cache groups (which layers a
+block id holds: with sliding-window layers a block belongs to one group). A snapshot records all of these, and restoring it
 into an engine where any differs is refused with a ValueError naming the field.
 """
 
@@ -15,7 +16,7 @@ import json
 import jax
 import numpy as np
 
-FORMAT_VERSION = 2  # 2: per-block digests, K/V rows keyed by block hash
+FORMAT_VERSION = 3  # 2: per-block digests, K/V rows keyed by block hash; 3: KV cache groups
 _SAMPLE_ELEMENTS = 1 << 16
 
 
@@ -48,15 +49,22 @@ def engine_identity(engine) -> dict:
         "block_size": engine.block_size,
         "kv_cache_dtype": runner.kv_dtype.name,
         "hash_algo": engine.config.hash_algo,
-        "model_config": engine.model_config.to_dict(),
+        "model_config": json.loads(json.dumps(engine.model_config.to_dict())),  # as read back: tuples are lists
         "params_fingerprint": params_fingerprint(runner.params),
         "kv_scales": [k_scale.tolist(), v_scale.tolist()],
+        "kv_cache_groups": kv_cache_groups(engine),
     }
+
+
+def kv_cache_groups(engine) -> list:
+    """The engine's KV cache groups as ``[window, [layers...]]`` (one group of every layer without windows)."""
+    from jaxpaged.cache.kv_groups import kv_cache_layout
+    return [[group.window, list(group.layers)] for group in kv_cache_layout(engine.model_config.layer_windows).groups]
 
 
 def check_identity(saved: dict, current: dict, where: str) -> None:
     """Raise ValueError naming the first field where snapshot `saved` differs from engine `current`."""
-    for field in ("format_version", "block_size", "kv_cache_dtype", "hash_algo"):
+    for field in ("format_version", "block_size", "kv_cache_dtype", "hash_algo", "kv_cache_groups"):
         _require_equal(field, saved.get(field), current[field], where)
     saved_model, model = saved.get("model_config") or {}, current["model_config"]
     for key in sorted(set(saved_model) | set(model)):

@@ -4,10 +4,11 @@ A snapshot is a directory::
 
     prefix_cache.json   identity (see identity.py), the number of K/V rows, and one record per
                         block, coldest first: hash, parent hash (hex), token ids, extra keys, tier,
-                        and the SHA-256 of the block's K/V bytes
+                        KV cache group, and the SHA-256 of the block's K/V bytes
     kv/                 Orbax StandardCheckpointer output: {"k": [layer...], "v": [layer...], "hashes"},
-                        each layer [num_kv_heads, num_rows, block_size, head_dim]; "hashes" [num_rows,
-                        hash_len] uint8 names the block in each row (absent when there are no blocks)
+                        each layer [num_kv_heads, num_rows, block_size, head_dim] ("layer": pool tensor);
+                        "hashes" [num_rows, hash_len + 2] uint8 names the block in each row, as its hash
+                        and its KV cache group (little-endian uint16; absent when there are no blocks)
 
 A record finds its K/V row by its block hash, never by position, and a row
 whose bytes do not match the record's digest is not used: a reordered, deleted
@@ -39,7 +40,11 @@ KV_DIR = "kv"
 
 @dataclasses.dataclass(frozen=True)
 class BlockRecord:
-    """One cached block: its hash, the hash's inputs, and where its K/V lived ("device" pool)."""
+    """One cached block: its hash, the hash's inputs, where its K/V lived ("device" pool), and its group.
+
+    ``group`` is the KV cache group whose layers the block holds (0 without
+    sliding-window layers); a cache keys the block by hash and group.
+    """
 
     block_hash: bytes
     parent_hash: bytes | None
@@ -47,12 +52,18 @@ class BlockRecord:
     extra_keys: tuple = ()
     tier: str = "device"
     digest: bytes = b""  # SHA-256 of the block's K/V bytes ([2, L, Hkv, B, D], C order)
+    group: int = 0
+
+    @property
+    def row_key(self) -> bytes:
+        """The name of the block's K/V row: its hash, then its group as two little-endian bytes."""
+        return self.block_hash + self.group.to_bytes(2, "little")
 
     def to_json(self) -> dict:
         return {"hash": self.block_hash.hex(),
                 "parent": None if self.parent_hash is None else self.parent_hash.hex(),
                 "tokens": list(self.token_ids), "extra_keys": _encode_keys(self.extra_keys),
-                "tier": self.tier, "digest": self.digest.hex()}
+                "tier": self.tier, "digest": self.digest.hex(), "group": self.group}
 
     @classmethod
     def from_json(cls, d: dict) -> "BlockRecord":
@@ -60,7 +71,7 @@ class BlockRecord:
             raise ValueError(f"unknown tier {d['tier']!r}")
         return cls(bytes.fromhex(d["hash"]), None if d["parent"] is None else bytes.fromhex(d["parent"]),
                    tuple(int(t) for t in d["tokens"]), _decode_keys(d["extra_keys"]), d["tier"],
-                   bytes.fromhex(d["digest"]))
+                   bytes.fromhex(d["digest"]), int(d.get("group", 0)))  # format 2 had no groups
 
 
 def block_digest(block: np.ndarray) -> bytes:
@@ -105,7 +116,7 @@ def write_snapshot(path: str | Path, identity: dict, records: list[BlockRecord],
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     if records:
-        hashes = np.frombuffer(b"".join(r.block_hash for r in records), np.uint8).reshape(len(records), -1)
+        hashes = np.frombuffer(b"".join(r.row_key for r in records), np.uint8).reshape(len(records), -1)
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(tmp / KV_DIR, {**kv, "hashes": hashes})
             checkpointer.wait_until_finished()
@@ -139,11 +150,11 @@ def read_meta(path: str | Path) -> tuple[dict, int, list[BlockRecord]]:
 
 def read_kv(path: str | Path, num_rows: int, hash_len: int, block_shape: tuple[int, ...],
             dtype) -> tuple[dict[str, list[np.ndarray]], dict[bytes, int]]:
-    """The snapshot's K/V arrays and the row of each block hash.
+    """The snapshot's K/V arrays and the row of each row key (``BlockRecord.row_key``, ``hash_len`` bytes).
 
     Arrays are per layer `[num_kv_heads, num_rows, block_size, head_dim]` of
     `dtype`; `block_shape` is one block's `(2, num_layers, num_kv_heads,
-    block_size, head_dim)`. ValueError naming the directory if it cannot be read.
+    block_size, head_dim)` (layers: the pool's tensors). ValueError naming the directory if it cannot be read.
     """
     _, num_layers, heads, block_size, head_dim = block_shape
     layer = jax.ShapeDtypeStruct((heads, num_rows, block_size, head_dim), dtype)

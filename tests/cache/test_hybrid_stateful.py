@@ -13,6 +13,10 @@ bookkeeping, the model checks after every rule:
   published, minus what the evict callback reported) lets every group serve,
   and every hit block holds the prompt's tokens for its group;
 - replaying the KV events gives exactly group 0's cache entries (the plain chained hashes);
+- a lower tier (every evicted block's data, keyed by its group key) extends a
+  prefix hit exactly as far as the model's union of device cache and tier lets
+  every group serve; it restores only blocks a group holds (a sliding group's
+  window), and the restored sequence then reads its own tokens back;
 - nothing leaks once every sequence is freed.
 """
 
@@ -58,10 +62,12 @@ class HybridMachine(RuleBasedStateMachine):
         self.cache: dict[tuple, int] = {}  # (group, salt, prefix tokens) -> block id
         self.next_id = 0
         self.fresh = 1000
+        self.tier: dict[bytes, tuple[tuple, np.ndarray]] = {}  # group key -> (model entry, evicted data)
 
     def _on_evict(self, block_id, key, token_ids, parent_hash):
         entry = next(e for e, b in self.cache.items() if b == block_id)
         del self.cache[entry]
+        self.tier[key] = (entry, self.device[block_id].copy())
         assert all(block_id not in t for sid in self.tokens for t in self.mgr.group_block_tables(sid))
 
     def _new_id(self):
@@ -83,10 +89,11 @@ class HybridMachine(RuleBasedStateMachine):
                 if table[j] != NULL_BLOCK and entry not in self.cache:
                     self.cache[entry] = table[j]
 
-    def _model_hit(self, prompt, salt):
-        """Longest L (blocks) every group serves from the model's cache, at least one token left."""
+    def _model_hit(self, prompt, salt, with_tier=False):
+        """Longest L (blocks) every group serves from the model's cache (and tier), at least one token left."""
+        held = set(self.cache) | ({entry for entry, _ in self.tier.values()} if with_tier else set())
         for length in range(max(len(prompt) - 1, 0) // BS, 0, -1):
-            if all((g, salt, tuple(prompt[:(j + 1) * BS])) in self.cache
+            if all((g, salt, tuple(prompt[:(j + 1) * BS])) in held
                    for g, w in enumerate(self.windows)
                    for j in range(model_first_needed(w, length * BS), length)):
                 return length
@@ -111,6 +118,48 @@ class HybridMachine(RuleBasedStateMachine):
         self.tokens[sid], self.salt[sid] = list(prompt), salt
         self.skip[sid] = [model_first_needed(w, match.num_cached_tokens) for w in self.windows]
         self._run(sid, match.num_cached_tokens, num_new)
+
+    @precondition(lambda self: self.tier)
+    @rule(prompt=prompts, salt=st.sampled_from([None, "t"]), chunk=st.integers(1, 40))
+    def add_restoring_from_tier(self, prompt, salt, chunk):
+        """Admission whose hit continues into the lower tier (what ``KVTiers`` does with groups)."""
+        if not self.mgr.can_fit(len(prompt)):
+            return
+        match = self.mgr.match_prefix(prompt, cache_salt=salt)
+        device_hit = match.num_cached_tokens // BS
+        extension = self.mgr.plan_extension(match, self.tier.__contains__, (len(prompt) - 1) // BS)
+        expected = self._model_hit(prompt, salt, with_tier=True)
+        if extension is None:
+            assert expected == device_hit
+            return
+        length = extension.num_blocks
+        assert length == expected > device_hit
+        for j, g in extension.slots:  # only blocks the group holds, each one the tier has
+            assert j >= model_first_needed(self.windows[g], length * BS)
+        indices = self.mgr.apply_extension(match, extension)
+        num_new = min(chunk, len(prompt) - length * BS)
+        sid = self._new_id()
+        free_before = self.mgr.num_free_blocks
+        if not self.mgr.allocate_new(sid, prompt, (length - device_hit) * BS + num_new, match, cache_salt=salt):
+            assert self.mgr.num_free_blocks == free_before
+            return
+        table = self.mgr.block_table(sid)
+        hashes = match.block_hashes
+        for (j, g), index in zip(extension.slots, indices):
+            key = hashes[j] if g == 0 else hashes[j] + g.to_bytes(2, "little")
+            entry, data = self.tier[key]
+            assert entry == (g, salt, tuple(prompt[:(j + 1) * BS]))
+            self.device[table[index]] = data
+        assert self.mgr.num_computed_tokens(sid) == length * BS
+        self.tokens[sid], self.salt[sid] = list(prompt), salt
+        self.skip[sid] = [model_first_needed(w, length * BS) for w in self.windows]
+        tables = self.mgr.group_block_tables(sid)
+        for j in range(device_hit, length):  # the model's publish rule for restored blocks
+            for g, group_table in enumerate(tables):
+                entry = (g, salt, tuple(prompt[:(j + 1) * BS]))
+                if group_table[j] != NULL_BLOCK and entry not in self.cache:
+                    self.cache[entry] = group_table[j]
+        self._run(sid, length * BS, num_new)
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

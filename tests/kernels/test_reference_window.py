@@ -17,8 +17,10 @@ from tests.kernels.paged_batches import HEAD_DIM, make_batch
 BLOCK = 8
 
 
-def numpy_windowed_attention(q, k_pages, v_pages, tables, context_lens, query_start, query_lens, window):
-    """Per query: softmax over keys max(0, p - window + 1) .. p, read through the block table."""
+def numpy_windowed_attention(q, k_pages, v_pages, tables, context_lens, query_start, query_lens, window,
+                             soft_cap=None):
+    """Per query: softmax over keys max(0, p - window + 1) .. p, read through the block table
+    (scores capped at ``soft_cap * tanh(s / soft_cap)`` when given)."""
     q, k_pages, v_pages = (np.asarray(x, np.float64) for x in (q, k_pages, v_pages))
     num_kv, _, block, dim = k_pages.shape
     group = q.shape[1] // num_kv
@@ -32,6 +34,8 @@ def numpy_windowed_attention(q, k_pages, v_pages, tables, context_lens, query_st
                 k = np.stack([k_pages[h // group, b, j % block] for b, j in zip(blocks, keys)])
                 v = np.stack([v_pages[h // group, b, j % block] for b, j in zip(blocks, keys)])
                 scores = k @ q[start + i, h] * dim**-0.5
+                if soft_cap is not None:
+                    scores = soft_cap * np.tanh(scores / soft_cap)
                 p = np.exp(scores - scores.max())
                 out[start + i, h] = (p / p.sum()) @ v
     return out

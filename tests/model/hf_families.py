@@ -3,7 +3,9 @@
 Each family is a tiny config of its transformers class with every option
 jaxpaged implements switched on where the family has it (biases, q/k norms,
 sliding windows of W = 32 on some layers, Gemma's query_pre_attn_scalar,
-final softcapping, local RoPE base and linear scaling). Weights are redrawn
+final softcapping, Gemma 2's attention-logit softcapping (transformers' Gemma 3
+reads `attn_logit_softcapping` but never applies it, so Gemma 2 is the reference
+for it), local RoPE base and linear scaling). Weights are redrawn
 at unit scale so logits are far from uniform (transformers' own init gives
 near-ties that make greedy tokens fragile), norms are away from their
 identity, and biases are non-zero.
@@ -71,6 +73,9 @@ FAMILIES = {
         sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
         final_logit_softcapping=10.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
         rope_theta=20000.0, rope_local_base_freq=1000.0), unit_offset_norms=True),
+    "gemma2": HFFamily("gemma2", "Gemma2Config", "Gemma2ForCausalLM", dict(
+        sliding_window=WINDOW, query_pre_attn_scalar=24, final_logit_softcapping=10.0,
+        attn_logit_softcapping=2.0), unit_offset_norms=True),
 }
 
 
