@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import jax
 from absl import flags
 
+from jaxpaged import compile_cache
 from jaxpaged.bench import flag_checks
 from jaxpaged.bench.serving import ServingSetup
 from jaxpaged.mathutils import cdiv
@@ -22,8 +22,11 @@ MAX_MODEL_LEN = flags.DEFINE_integer("max_model_len", None,
                                      "(default: the workload's longest context, rounded up to a block)")
 MAX_NUM_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "most sequences running at once")
 MAX_BATCHED = flags.DEFINE_integer("max_num_batched_tokens", 512, "token budget of one step")
-COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
-                                    "persistent XLA compile cache ('' = off); compile time is excluded anyway")
+COMPILE_CACHE = flags.DEFINE_string("compile_cache_dir", compile_cache.AUTO,
+                                    "persistent XLA compile cache directory ('auto' = the per-user one, "
+                                    "see jaxpaged.compile_cache; '' = off); compile time is excluded anyway")
+USE_COMPILE_CACHE = flags.DEFINE_bool("compile_cache", True, "use the persistent XLA compile cache "
+                                      "(--nocompile_cache: every start compiles afresh)")
 # workload scales: None keeps the workload's own default (see jaxpaged/workloads.py)
 _SCALES = {
     "system_len": flags.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
@@ -76,11 +79,9 @@ def trace_from_flags() -> list[WorkloadRequest]:
                           max_model_len=MAX_MODEL_LEN.value)
 
 
-def enable_compile_cache() -> None:
-    """Turn on JAX's persistent compile cache at ``--compile_cache_dir`` (reruns skip compiles)."""
-    if COMPILE_CACHE.value:
-        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+def enable_compile_cache() -> str | None:
+    """Point the persistent XLA compile cache at ``--compile_cache_dir`` (off with ``--nocompile_cache``)."""
+    return compile_cache.configure(COMPILE_CACHE.value if USE_COMPILE_CACHE.value else None)
 
 
 def setup_from_flags(block_size: int, requests: list[WorkloadRequest]) -> ServingSetup:

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxpaged import compile_cache
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
@@ -59,6 +60,10 @@ class EngineConfig:
     eviction_policy: str = "lru"
     # fraction of cached blocks whose lifetime / idle-before-evict / reuse gaps are measured (0 = off)
     kv_cache_metrics_sample: float = 0.0
+    # persistent XLA compilation cache (process-wide, set when the engine is built): "auto" = the per-user
+    # directory ($JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or ~/.cache/jaxpaged/xla; see
+    # jaxpaged.compile_cache), a directory, or ""/None = off
+    compile_cache_dir: str | None = compile_cache.AUTO
 
     def __post_init__(self):
         """Check every field's type and range; ValueError naming the field."""
@@ -98,6 +103,7 @@ class EngineConfig:
         check_optional_str("prefix_cache_snapshot", self.prefix_cache_snapshot)
         if self.disk_cache_dir is not None and not isinstance(self.disk_cache_dir, (str, os.PathLike)):
             raise ValueError(f"disk_cache_dir must be a path, got {self.disk_cache_dir!r}")
+        compile_cache.validate_setting("compile_cache_dir", self.compile_cache_dir)
 
     def resolve_num_blocks(self, model_config: ModelConfig, kv_dtype) -> int:
         """`num_blocks`, or as many blocks as `kv_cache_bytes` (default 256 MiB) holds at `kv_dtype`."""

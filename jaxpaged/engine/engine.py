@@ -25,6 +25,7 @@ from typing import Sequence as Seq
 import jax
 import numpy as np
 
+from jaxpaged import compile_cache
 from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
 from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
@@ -64,6 +65,7 @@ class Engine:
         (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
         config, the runner's block count is taken.
         """
+        compile_cache.configure(config.compile_cache_dir)  # before the first compile (the model's init)
         self.config = config
         self.clock = clock
         if runner is None and model is None:

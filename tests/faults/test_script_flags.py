@@ -51,6 +51,7 @@ BAD = [
     ("bench_engine_core.py", "--concurrency=64,0", "concurrency"),
     ("simulate_hybrid_kv.py", "--max_tokens=0", "max_tokens"),
     ("bench_hybrid_kv.py", "--window=0", "window"),
+    ("bench_startup.py", "--repeats=0", "repeats"),
 ]
 
 
