@@ -7,6 +7,8 @@
 Each start is a fresh process (see `jaxpaged.bench.startup`): the first `generate`
 (import, `LLM` build, one `generate` of 16 prompts of 16-256 tokens, 32 greedy
 tokens each) and `scripts/serve.py` from launch to its first streamed token.
+`--padding_costs` instead times steps padded past their bucket, the price of
+each bucket merge in `jaxpaged/buckets.py`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ BASELINE = flags.DEFINE_string("baseline_root", None, "a source tree of the olde
 REPEATS = flags.DEFINE_integer("repeats", 3, "starts of every kind, model, version and cache state")
 NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 16, "prompts of the first generate")
 OUTPUT_LEN = flags.DEFINE_integer("output_len", 32, "greedy tokens per prompt of the first generate")
+PADDING = flags.DEFINE_bool("padding_costs", False, "instead: each model's step time with a size padded further "
+                            "than its bucket (what merging two buckets costs per step), in this process")
 JSON_OUT = flags.DEFINE_string("json_out", None, "write the results here as JSON")
 MD_OUT = flags.DEFINE_string("md_out", None, "write the Markdown table here")
 flag_checks.list_of("kinds", choices=list(startup.KINDS))
@@ -41,6 +45,13 @@ flags.register_validator("baseline_root", lambda v: v is None or (Path(v) / "jax
 
 def main(argv):
     del argv
+    if PADDING.value:
+        rows = {model: startup.padding_costs(model) for model in MODELS.value}
+        table = startup.padding_table(rows)
+        print(table)
+        write_outputs({"padding_costs": rows, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+                      table, JSON_OUT.value, MD_OUT.value)
+        return
     versions = {"this": ROOT} | ({"before": Path(BASELINE.value).resolve()} if BASELINE.value else {})
     cases = [startup.StartupCase(model, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value)
              for model in MODELS.value]

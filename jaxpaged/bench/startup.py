@@ -205,3 +205,69 @@ def markdown_table(result: dict, baseline: str | None = None) -> str:
         lines.append(f"| {kind} | {model} | {label} | {state} | {m['total_s']:.1f} | {up:.1f} | {first:.1f} "
                      f"| {compiles} | {hits} | {same} | {ratio} |")
     return "\n".join(lines)
+
+
+def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = 16) -> list[dict]:
+    """Step time of one schedule laid out at different padded sizes (what a bucket merge costs per step).
+
+    Each case is a real schedule (decode rows at a context, prefill chunks) laid
+    out by `build_step_input` with one padded size set; the variants alternate
+    over `repeats` timed runs after one compiling run. Returns rows of case,
+    padding, median ms.
+    """
+    from jaxpaged.buckets import StepBuckets
+    from jaxpaged.checkpoint import load_model
+    from jaxpaged.runner import ModelRunner
+    from jaxpaged import step_input
+
+    runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size)
+
+    def schedule(num_decodes: int, context: int, prefills: Sequence[int] = ()) -> list:
+        seqs, next_block = [], 0
+        for tokens, start in [(1, context)] * num_decodes + [(n, 0) for n in prefills]:
+            blocks = list(range(next_block, next_block + (start + tokens) // block_size + 1))
+            next_block += len(blocks)
+            seqs.append(step_input.ScheduledSeq([1] * tokens, start, blocks))
+        return seqs
+
+    def padded(seqs, **sizes) -> step_input.StepInput:
+        rule = step_input.step_buckets
+
+        def forced(*args, **kwargs) -> StepBuckets:
+            return dataclasses.replace(rule(*args, **kwargs), **sizes)
+        step_input.step_buckets = forced
+        try:
+            return step_input.build_step_input(seqs, block_size)
+        finally:
+            step_input.step_buckets = rule
+
+    cases = {  # the sizes before the merge first, then padded as the merged buckets pad them
+        "decode, 1 row, context 200": (schedule(1, 200), [{"blocks_per_seq": 16}, {"blocks_per_seq": 32},
+                                                          {"blocks_per_seq": 64}, {"num_decode_rows": 8}]),
+        "decode, 16 rows, context 300": (schedule(16, 300), [{"blocks_per_seq": 32}, {"blocks_per_seq": 64}]),
+        "1 x 64 prefill": (schedule(0, 0, [64]), [{"blocks_per_seq": 8}, {"blocks_per_seq": 32}]),
+        "4 x 128 prefill": (schedule(0, 0, [128] * 4), [{"num_decode_rows": 0}, {"num_decode_rows": 16}]),
+        "4 x 128 prefill + 2 decodes": (schedule(2, 200, [128] * 4), [{"num_decode_rows": 2},
+                                                                      {"num_decode_rows": 16}]),
+    }
+    rows = []
+    for name, (seqs, variants) in cases.items():
+        steps = [padded(seqs, **v) for v in variants]
+        for step in steps:
+            runner.execute(step)  # compile
+        times = [[] for _ in steps]
+        for _ in range(repeats):
+            for i, step in enumerate(steps):
+                start = time.perf_counter()
+                runner.execute(step)
+                times[i].append(time.perf_counter() - start)
+        for variant, ts in zip(variants, times):
+            rows.append({"case": name, "padding": ", ".join(f"{k} = {v}" for k, v in variant.items()),
+                         "median_ms": 1e3 * statistics.median(ts)})
+    return rows
+
+
+def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
+    """`padding_costs` rows per model as a Markdown table."""
+    return "\n".join(["| model | step | padded | median ms |", "|---|---|---|---:|"] + [
+        f"| {model} | {r['case']} | {r['padding']} | {r['median_ms']:.1f} |" for model, rs in rows.items() for r in rs])

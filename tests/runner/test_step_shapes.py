@@ -15,20 +15,18 @@ def _pow2(n: int, minimum: int = 1) -> int:
 def expected_shape(num_tokens: list[int], starts: list[int], block_size: int, *, merged: bool = True) -> tuple:
     """(tokens, rows, blocks per row, decode rows, prefill chunk) of one step, from its schedule.
 
-    The rule as documented: powers of two; prefill tokens and chunk at least 16;
-    with `merged` (this version) at least 32 blocks per row and, in a step that
-    prefills, one decode row per 32 prefill tokens; without it (before), at least 4 blocks.
+    The rule as documented: powers of two; prefill tokens and chunk at least 16,
+    blocks per row at least 4, and with `merged` (this version) at least 32 in a
+    step of decodes only.
     """
     prefill = [n for n in num_tokens if n > 1]
     num_decodes = len(num_tokens) - len(prefill)
     prefill_tokens = _pow2(sum(prefill), 16)
     decode_rows = _pow2(num_decodes)
-    if merged and prefill:
-        decode_rows = max(decode_rows, prefill_tokens // 32)
     max_blocks = max(-(-(s + n) // block_size) for s, n in zip(starts, num_tokens))
     chunk = min(_pow2(max(prefill, default=0), 16), prefill_tokens)
     return (decode_rows + prefill_tokens, decode_rows + _pow2(len(prefill)),
-            _pow2(max_blocks, 32 if merged else 4), decode_rows, chunk)
+            _pow2(max_blocks, 32 if merged and not prefill else 4), decode_rows, chunk)
 
 
 def _shape(step) -> tuple:
@@ -37,8 +35,8 @@ def _shape(step) -> tuple:
 
 
 def test_compiled_step_shapes_match_the_padding_rule(tiny_model):
-    """A first batch (a chunked prefill next to decodes, requests ending at different lengths, a context
-    growing past 64 tokens) compiles exactly the distinct shapes the rule gives its schedule, fewer than
+    """A first batch (a chunked prefill next to decodes, requests ending at different lengths, decodes
+    whose context grows past 64 tokens) compiles exactly the distinct shapes the rule gives its schedule, fewer than
     plain powers of two would."""
     engine = Engine(EngineConfig(model="tiny", num_blocks=256, block_size=BLOCK_SIZE, max_num_batched_tokens=64, max_num_seqs=2),
                     model=tiny_model)
