@@ -9,7 +9,7 @@ Two builders make the same layout: the engine's runner cuts it from its
 persistent batch with vectorised numpy (`jaxpaged.runner.input_batch`), and
 `build_step_input` lays out a list of `ScheduledSeq` one sequence at a time
 (tests, benchmarks, calibration; the reference the persistent batch is tested
-against). `step_buckets` is the padding rule both use.
+against). `step_buckets` (`jaxpaged.buckets`) is the padding rule both use.
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ import chex
 import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
-from jaxpaged.buckets import pow2_bucket
+from jaxpaged.buckets import StepBuckets, step_buckets
 from jaxpaged.logit_controls import LogitControls
 from jaxpaged.mathutils import cdiv
-
-MIN_PREFILL_TOKENS = 16
-MIN_BLOCKS_PER_SEQ = 4
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,38 +91,6 @@ class StepInput:
     def num_tokens(self) -> int:
         """Real (unpadded) tokens computed this step."""
         return int(self.query_lens.sum())
-
-
-@dataclasses.dataclass(frozen=True)
-class StepBuckets:
-    """Padded sizes of one step: decode rows, prefill rows, prefill tokens, longest chunk, table width."""
-
-    num_decode_rows: int
-    num_prefill_rows: int
-    num_prefill_tokens: int
-    max_prefill_query_len: int
-    blocks_per_seq: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_decode_rows + self.num_prefill_tokens
-
-    @property
-    def num_rows(self) -> int:
-        return self.num_decode_rows + self.num_prefill_rows
-
-
-def step_buckets(num_decodes: int, num_prefills: int, prefill_tokens: int, max_chunk: int,
-                 max_blocks: int) -> StepBuckets:
-    """Pad a step's sizes to powers of two (with minimums), so it compiles a bounded number of times."""
-    t_pre = pow2_bucket(prefill_tokens, MIN_PREFILL_TOKENS)
-    return StepBuckets(
-        num_decode_rows=pow2_bucket(num_decodes),
-        num_prefill_rows=pow2_bucket(num_prefills),
-        num_prefill_tokens=t_pre,
-        max_prefill_query_len=min(pow2_bucket(max_chunk, MIN_PREFILL_TOKENS), t_pre),
-        blocks_per_seq=pow2_bucket(max_blocks, MIN_BLOCKS_PER_SEQ),
-    )
 
 
 def empty_step_input(buckets: StepBuckets, num_seqs: int) -> StepInput:

@@ -44,6 +44,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("bench replicas", "bench.replicas", "routing policies over engine replicas on Ray Serve"),
     _c("bench attention", "bench.attention", "paged attention kernels beside the XLA gather and dense attention"),
     _c("bench step", "bench.step", "one prefill and one decode step of a model, timed"),
+    _c("bench startup", "bench.startup", "first generate and server start to first token, cold and warm compile cache"),
     _c("bench engine-core", "bench.engine_core", "the engine core in-process against its own process"),
     _c("bench block-manager", "bench.block_manager", "host-side cost of the KV cache manager"),
     _c("bench cpu-efficiency", "bench.cpu_efficiency", "a step against its matmul floor on this CPU"),

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import jax
-
+from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving import ServingSetup
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
@@ -39,8 +38,11 @@ class WorkloadFlags:
         self.MAX_MODEL_LEN = fs.DEFINE_integer("max_model_len", None,
                                              "longest sequence; the contiguous baseline reserves this per sequence "
                                              "(default: the workload's longest context, rounded up to a block)")
-        self.COMPILE_CACHE = fs.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
-                                            "persistent XLA compile cache ('' = off); compile time is excluded anyway")
+        self.COMPILE_CACHE = fs.DEFINE_string("compile_cache_dir", compile_cache.AUTO,
+                                            "persistent XLA compile cache directory ('auto' = the per-user one, "
+                                            "see jaxpaged.compile_cache; '' = off); compile time is excluded anyway")
+        self.USE_COMPILE_CACHE = fs.DEFINE_bool("compile_cache", True, "use the persistent XLA compile cache "
+                                                "(--nocompile_cache: every start compiles afresh)")
         # workload scales: None keeps the workload's own default (see jaxpaged/workloads.py)
         self._SCALES = {
             "system_len": fs.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
@@ -81,11 +83,9 @@ class WorkloadFlags:
         return trace_workload(load_trace(self.TRACE.value, limit=self.TRACE_LIMIT.value),
                               time_scale=self.TRACE_SCALE.value, max_model_len=self.MAX_MODEL_LEN.value)
 
-    def enable_compile_cache(self) -> None:
-        """Turn on JAX's persistent compile cache at ``--compile_cache_dir`` (reruns skip compiles)."""
-        if self.COMPILE_CACHE.value:
-            jax.config.update("jax_compilation_cache_dir", self.COMPILE_CACHE.value)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    def enable_compile_cache(self) -> str | None:
+        """Point the persistent XLA compile cache at ``--compile_cache_dir`` (off with ``--nocompile_cache``)."""
+        return compile_cache.configure(self.COMPILE_CACHE.value if self.USE_COMPILE_CACHE.value else None)
 
     def setup_from_flags(self, block_size: int, requests: list[WorkloadRequest]) -> ServingSetup:
         """The shared KV budget and engine limits from the flags, in blocks of ``block_size`` tokens.

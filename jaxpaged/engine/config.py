@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from jaxpaged import compile_cache
 from jaxpaged.attention.backend import BACKENDS
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
@@ -61,6 +62,10 @@ class EngineConfig:
     eviction_policy: str = "lru"
     # fraction of cached blocks whose lifetime / idle-before-evict / reuse gaps are measured (0 = off)
     kv_cache_metrics_sample: float = 0.0
+    # persistent XLA compilation cache (process-wide, set when the engine is built): "auto" = the per-user
+    # directory ($JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or ~/.cache/jaxpaged/xla; see
+    # jaxpaged.compile_cache), a directory, or ""/None = off
+    compile_cache_dir: str | None = compile_cache.AUTO
 
     def __post_init__(self):
         """Check every field once, here: ValueError naming the field and its limit.
@@ -98,6 +103,7 @@ class EngineConfig:
         if self.kv_scales is not None and not is_pair:
             raise ValueError(f"kv_scales must be None or a pair (k_scale, v_scale), "
                              f"got {type(self.kv_scales).__name__}")
+        compile_cache.validate_setting("compile_cache_dir", self.compile_cache_dir)
 
     def _check_choices(self) -> None:
         check_str("attention_backend", self.attention_backend, choices=BACKENDS)

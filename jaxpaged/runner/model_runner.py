@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -47,6 +48,8 @@ from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_c
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+
+logger = logging.getLogger(__name__)
 
 
 class DeviceStepInput(NamedTuple):
@@ -203,12 +206,15 @@ class ModelRunner:
 
     @property
     def num_compiles(self) -> int:
-        """Distinct step shapes compiled so far."""
+        """Distinct step shapes compiled so far (or loaded from the persistent compile cache)."""
         return self._trace_count
 
     def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
                  layout: StepLayout, return_logits: bool, num_top_logprobs: int, num_prompt_top_logprobs: int):
         self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
+        logger.info("step shape %d: %d tokens, %d rows (%d decode), %d blocks per row, prefill chunk %d",
+                    self._trace_count, inputs.token_ids.shape[0], inputs.attention.context_lens.shape[0],
+                    layout.num_decode_seqs, inputs.attention.block_tables.shape[-1], layout.max_prefill_query_len)
         model = nnx.merge(self.graphdef, params)
         src = inputs.token_src_rows
         token_ids = jnp.where(src >= 0, last_tokens[jnp.maximum(src, 0)], inputs.token_ids)

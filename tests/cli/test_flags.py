@@ -22,6 +22,7 @@ BAD = [
     ("bench serving", "--kv_cache_metrics_sample=2", "kv_cache_metrics_sample"),
     ("bench http-overhead", "--repeats=0", "repeats"),
     ("bench step", "--repeats=0", "repeats"),
+    ("bench startup", "--repeats=0", "repeats"),
     ("bench cpu-efficiency", "--prefill_lens=512,0", "prefill_lens"),
     ("bench throughput", "--num_prompts=0", "num_prompts"),
     ("bench throughput", "--max_num_seqs=0", "max_num_seqs"),

@@ -41,6 +41,7 @@ BAD_VALUE = {
     "tensor_parallel_size": 0,
     "eviction_policy": "random",
     "kv_cache_metrics_sample": 1.5,
+    "compile_cache_dir": 8,
 }
 # what a field needs beside it so that only the field itself is wrong
 CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}}

@@ -1,0 +1,280 @@
+"""Start-up time: a fresh process's first `generate`, and a server's start to its first streamed token.
+
+Every measurement is a new Python process, as a user's start is: for `generate`,
+`python -c` imports jaxpaged, builds `LLM(model)` and runs one `generate` over
+a fixed prompt set (random lengths, greedy, a fixed output length); for `serve`,
+`jaxpaged serve` (`scripts/serve.py` in a tree from before the command line) is
+launched and one streaming completion is sent (retried
+until the server answers) and timed to its first token.
+
+Each code version is a source tree (`root`: this checkout, or a worktree at an
+older commit) run with the same interpreter. Cache states:
+
+- `off`: no persistent compile cache (`$JAXPAGED_CACHE_DIR=""`; a tree from
+  before the cache existed has none anyway);
+- `cold`: an empty cache directory (the first start on a machine);
+- `warm`: the directory the `cold` run just filled (every later start).
+
+Versions alternate inside each repeat so that load on a shared machine falls on
+all of them alike; medians over repeats are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+from jaxpaged.bench.online.server_process import free_port
+
+CACHE_STATES = ("off", "cold", "warm")
+KINDS = ("generate", "serve")
+
+# runs against any version's public API (LLM, SamplingParams); the cache is chosen through the environment
+_GENERATE_CHILD = r"""
+import json, sys, time
+start = time.perf_counter()
+args = json.loads(sys.argv[1])
+import numpy as np
+from jaxpaged import LLM
+from jaxpaged.sampling_params import SamplingParams
+imported = time.perf_counter()
+llm = LLM(model=args["model"])
+built = time.perf_counter()
+vocab = llm.engine.model_config.vocab_size
+rng = np.random.default_rng(0)
+prompts = [rng.integers(0, min(vocab, 250), int(rng.integers(16, args["max_prompt_len"] + 1))).tolist()
+           for _ in range(args["num_prompts"])]
+outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args["output_len"], ignore_eos=True),
+                    use_tqdm=False)
+done = time.perf_counter()
+try:
+    from jaxpaged.compile_cache import cache_counts
+    lookups, hits = cache_counts()
+except ImportError:
+    lookups = hits = None
+print(json.dumps({"import_s": imported - start, "build_s": built - imported, "generate_s": done - built,
+                  "compiles": llm.engine.runner.num_compiles, "cache_lookups": lookups, "cache_hits": hits,
+                  "tokens": [o.outputs[0].token_ids for o in outs]}))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupCase:
+    """What one start runs: the model, and the first `generate`'s prompts and output length."""
+
+    model: str
+    num_prompts: int = 16
+    max_prompt_len: int = 256
+    output_len: int = 32
+    serve_prompt_len: int = 64
+    serve_output_len: int = 8
+
+
+def _env(root: Path, cache_dir: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env.pop("XLA_FLAGS", None)  # the default compiler settings a user gets
+    env["PYTHONPATH"] = str(root)
+    env["JAXPAGED_CACHE_DIR"] = cache_dir or ""
+    return env
+
+
+def first_generate(root: Path, case: StartupCase, cache_dir: str | None, *, timeout_s: float = 1800) -> dict:
+    """One fresh process's import, build and first `generate`; its wall time from spawn to exit."""
+    args = json.dumps(dataclasses.asdict(case))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _GENERATE_CHILD, args], cwd=root, env=_env(root, cache_dir),
+                          capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"the generate process failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["tokens_digest"] = hashlib.sha256(json.dumps(out.pop("tokens")).encode()).hexdigest()[:12]
+    return out | {"total_s": wall}
+
+
+def _serve_command(root: Path) -> list[str]:
+    """How `root`'s tree starts its server: `jaxpaged serve`, or the script a tree before the CLI had."""
+    legacy = root / "scripts" / "serve.py"
+    return [sys.executable, str(legacy)] if legacy.exists() else [sys.executable, "-m", "jaxpaged", "serve"]
+
+
+def first_token(root: Path, case: StartupCase, cache_dir: str | None, *, timeout_s: float = 1800) -> dict:
+    """Launch the tree's server, wait for `GET /health`, stream one completion; seconds from launch."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.mkdtemp(prefix="jaxpaged-startup-")) / "server.log"
+    body = {"model": case.model, "prompt": list(range(1, case.serve_prompt_len + 1)), "temperature": 0,
+            "max_tokens": case.serve_output_len, "stream": True}
+    start = time.perf_counter()
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen([*_serve_command(root), f"--model={case.model}",
+                                 "--host=127.0.0.1", f"--port={port}"], cwd=root, env=_env(root, cache_dir),
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        while True:
+            if time.perf_counter() - start > timeout_s or proc.poll() is not None:
+                raise RuntimeError(f"the server did not come up:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=5.0, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        up = time.perf_counter()
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"]:
+                    break
+        first = time.perf_counter()
+        return {"total_s": first - start, "healthy_s": up - start, "first_token_after_request_s": first - up}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(log.parent, ignore_errors=True)
+
+
+def has_compile_cache(root: Path) -> bool:
+    """Whether the tree at `root` has the persistent compile cache (older trees start without one)."""
+    return (root / "jaxpaged" / "compile_cache.py").exists()
+
+
+def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds: Sequence[str] = KINDS,
+            cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, log=print) -> dict:
+    """Every (kind, model, version, cache state) start `repeats` times, versions alternating; raw runs and medians.
+
+    A version without the cache is measured once per repeat, as `off`.
+    """
+    runs: dict[str, list[dict]] = {}
+    work = Path(tempfile.mkdtemp(prefix="jaxpaged-startup-cache-"))
+    run_one = {"generate": first_generate, "serve": first_token}
+    try:
+        for r in range(repeats):
+            for case in cases:
+                for kind in kinds:
+                    for label, root in versions.items():
+                        states = cache_states if has_compile_cache(root) else ("off",)
+                        cache_dir = work / f"{label}-{kind}-{case.model}"
+                        shutil.rmtree(cache_dir, ignore_errors=True)  # cold: empty; warm: what cold left
+                        for state in states:
+                            key = f"{kind}/{case.model}/{label}/{state}"
+                            result = run_one[kind](root, case, None if state == "off" else str(cache_dir))
+                            runs.setdefault(key, []).append(result)
+                            log(f"repeat {r + 1}/{repeats} {key}: {result['total_s']:.1f} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    medians = {key: {name: statistics.median(run[name] for run in rs)
+                     for name, value in rs[0].items() if isinstance(value, (int, float)) and value is not None}
+               for key, rs in runs.items()}
+    return {"runs": runs, "median": medians}
+
+
+def markdown_table(result: dict, baseline: str | None = None) -> str:
+    """One row per (kind, model, version, cache state): median seconds, compiles, and the ratio to `baseline`.
+
+    `baseline` is a version label; its `off` start of the same kind and model is the ratio's denominator,
+    and "same tokens" says whether a `generate` row's greedy tokens equal the baseline's. "up" is the
+    import and `LLM` build (`generate`) or launch to a healthy `GET /health` (`serve`).
+    """
+    lines = ["| start | model | version | compile cache | median total (s) | up (s) | first call (s) "
+             "| step shapes | cache hits / lookups | same tokens | vs baseline |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    for key, m in result["median"].items():
+        kind, model, label, state = key.split("/")
+        base = result["median"].get(f"{kind}/{model}/{baseline}/off") if baseline else None
+        ratio = f"{m['total_s'] / base['total_s']:.2f}x" if base else ""
+        first = m.get("generate_s", m.get("first_token_after_request_s"))
+        up = m["import_s"] + m["build_s"] if "build_s" in m else m["healthy_s"]
+        digests = {run.get("tokens_digest") for run in result["runs"][key]}
+        base_runs = result["runs"].get(f"{kind}/{model}/{baseline}/off", []) if baseline else []
+        same = ""
+        if kind == "generate" and base_runs:
+            same = "yes" if digests == {run["tokens_digest"] for run in base_runs} else "no"
+        hits = (f"{m['cache_hits']:.0f} / {m['cache_lookups']:.0f}" if m.get("cache_lookups") is not None else "")
+        compiles = f"{m['compiles']:.0f}" if "compiles" in m else ""
+        lines.append(f"| {kind} | {model} | {label} | {state} | {m['total_s']:.1f} | {up:.1f} | {first:.1f} "
+                     f"| {compiles} | {hits} | {same} | {ratio} |")
+    return "\n".join(lines)
+
+
+def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = 16) -> list[dict]:
+    """Step time of one schedule laid out at different padded sizes (what a bucket merge costs per step).
+
+    Each case is a real schedule (decode rows at a context, prefill chunks) laid
+    out by `build_step_input` with one padded size set; the variants alternate
+    over `repeats` timed runs after one compiling run. Returns rows of case,
+    padding, median ms.
+    """
+    from jaxpaged.buckets import StepBuckets
+    from jaxpaged.checkpoint import load_model
+    from jaxpaged.runner import ModelRunner
+    from jaxpaged import step_input
+
+    runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size)
+
+    def schedule(num_decodes: int, context: int, prefills: Sequence[int] = ()) -> list:
+        seqs, next_block = [], 0
+        for tokens, start in [(1, context)] * num_decodes + [(n, 0) for n in prefills]:
+            blocks = list(range(next_block, next_block + (start + tokens) // block_size + 1))
+            next_block += len(blocks)
+            seqs.append(step_input.ScheduledSeq([1] * tokens, start, blocks))
+        return seqs
+
+    def padded(seqs, **sizes) -> step_input.StepInput:
+        rule = step_input.step_buckets
+
+        def forced(*args, **kwargs) -> StepBuckets:
+            return dataclasses.replace(rule(*args, **kwargs), **sizes)
+        step_input.step_buckets = forced
+        try:
+            return step_input.build_step_input(seqs, block_size)
+        finally:
+            step_input.step_buckets = rule
+
+    cases = {  # the sizes before the merge first, then padded as the merged buckets pad them
+        "decode, 1 row, context 200": (schedule(1, 200), [{"blocks_per_seq": 16}, {"blocks_per_seq": 32},
+                                                          {"blocks_per_seq": 64}, {"num_decode_rows": 8}]),
+        "decode, 16 rows, context 300": (schedule(16, 300), [{"blocks_per_seq": 32}, {"blocks_per_seq": 64}]),
+        "1 x 64 prefill": (schedule(0, 0, [64]), [{"blocks_per_seq": 8}, {"blocks_per_seq": 32}]),
+        "4 x 128 prefill": (schedule(0, 0, [128] * 4), [{"num_decode_rows": 0}, {"num_decode_rows": 16}]),
+        "4 x 128 prefill + 2 decodes": (schedule(2, 200, [128] * 4), [{"num_decode_rows": 2},
+                                                                      {"num_decode_rows": 16}]),
+    }
+    rows = []
+    for name, (seqs, variants) in cases.items():
+        steps = [padded(seqs, **v) for v in variants]
+        for step in steps:
+            runner.execute(step)  # compile
+        times = [[] for _ in steps]
+        for _ in range(repeats):
+            for i, step in enumerate(steps):
+                start = time.perf_counter()
+                runner.execute(step)
+                times[i].append(time.perf_counter() - start)
+        for variant, ts in zip(variants, times):
+            rows.append({"case": name, "padding": ", ".join(f"{k} = {v}" for k, v in variant.items()),
+                         "median_ms": 1e3 * statistics.median(ts)})
+    return rows
+
+
+def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
+    """`padding_costs` rows per model as a Markdown table."""
+    return "\n".join(["| model | step | padded | median ms |", "|---|---|---|---:|"] + [
+        f"| {model} | {r['case']} | {r['padding']} | {r['median_ms']:.1f} |" for model, rs in rows.items() for r in rs])

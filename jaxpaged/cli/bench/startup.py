@@ -1,0 +1,60 @@
+"""Start-up time: a fresh process's first `generate` and a server's launch to first token, cold and warm.
+
+    jaxpaged bench startup --models=small,llama-100m --baseline_root=/path/to/older/checkout \
+        --json_out=out/bench_startup.json --md_out=out/bench_startup.md
+
+Every start is a new process (`jaxpaged.bench.offline.startup`), with no
+persistent compile cache, an empty one (cold) and the one the cold start
+filled (warm); with `--baseline_root`, an older source tree is started the
+same way, alternating with this one, and each row's ratio is to that tree's
+start without a cache. `--padding_costs` instead times each model's step
+with a size padded further (what merging two step shapes would cost).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+from jaxpaged.bench.offline import startup
+from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.output_flags import OutputFlags
+
+ROOT = Path(__file__).resolve().parents[3]  # this source tree
+
+FLAGS = FlagSet()
+MODELS = FLAGS.DEFINE_list("models", ["small", "llama-100m"], "shipped model configs to start")
+KINDS = FLAGS.DEFINE_list("kinds", list(startup.KINDS), "generate: a first LLM.generate; serve: server to first token")
+CACHES = FLAGS.DEFINE_list("cache_states", list(startup.CACHE_STATES), "off, cold (empty cache), warm (filled)")
+BASELINE = FLAGS.DEFINE_string("baseline_root", None, "a source tree of the older version to compare with")
+REPEATS = FLAGS.DEFINE_integer("repeats", 3, "starts of every kind, model, version and cache state")
+NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 16, "prompts of the first generate")
+OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 32, "greedy tokens per prompt of the first generate")
+PADDING = FLAGS.DEFINE_bool("padding_costs", False, "instead: each model's step time with a size padded further "
+                            "(what merging step shapes would cost)")
+OUT = OutputFlags(FLAGS)
+
+FLAGS.list_of("kinds", choices=list(startup.KINDS))
+FLAGS.list_of("cache_states", choices=list(startup.CACHE_STATES))
+FLAGS.positive("repeats", "num_prompts", "output_len")
+FLAGS.register_validator("baseline_root", lambda v: v is None or (Path(v) / "jaxpaged").is_dir(),
+                         message="--baseline_root must be a jaxpaged source tree")
+
+
+def main(argv):
+    """Measure the starts (or the padding costs); print and write the table."""
+    del argv
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    if PADDING.value:
+        rows = {model: startup.padding_costs(model) for model in MODELS.value}
+        OUT.write({"padding_costs": rows, "date": now}, startup.padding_table(rows))
+        return
+    versions = {"this": ROOT} | ({"before": Path(BASELINE.value).resolve()} if BASELINE.value else {})
+    cases = [startup.StartupCase(model, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value)
+             for model in MODELS.value]
+    result = startup.measure(versions, cases, kinds=KINDS.value, cache_states=CACHES.value, repeats=REPEATS.value)
+    result |= {"date": now, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
+    OUT.write(result, startup.markdown_table(result, "before" if BASELINE.value else None))
