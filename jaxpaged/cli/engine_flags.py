@@ -63,6 +63,8 @@ HELP = {
     "eviction_policy": "which cached block at ref count 0 is evicted first",
     "kv_cache_metrics_sample": "fraction of cached blocks whose lifetime, idle-before-evict and reuse gaps are "
                                "measured (0 = off)",
+    "compile_cache_dir": "persistent XLA compile cache: 'auto' (the per-user directory: $JAXPAGED_CACHE_DIR, "
+                         "else $XDG_CACHE_HOME/jaxpaged/xla or ~/.cache/jaxpaged/xla), a directory, or '' (off)",
 }
 
 
