@@ -35,7 +35,42 @@ def _start(*flags):
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, [proc])
+    _wait_listening(apis, port)  # /health may have been answered by one API server while another still starts
     return proc, base, core, apis
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes in LISTEN state on `port` (from /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _fd_targets(pid: int) -> set[str]:
+    """What the open file descriptors of `pid` point at (fds closing meanwhile are skipped)."""
+    targets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return targets
+
+
+def _wait_listening(pids: list[int], port: int) -> None:
+    """Until every process in `pids` holds a listening socket on `port`."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        listening = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+        if all(_fd_targets(pid) & listening for pid in pids):
+            return
+        assert time.monotonic() < deadline, f"API servers not listening on {port}: {pids}"
+        time.sleep(0.1)
 
 
 def _alive(pid: int) -> bool:
