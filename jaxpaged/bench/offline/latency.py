@@ -28,7 +28,7 @@ def measure_latency(llm: LLM, prompts: list[list[int]], output_len: int, *, num_
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0, detokenize=False)
     latencies = []
     for i in range(num_iters_warmup + num_iters):
-        if not llm.engine.kv.reset_prefix_cache():
+        if not llm.engine.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be emptied: a block is still in use")
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)

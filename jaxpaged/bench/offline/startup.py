@@ -38,11 +38,12 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import free_port
+from jaxpaged.config import DEFAULT_BLOCK_SIZE
 
 CACHE_STATES = ("off", "cold", "warm")
 KINDS = ("generate", "serve")
 
-# runs against any version's public API (LLM, SamplingParams); the cache is chosen through the environment
+# runs against any version's public API (LLM, SamplingParams, and `engine.runner`, which older trees also have); the cache is chosen through the environment
 _GENERATE_CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
@@ -214,7 +215,7 @@ def markdown_table(result: dict, baseline: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = 16) -> list[dict]:
+def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAULT_BLOCK_SIZE) -> list[dict]:
     """Step time of one schedule laid out at different padded sizes (what a bucket merge costs per step).
 
     Each case is a real schedule (decode rows at a context, prefill chunks) laid
