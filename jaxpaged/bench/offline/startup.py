@@ -43,7 +43,8 @@ from jaxpaged.config import DEFAULT_BLOCK_SIZE
 CACHE_STATES = ("off", "cold", "warm")
 KINDS = ("generate", "serve")
 
-# runs against any version's public API (LLM, SamplingParams, and `engine.runner`, which older trees also have); the cache is chosen through the environment
+# runs against any version's public API (LLM, SamplingParams, and `engine.runner`, which older trees also
+# have); the cache is chosen through the environment
 _GENERATE_CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
