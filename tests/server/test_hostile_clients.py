@@ -74,10 +74,9 @@ def _raw_post(port: int, body: dict | bytes, path: str = "/v1/completions") -> s
 
 
 def test_clients_hanging_up_while_the_loop_is_busy(base, server, expected_probe):
-    """The loop stalls (as for a compile) while twelve clients queue requests and give up (the stall outlasts
-    their 1 s timeout by enough that a request reaching a loaded server late still times out, not 503s)."""
+    """The loop stalls (as for a compile) while twelve clients queue requests and give up."""
     wait_idle(base)
-    assert httpx.post(base + "/debug/stall_engine_loop", json={"seconds": 4.0}).status_code == 200
+    assert httpx.post(base + "/debug/stall_engine_loop", json={"seconds": 2.5}).status_code == 200
     impatient = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=1.0)
 
     def give_up(i):

@@ -92,7 +92,7 @@ class CoreClient:
         asyncio.ensure_future(self._call(M.Call(0, "crash")))
 
     async def stall_for_test(self, seconds: float) -> None:
-        """Make the core sleep `seconds` between two steps."""
+        """Make the core sleep `seconds` between two steps (returns at once)."""
         await self._call(M.Call(0, "stall", [seconds]))
 
     async def engine_metrics(self) -> str:

@@ -127,6 +127,7 @@ class EngineCore:
         self._commands: list[_Command] = []  # this iteration's engine commands
         self._stop_requested = False
         self._crash_requested = False
+        self._stall_s = 0.0  # the debug stall: slept once, after this iteration's messages are read
 
     def request_stop(self) -> None:
         """Begin draining (signal-handler safe: it only sets a flag)."""
@@ -154,6 +155,9 @@ class EngineCore:
                 self._apply_commands()
                 if stop:
                     break
+                if self._stall_s:
+                    time.sleep(self._stall_s)  # as a long compile would: what arrives meanwhile waits
+                    self._stall_s = 0.0
                 if self._crash_requested:
                     raise RuntimeError("engine core crashed on request (debug endpoint)")
                 if self.engine.has_unfinished_requests():
@@ -261,7 +265,7 @@ class EngineCore:
         if name == "stall":
             if self.multi_process:
                 raise ValueError("stall is single-process only (the other processes step in lockstep)")
-            time.sleep(float(args[0]))
+            self._stall_s = float(args[0])  # answered at once, as the in-process loop's stall is
             return None
         if name == "crash":
             self._crash_requested = True
