@@ -21,6 +21,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxpaged import compile_cache
 from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
 from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
@@ -84,6 +85,7 @@ class EngineBuilder:
     def build(self) -> EngineParts:
         """Load the model (unless given or simulated), then size and build every part."""
         config, runner, model = self.config, self._runner, self._model
+        compile_cache.configure(config.compile_cache_dir)  # before the first compile (the model's init)
         if runner is None and model is None:
             from jaxpaged.checkpoint import load_model
             model = load_model(config.model, dtype=config.dtype, seed=config.seed,

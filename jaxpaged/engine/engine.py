@@ -27,7 +27,6 @@ from typing import Sequence as Seq
 
 import jax
 
-from jaxpaged import compile_cache
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
 from jaxpaged.engine.config import EngineConfig
@@ -62,7 +61,6 @@ class Engine(EngineQueries):
         (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
         config, the runner's block count is taken.
         """
-        compile_cache.configure(config.compile_cache_dir)  # before the first compile (the model's init)
         parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock).build()
         self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
         self.num_blocks, self.block_size, self.max_model_len = parts.num_blocks, parts.block_size, parts.max_model_len
