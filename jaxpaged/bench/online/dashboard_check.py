@@ -1,0 +1,130 @@
+"""The shipped Grafana dashboard against a real Prometheus scraping a live jaxpaged server.
+
+`run_dashboard_check` starts ``jaxpaged serve`` (a small KV pool, so blocks are
+hit, evicted and pinned), a ``prometheus`` binary scraping its ``/metrics``
+every second, sends `traffic` for a while, then runs every panel query of the
+dashboard through Prometheus' HTTP API (`evaluate`). A query fails when
+Prometheus refuses it or it returns no series (`failed_queries`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from jaxpaged.bench.online.dashboard import DASHBOARD, PanelQuery, dashboard_queries
+from jaxpaged.bench.online.server_process import ServerProcess, free_port
+from jaxpaged.bench.output import markdown_table
+
+SERVER_ARGS = ("--kv_budget_tokens=512", "--max_model_len=256", "--max_num_seqs=4",
+               "--max_num_batched_tokens=256", "--kv_cache_metrics_sample=1")
+SCRAPE_CONFIG = """global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: jaxpaged
+    static_configs:
+      - targets: ["{target}"]
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class DashboardCheck:
+    """What to check: the server's model and eviction policy, the Prometheus binary, traffic and rate window."""
+
+    model: str = "tiny"
+    prometheus: str = "prometheus"
+    traffic_s: float = 40.0
+    rate_interval: str = "30s"  # what Grafana's $__rate_interval becomes
+    eviction_policy: str = "lru"
+    dashboard: Path = DASHBOARD
+
+
+def traffic(base_url: str, model: str, seconds: float) -> int:
+    """Shared-prefix requests mixed with never-seen ones (so blocks are hit, evicted and pinned); returns count."""
+    deadline, n = time.monotonic() + seconds, 0
+    with httpx.Client(base_url=base_url, timeout=120.0, trust_env=False) as client:
+        client.post("/v1/cache/pin", json={"prompt": [3] * 48, "ttl_s": 3600}).raise_for_status()
+        while time.monotonic() < deadline:
+            n += 1
+            prompt = [3] * 48 + [n % 7] * 16 if n % 2 else [n % 250, n // 250 % 250] + [5] * 94
+            client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
+                                                 "ignore_eos": True}).raise_for_status()
+    return n
+
+
+def start_prometheus(binary: str, target: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """A Prometheus scraping ``target`` every second; returns the process and its URL once ready."""
+    config = workdir / "prometheus.yml"
+    config.write_text(SCRAPE_CONFIG.format(target=target))
+    port = free_port()
+    with open(workdir / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"prometheus exited:\n{(workdir / 'prometheus.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=1.0, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("prometheus did not become ready")
+
+
+def evaluate(client: httpx.Client, queries: Sequence[PanelQuery]) -> list[dict]:
+    """Every query through Prometheus' ``/api/v1/query`` (``client`` has its base URL), now: one row each."""
+    rows = []
+    for q in queries:
+        body = client.get("/api/v1/query", params={"query": q.expr}).json()
+        series = body.get("data", {}).get("result", []) if body.get("status") == "success" else []
+        rows.append({"panel": q.panel, "ref_id": q.ref_id, "expr": q.expr, "status": body.get("status"),
+                     "error": body.get("error"), "num_series": len(series),
+                     "values": [float(s["value"][1]) for s in series], "labels": [s["metric"] for s in series]})
+    return rows
+
+
+def failed_queries(rows: Sequence[dict]) -> list[dict]:
+    """The rows whose query Prometheus refused or that returned no series."""
+    return [r for r in rows if r["status"] != "success" or not r["num_series"]]
+
+
+def dashboard_table(rows: Sequence[dict]) -> str:
+    """One row per query: panel, target, status, series and their first four values."""
+    return markdown_table(["panel", "target", "status", "series", "values"],
+                          [[r["panel"], r["ref_id"], r["status"], r["num_series"],
+                            ", ".join("NaN" if math.isnan(v) else f"{v:.4g}" for v in r["values"][:4])] for r in rows],
+                          align="lllrl")
+
+
+def run_dashboard_check(check: DashboardCheck) -> dict:
+    """Serve, send traffic while Prometheus scrapes, then run every dashboard query; the result to write.
+
+    Keys: ``prometheus_version``, ``num_requests``, ``rate_interval``, ``queries`` (`evaluate`'s rows).
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="jaxpaged-prometheus-"))
+    with ServerProcess([f"--model={check.model}", f"--eviction_policy={check.eviction_policy}",
+                        *SERVER_ARGS]) as server:
+        prometheus, url = start_prometheus(check.prometheus, f"{server.host}:{server.port}", workdir)
+        try:
+            num_requests = traffic(server.base_url, check.model, check.traffic_s)
+            time.sleep(3.0)  # a last scrape or two after the traffic
+            with httpx.Client(base_url=url, timeout=30.0, trust_env=False) as client:
+                rows = evaluate(client, dashboard_queries(check.dashboard, rate_interval=check.rate_interval))
+                version = client.get("/api/v1/status/buildinfo").json()["data"]["version"]
+        finally:
+            prometheus.terminate()
+            prometheus.wait(30)
+    print(f"{num_requests} requests; Prometheus {version}; dashboard {Path(check.dashboard).name}\n")
+    return {"prometheus_version": version, "num_requests": num_requests, "rate_interval": check.rate_interval,
+            "queries": rows}
