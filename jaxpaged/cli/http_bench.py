@@ -3,39 +3,22 @@
 The flags here choose the request set (``--dataset_name``), the arrival
 process (``--request_rate`` from jaxpaged/cli/workload_flags.py, ``--burstiness``),
 ``--max_concurrency`` and the goodput SLOs; :func:`run_from_flags` sends the
-requests (jaxpaged/bench/online/online_client.py), summarizes them
-(jaxpaged/bench/online/online_metrics.py) and writes JSON and Markdown.
+requests and summarizes them (`jaxpaged.bench.online.http_run`) and writes
+JSON and Markdown.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from collections.abc import Sequence
 
-from tqdm.auto import tqdm
-
 from jaxpaged.bench.online.arrivals import arrival_offsets
-from jaxpaged.bench.online.datasets import (
-    PROMPT_FORMATS,
-    BenchRequest,
-    from_workload,
-    load_bench_tokenizer,
-    prefix_repetition_requests,
-    random_requests,
-    sharegpt_requests,
-    with_prompt_format,
-)
-from jaxpaged.bench.online.online_client import fetch_metric, fetch_model_name, run_requests
-from jaxpaged.bench.online.online_metrics import compute_metrics, parse_goodput
-from jaxpaged.bench.online.online_report import online_markdown_table
-from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.online.datasets import PROMPT_FORMATS, BenchRequest
+from jaxpaged.bench.online.http_run import DATASETS, RequestSet, run_http_benchmark
+from jaxpaged.bench.online.online_client import fetch_model_name
+from jaxpaged.bench.online.online_metrics import parse_goodput
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-
-DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
-DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
 
 
 class HttpBenchFlags:
@@ -78,37 +61,24 @@ class HttpBenchFlags:
                                  message="--burstiness must be a positive finite number")
         fs.register_validator("request_timeout_s", lambda v: v > 0, message="--request_timeout_s must be positive")
 
-    def requests_from_flags(self, workload: str) -> list[BenchRequest]:
-        """The request set the flags describe (``workload`` names the jaxpaged workload for ``--dataset_name=workload``).
+    def request_set(self) -> RequestSet:
+        """The request set the flags describe (the tokenizer: ``--tokenizer``, else ``--model``)."""
+        return RequestSet(
+            self.DATASET.value, self.wl.NUM_REQUESTS.value, self.wl.SEED.value, random_input_len=self.RANDOM_INPUT.value,
+            random_output_len=self.RANDOM_OUTPUT.value, random_range_ratio=self.RANDOM_RANGE.value,
+            prefix_len=self.PREFIX_LEN.value, suffix_len=self.SUFFIX_LEN.value, num_prefixes=self.NUM_PREFIXES.value,
+            prefix_output_len=self.PREFIX_OUTPUT.value, dataset_path=self.DATASET_PATH.value,
+            sharegpt_output_len=self.SHAREGPT_OUTPUT.value, max_total_len=self.wl.MAX_MODEL_LEN.value or 2048,
+            prompt_format=self.PROMPT_FORMAT.value, tokenizer=self.TOKENIZER.value or self.wl.MODEL.value)
 
-        The tokenizer (``--tokenizer``, else ``--model``) is loaded only when text
-        has to be measured or converted.
-        """
-        name, num, seed = self.DATASET.value, self.wl.NUM_REQUESTS.value, self.wl.SEED.value
-        tokenizer = None
-        if name == "sharegpt" or self.PROMPT_FORMAT.value is not None:
-            tokenizer = load_bench_tokenizer(self.TOKENIZER.value or self.wl.MODEL.value)
+    def requests_from_flags(self, workload: str) -> list[BenchRequest]:
+        """The requests: ``--trace``, else the jaxpaged workload ``workload`` (``--dataset_name=workload``), else
+        the dataset."""
         if self.wl.TRACE.value:
-            requests = from_workload(self.wl.trace_from_flags())
-        elif name == "workload":
-            requests = from_workload(self.wl.workload_from_flags(workload))
-        elif name == "random":
-            requests = random_requests(num, input_len=self.RANDOM_INPUT.value, output_len=self.RANDOM_OUTPUT.value,
-                                       range_ratio=self.RANDOM_RANGE.value, seed=seed)
-        elif name == "prefix_repetition":
-            requests = prefix_repetition_requests(num, prefix_len=self.PREFIX_LEN.value, suffix_len=self.SUFFIX_LEN.value,
-                                                  num_prefixes=self.NUM_PREFIXES.value, output_len=self.PREFIX_OUTPUT.value,
-                                                  seed=seed)
-        else:
-            if not self.DATASET_PATH.value:
-                raise ValueError("--dataset_name=sharegpt needs --dataset_path")
-            max_total = self.wl.MAX_MODEL_LEN.value or 2048
-            requests = sharegpt_requests(self.DATASET_PATH.value, num, tokenizer=tokenizer, seed=seed,
-                                         output_len=self.SHAREGPT_OUTPUT.value, max_prompt_len=min(1024, max_total - 1),
-                                         max_total_len=max_total)
-        if self.PROMPT_FORMAT.value is not None:
-            requests = with_prompt_format(requests, self.PROMPT_FORMAT.value, tokenizer)
-        return requests
+            return self.request_set().build(self.wl.trace_from_flags())
+        if self.DATASET.value == "workload":
+            return self.request_set().build(self.wl.workload_from_flags(workload))
+        return self.request_set().build()
 
     def offsets_from_flags(self, num_requests: int) -> list[float]:
         """Arrival offsets (seconds) from ``--request_rate``, ``--burstiness`` and ``--seed``."""
@@ -125,38 +95,19 @@ class HttpBenchFlags:
                        progress: bool = True) -> dict:
         """Run the HTTP benchmark the flags describe against ``--base_url``; print, write and return the result."""
         slos = self.goodput_from_flags(extra_args)
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
         model = self.SERVED_MODEL.value or fetch_model_name(self.BASE_URL.value)
         requests = self.requests_from_flags(workload)
         if self.wl.TRACE.value:  # the trace's own (time-scaled) arrivals
             offsets = [r.arrival_time for r in self.wl.trace_from_flags()]
         else:
             offsets = self.offsets_from_flags(len(requests))
-        bar = tqdm(total=len(requests), desc="requests", disable=not progress)
-        kv_before = scrape_kv_metrics(self.BASE_URL.value)
-        busy_before = fetch_metric(self.BASE_URL.value, DEVICE_BUSY_METRIC)
-        results, duration = run_requests(self.BASE_URL.value, model, requests, offsets,
-                                         max_concurrency=self.MAX_CONCURRENCY.value, ignore_eos=self.IGNORE_EOS.value,
-                                         timeout_s=self.TIMEOUT.value, on_done=lambda _: bar.update())
-        bar.close()
-        kv_residency = residency_delta(kv_before, scrape_kv_metrics(self.BASE_URL.value))
-        busy_after = fetch_metric(self.BASE_URL.value, DEVICE_BUSY_METRIC)
-        metrics = compute_metrics(results, duration, goodput_slos=slos)
-        if busy_before is not None and busy_after is not None and duration > 0:
-            # a simulated device (jaxpaged serve --device=simulated) counts the seconds it spent in steps
-            metrics["device_busy_fraction"] = (busy_after - busy_before) / duration
-        table = online_markdown_table({"http": metrics})
-        if kv_residency is not None:
-            print(f"server KV residency over the run: {kv_residency}")
-        for r in results:
-            if not r.success:
-                print(f"failed: {r.request_id}: {r.error}")
+        run = run_http_benchmark(self.BASE_URL.value, model, requests, offsets, goodput_slos=slos,
+                                 max_concurrency=self.MAX_CONCURRENCY.value, ignore_eos=self.IGNORE_EOS.value,
+                                 timeout_s=self.TIMEOUT.value, progress=progress)
         result = {"backend": "http", "base_url": self.BASE_URL.value, "model": model,
                   "dataset_name": "trace" if self.wl.TRACE.value else self.DATASET.value, "trace": self.wl.TRACE.value,
                   "workload": workload if self.DATASET.value == "workload" else None, "num_requests": len(requests),
                   "request_rate": self.wl.REQUEST_RATE.value, "burstiness": self.BURSTINESS.value,
-                  "max_concurrency": self.MAX_CONCURRENCY.value, "goodput_slos_ms": slos, "metrics": metrics,
-                  "kv_residency": kv_residency,
-                  "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}
-        out.write(result, table)
+                  "max_concurrency": self.MAX_CONCURRENCY.value, "goodput_slos_ms": slos} | run.report()
+        out.write(result, run.table())
         return result

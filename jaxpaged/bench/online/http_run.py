@@ -1,0 +1,135 @@
+"""``jaxpaged bench serving --backend=http``: one request set sent to a running server, and what it measured.
+
+`RequestSet` names the requests (a jaxpaged workload or trace, ``random``,
+``prefix_repetition`` or ``sharegpt``, as ``vllm bench serve --dataset-name``);
+`run_http_benchmark` sends them at their arrival offsets and summarises the
+run (vllm-bench-serve metrics, the server's KV residency over the run, and the
+device-busy fraction when the server runs a simulated device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxpaged.bench.online.datasets import (
+    BenchRequest,
+    from_workload,
+    load_bench_tokenizer,
+    prefix_repetition_requests,
+    random_requests,
+    sharegpt_requests,
+    with_prompt_format,
+)
+from jaxpaged.bench.online.online_client import RequestResult, fetch_metric, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.online_report import online_markdown_table
+from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.workloads import WorkloadRequest
+
+DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
+# a simulated device (jaxpaged serve --device=simulated) counts the seconds it spent in steps
+DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSet:
+    """Which requests to send: the dataset and its lengths (the ``random_*``, ``prefix_*`` and ShareGPT settings)."""
+
+    dataset: str = "workload"
+    num_requests: int = 16
+    seed: int = 0
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    prefix_output_len: int = 128
+    dataset_path: str | None = None
+    sharegpt_output_len: int | None = None  # None: each reply's own length
+    max_total_len: int = 2048  # ShareGPT: longest prompt + output kept
+    prompt_format: str | None = None  # "tokens" / "text"; None: as the dataset has them
+    tokenizer: str | None = None  # what measures text prompts
+
+    def __post_init__(self) -> None:
+        """Refuse an unknown dataset."""
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+
+    def build(self, workload: Sequence[WorkloadRequest] | None = None) -> list[BenchRequest]:
+        """The requests; ``workload`` (a jaxpaged workload or trace), when given, is sent instead of the dataset.
+
+        The tokenizer is loaded only when text has to be measured or converted.
+        """
+        tokenizer = None
+        if self.dataset == "sharegpt" or self.prompt_format is not None:
+            tokenizer = load_bench_tokenizer(self.tokenizer)
+        if workload is not None:
+            requests = from_workload(workload)
+        elif self.dataset == "random":
+            requests = random_requests(self.num_requests, input_len=self.random_input_len,
+                                       output_len=self.random_output_len, range_ratio=self.random_range_ratio,
+                                       seed=self.seed)
+        elif self.dataset == "prefix_repetition":
+            requests = prefix_repetition_requests(self.num_requests, prefix_len=self.prefix_len,
+                                                  suffix_len=self.suffix_len, num_prefixes=self.num_prefixes,
+                                                  output_len=self.prefix_output_len, seed=self.seed)
+        elif self.dataset == "sharegpt":
+            if not self.dataset_path:
+                raise ValueError("--dataset_name=sharegpt needs --dataset_path")
+            requests = sharegpt_requests(self.dataset_path, self.num_requests, tokenizer=tokenizer, seed=self.seed,
+                                         output_len=self.sharegpt_output_len,
+                                         max_prompt_len=min(1024, self.max_total_len - 1),
+                                         max_total_len=self.max_total_len)
+        else:
+            raise ValueError("dataset 'workload' needs the workload's requests")
+        if self.prompt_format is not None:
+            requests = with_prompt_format(requests, self.prompt_format, tokenizer)
+        return requests
+
+
+@dataclasses.dataclass
+class HttpRun:
+    """One run: every request's result, the run's duration, its metrics and the server's KV residency over it."""
+
+    results: list[RequestResult]
+    duration_s: float
+    metrics: dict
+    kv_residency: dict | None
+
+    def report(self) -> dict:
+        """The run's part of the benchmark's JSON: metrics, KV residency, and each request (its text left out)."""
+        return {"metrics": self.metrics, "kv_residency": self.kv_residency,
+                "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in self.results]}
+
+    def table(self) -> str:
+        """The vllm-bench-serve table of the run."""
+        return online_markdown_table({"http": self.metrics})
+
+
+def run_http_benchmark(base_url: str, model: str, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
+                       goodput_slos: dict[str, float] | None = None, max_concurrency: int | None = None,
+                       ignore_eos: bool = True, timeout_s: float = 600.0, progress: bool = True) -> HttpRun:
+    """Send ``requests[i]`` at ``offsets[i]`` to the server at ``base_url``; print its residency and failures."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    kv_before = scrape_kv_metrics(base_url)
+    busy_before = fetch_metric(base_url, DEVICE_BUSY_METRIC)
+    results, duration = run_requests(base_url, model, requests, offsets, max_concurrency=max_concurrency,
+                                     ignore_eos=ignore_eos, timeout_s=timeout_s, on_done=lambda _: bar.update())
+    bar.close()
+    kv_residency = residency_delta(kv_before, scrape_kv_metrics(base_url))
+    busy_after = fetch_metric(base_url, DEVICE_BUSY_METRIC)
+    metrics = compute_metrics(results, duration, goodput_slos=goodput_slos or {})
+    if busy_before is not None and busy_after is not None and duration > 0:
+        metrics["device_busy_fraction"] = (busy_after - busy_before) / duration
+    if kv_residency is not None:
+        print(f"server KV residency over the run: {kv_residency}")
+    for r in results:
+        if not r.success:
+            print(f"failed: {r.request_id}: {r.error}")
+    return HttpRun(results, duration, metrics, kv_residency)
