@@ -1,0 +1,171 @@
+"""``jaxpaged bench engine-core``: the simulated-device server in one process, split, and with two API servers.
+
+For each configuration one ``jaxpaged serve --device=simulated`` server is
+started (`server_args`); at each concurrency that many streaming clients each
+send one random prompt (`run_one`). A run reports output tok/s, the
+device-busy fraction, TPOT / ITL, the CPU seconds per streamed token of every
+server process (read from ``/proc``) and of this load generator, and the engine
+core's own host and loop-thread CPU time per decode step (from its metrics).
+`host_overhead_rows` adds the core's host work per decode step measured alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import resource
+import statistics
+from collections.abc import Mapping, Sequence
+
+from jaxpaged.bench.online.datasets import random_requests
+from jaxpaged.bench.online.http_run import DEVICE_BUSY_METRIC
+from jaxpaged.bench.online.online_client import fetch_metric, run_requests
+from jaxpaged.bench.online.online_metrics import compute_metrics
+from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.simulator.host_overhead import measure_host_overhead
+
+CONFIGS = {"thread": ["--engine_core=thread"], "process": ["--engine_core=process"],
+           "process2": ["--engine_core=process", "--api_server_count=2"]}
+CORE_METRICS = tuple(name + '{kind="decode"}' for name in (
+    "jaxpaged:engine_core_step_host_seconds_sum", "jaxpaged:engine_core_step_host_seconds_count",
+    "jaxpaged:engine_core_loop_cpu_seconds_total"))
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCoreBench:
+    """The server every configuration runs and the clients' requests."""
+
+    model: str = "llama3-8b"
+    device_profile: str = "h200-141gb"
+    input_len: int = 1024
+    output_len: int = 128
+    concurrencies: tuple[int, ...] = (64, 256, 512)
+    configs: tuple[str, ...] = tuple(CONFIGS)
+
+    def server_args(self, config: str) -> list[str]:
+        """``jaxpaged serve`` flags of configuration ``config`` (thread, process, process2)."""
+        return ["--device=simulated", f"--model={self.model}", f"--device_profile={self.device_profile}",
+                f"--max_num_seqs={max(self.concurrencies)}", "--max_num_batched_tokens=8192",
+                f"--max_model_len={self.input_len + self.output_len + 16}", "--max_waiting_requests=4096",
+                *CONFIGS[config]]
+
+
+def core_step_ms(before: Sequence[float | None], after: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """The core's mean host ms and loop-thread CPU ms per decode step between two reads of `CORE_METRICS`.
+
+    None, None when the server has no core process (no metrics) or no decode step ran.
+    """
+    if None in after or None in before or after[1] == before[1]:
+        return None, None
+    steps = after[1] - before[1]
+    return (after[0] - before[0]) / steps * 1e3, (after[2] - before[2]) / steps * 1e3
+
+
+def cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds from a ``/proc/PID/stat`` line (all the process's threads)."""
+    fields = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        return cpu_seconds(f.read())
+
+
+def process_roles(log: str, root_pid: int) -> dict[int, str]:
+    """Which process of the server's tree is which, from the launcher's log line (none: one process does all)."""
+    found = re.search(r"engine core pid (\d+); API servers \[([\d, ]+)\]", log)
+    if found is None:
+        return {root_pid: "server (engine + API)"}
+    roles = {int(found.group(1)): "engine core"}
+    roles |= {int(p): f"API server {i}" for i, p in enumerate(found.group(2).split(","))}
+    return roles | {root_pid: "launcher"}
+
+
+def _own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run_one(server: ServerProcess, bench: EngineCoreBench, concurrency: int, seed: int) -> dict:
+    """One run of ``concurrency`` streaming clients against a started server: one row."""
+    requests = random_requests(concurrency, input_len=bench.input_len, output_len=bench.output_len, seed=seed)
+    roles = process_roles(server.log_tail(10**7), server.process.pid)
+    before = {p: process_cpu_s(p) for p in roles}
+    own_before = _own_cpu_s()
+    busy_before = fetch_metric(server.base_url, DEVICE_BUSY_METRIC)
+    core_before = [fetch_metric(server.base_url, name) for name in CORE_METRICS]
+    results, duration = run_requests(server.base_url, bench.model, requests, [0.0] * concurrency,
+                                     ignore_eos=True, timeout_s=1800.0)
+    busy_after = fetch_metric(server.base_url, DEVICE_BUSY_METRIC)
+    core_host_ms, core_cpu_ms = core_step_ms(core_before,
+                                             [fetch_metric(server.base_url, name) for name in CORE_METRICS])
+    m = compute_metrics(results, duration)
+    tokens = m["total_output_tokens"] or 1
+    busy = (busy_after - busy_before) / duration
+    cpu = {roles[p]: (process_cpu_s(p) - before[p]) / tokens * 1e6 for p in roles}
+    return {"concurrency": concurrency, "failed": m["failed"], "output_tok_s": m["output_throughput"],
+            "device_busy": busy, "never_idle_tok_s": m["output_throughput"] / busy if busy else float("nan"),
+            "tpot_p50_ms": m["tpot_median_ms"], "tpot_p99_ms": m["tpot_p99_ms"], "itl_p50_ms": m["itl_median_ms"],
+            "itl_p99_ms": m["itl_p99_ms"], "cpu_us_per_token": cpu, "core_host_ms_per_step": core_host_ms,
+            "core_loop_cpu_ms_per_step": core_cpu_ms,
+            "load_generator_us_per_token": (_own_cpu_s() - own_before) / tokens * 1e6, "duration_s": duration}
+
+
+def run_configs(bench: EngineCoreBench) -> list[dict]:
+    """Every configuration at every concurrency (after an untimed warm-up run each), rows printed as they finish."""
+    rows = []
+    for config in bench.configs:
+        with ServerProcess(bench.server_args(config)) as server:
+            run_one(server, bench, 8, seed=99)  # warm up
+            for i, c in enumerate(bench.concurrencies):
+                row = {"config": config, **run_one(server, bench, c, seed=i)}
+                print(row, flush=True)
+                rows.append(row)
+    return rows
+
+
+def host_overhead_rows(model: str, profile: str, num_seqs: Sequence[int], repeats: int) -> list[dict]:
+    """The core's host work per decode step alone, with a device that takes no time and with ``profile``'s.
+
+    Medians over ``repeats`` runs, interleaved over every count and device.
+    """
+    runs: dict[tuple[int, bool], list] = {}
+    for repeat in range(repeats if num_seqs else 0):
+        for n in num_seqs:
+            for sleep in (False, True):
+                runs.setdefault((n, sleep), []).append(
+                    measure_host_overhead(n, model=model, profile=profile, sleep=sleep, seed=repeat, engine_core=True))
+    rows = []
+    for (n, sleep), done in runs.items():
+        med = {f: statistics.median(getattr(r, f) for r in done)
+               for f in ("host_ms", "wire_ms", "us_per_seq", "cpu_ms", "device_busy")}
+        rows.append({"num_seqs": n, "device": profile if sleep else "none (takes no time)", **med})
+    return rows
+
+
+def engine_core_table(rows: Sequence[Mapping], host_rows: Sequence[Mapping] = ()) -> str:
+    """The runs' table, and the core's host work per decode step alone under it when measured."""
+    cells = []
+    for r in rows:
+        core = ("-" if r["core_host_ms_per_step"] is None
+                else f"{r['core_host_ms_per_step']:.2f} / {r['core_loop_cpu_ms_per_step']:.2f}")
+        cells.append([r["config"], r["concurrency"], f"{r['output_tok_s']:.0f}", f"{r['device_busy']:.2f}",
+                      f"{r['never_idle_tok_s']:.0f}", f"{r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f}",
+                      f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
+                      ", ".join(f"{k}: {v:.1f}" for k, v in r["cpu_us_per_token"].items()),
+                      f"{r['load_generator_us_per_token']:.1f}", core])
+    table = markdown_table(["config", "clients", "out tok/s", "device busy", "never-idle tok/s", "TPOT p50/p99 ms",
+                            "ITL p50/p99 ms", "CPU µs per streamed token (per process)", "load generator µs/token",
+                            "core host / loop CPU ms per decode step"], cells, align="l" * 10)
+    if not host_rows:
+        return table
+    return table + "\n\n" + markdown_table(
+        ["seqs", "device", "core host ms / decode step", "of which wire ms", "µs / seq", "CPU ms / decode step",
+         "device busy"],
+        [[r["num_seqs"], r["device"], f"{r['host_ms']:.3f}", f"{r['wire_ms']:.3f}", f"{r['us_per_seq']:.2f}",
+          f"{r['cpu_ms']:.3f}", f"{r['device_busy']:.1%}"] for r in host_rows], align="rlrrrrr")
