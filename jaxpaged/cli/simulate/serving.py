@@ -18,20 +18,20 @@ residency numbers (evictions by reason, sampled block lifetimes).
     jaxpaged simulate serving --model=llama3-8b --profile=h200-141gb \
         --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
         --eviction_policies=lru,lfu,sieve,slru
+
+The work is `jaxpaged.bench.simulator.serving`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-
-from jaxpaged.bench.output import markdown_row, markdown_table
+from jaxpaged.bench.simulator.serving import rate_sweep, trace_replay, trace_requests
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.sim import scenario
-from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import WORKLOADS, make_workload
 
 FLAGS = FlagSet()
@@ -66,10 +66,6 @@ METRICS_SAMPLE = FLAGS.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction o
                                     "residency (lifetime, idle before evict, reuse gaps) is measured")
 OUT = OutputFlags(FLAGS, plot_dir=None)
 PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_sweep.png", "file name of the rate sweep's PNG in --plot_dir")
-SWEEP_HEADER = ["prefix caching", "offered (req/s)", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
-                "p50 TPOT (ms)", "hit rate", "preemptions", "wall (s)"]
-TRACE_HEADER = ["policy", "hit rate", "p50 TTFT (s)", "p99 TTFT (s)", "p50 TPOT (ms)", "throughput (req/s)",
-                "goodput (req/s)", "preemptions", "evictions", "wall (s)"]
 
 FLAGS.model_name("model")
 FLAGS.device_profile("profile")
@@ -87,6 +83,15 @@ FLAGS.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
                          message="--kv_cache_metrics_sample must be in [0, 1]")
 
 
+def deployment(**extra) -> scenario.Deployment:
+    """The deployment the flags describe."""
+    return scenario.Deployment(
+        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
+        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
+        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
+        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value, **extra)
+
+
 def main(argv):
     """Sweep the request rates (or replay --trace); print the rows as they finish, then write the results."""
     del argv
@@ -94,92 +99,26 @@ def main(argv):
         run_trace()
         return
     requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **parse_key_values(SCALES.value))
-    base = scenario.Deployment(
-        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
-        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
-        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
-        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value)
-    print(f"{base.model} on {base.tensor_parallel_size} x {base.profile}: weights "
-          f"{base.weight_bytes_per_device() / 1e9:.1f} GB per device, {base.num_blocks()} KV blocks of "
-          f"{base.block_size} tokens ({base.block_bytes_per_device() / 1e6:.2f} MB per device each)")
-    print(markdown_table(SWEEP_HEADER, []))
-    results, curves, rows = {}, {}, []
-    for mode in PREFIX.value:
-        deployment = dataclasses.replace(base, enable_prefix_caching=mode == "on")
-
-        def run(rate, deployment=deployment):
-            return scenario.run_at_rate(deployment, requests, rate, seed=SEED.value,
-                                        decode_fast_forward=FAST_FORWARD.value)
-
-        points = scenario.sweep(run, [float(r) for r in RATES.value])
-        for p in points:
-            rows.append(_row(mode, p))
-        swept = [p for p in points if p.rate > 0]
-        best = scenario.sustainable_rate(swept, BOUND.value)
-        failing = [p.rate for p in swept if best is None or p.rate > best]
-        if REFINE.value and failing:
-            best, extra = scenario.refine_sustainable_rate(run, best or 0.0, min(failing), BOUND.value,
-                                                           REFINE.value)
-            for p in extra:
-                rows.append(_row(mode, p))
-            swept = sorted(swept + extra, key=lambda p: p.rate)
-        results[mode] = {"sustainable_rate": best, "points": [dataclasses.asdict(p) for p in points + swept]}
-        curves[f"prefix caching {mode}"] = ([p.rate for p in swept], [p.ttft_p99 for p in swept])
-    for mode, r in results.items():
-        print(f"prefix caching {mode}: sustainable rate {r['sustainable_rate']} req/s "
-              f"(p99 TTFT <= {BOUND.value:g} s)")
+    base = deployment()
+    sweep = rate_sweep(base, requests, PREFIX.value, [float(r) for r in RATES.value], ttft_p99_bound_s=BOUND.value,
+                       refine=REFINE.value, seed=SEED.value, decode_fast_forward=FAST_FORWARD.value)
+    curves = sweep.curves
     from jaxpaged.sim.plots import plot_sweep
     title = f"{base.model} on {base.profile}, {WORKLOAD.value} ({NUM_REQUESTS.value} requests)"
     OUT.write({"deployment": dataclasses.asdict(base), "workload": WORKLOAD.value, "num_requests": NUM_REQUESTS.value,
                "scales": parse_key_values(SCALES.value), "num_blocks": base.num_blocks(),
-               "ttft_p99_bound_s": BOUND.value, "results": results},
-              markdown_table(SWEEP_HEADER, rows), echo=False,
+               "ttft_p99_bound_s": BOUND.value, "results": sweep.results},
+              sweep.table(), echo=False,
               plots={PLOT_NAME.value: lambda path: plot_sweep(curves, path, bound_s=BOUND.value, title=title)})
 
 
 def run_trace() -> None:
     """--trace: the trace at its own (time-scaled) arrivals, once per eviction policy."""
-    base = scenario.Deployment(
-        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
-        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
-        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
-        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value,
-        kv_cache_metrics_sample=METRICS_SAMPLE.value)
-    trace = load_trace(TRACE.value, limit=TRACE_LIMIT.value)
-    max_len = min(base.model_config.max_position_embeddings, base.num_blocks() * base.block_size)
-    requests = trace_workload(trace, time_scale=TRACE_SCALE.value, max_model_len=max_len)
-    print(f"{len(requests)} trace requests over {requests[-1].arrival_time:.0f} s (time scale "
-          f"{TRACE_SCALE.value:g}); {base.model} on {base.profile}: {base.num_blocks()} KV blocks of "
-          f"{base.block_size} tokens ({base.num_blocks() * base.block_size:,} tokens)")
-    print(markdown_table(TRACE_HEADER, []))
-    points, rows = [], []
-    for policy in POLICIES.value:
-        deployment = dataclasses.replace(base, eviction_policy=policy)
-        result = scenario.run_with_arrivals(deployment, requests, decode_fast_forward=FAST_FORWARD.value)
-        p = scenario.summarize_trace(policy, result, ttft_slo_s=GOOD_TTFT.value,
-                                     tpot_slo_s=GOOD_TPOT.value / 1e3)
-        points.append(p)
-        evictions = sum(p.kv_residency["evictions_by_reason"].values())
-        rows.append([policy, f"{p.prefix_hit_rate:.1%}", f"{p.ttft_p50:.3f}", f"{p.ttft_p99:.3f}",
-                     f"{p.tpot_p50 * 1e3:.1f}", f"{p.throughput_rps:.2f}", f"{p.goodput_rps:.2f}", p.num_preemptions,
-                     evictions, f"{p.wall_s:.0f}"])
-        print(markdown_row(rows[-1]), flush=True)
-    print("\nKV residency (sampled; simulated seconds): policy, lifetime p50/p90, idle before evict p50/p90, "
-          "reuse gap p50/p90")
-    for p in points:
-        r = p.kv_residency
-        cells = [f"{r[k]['p50']:.1f}/{r[k]['p90']:.1f}" if r.get(k, {}).get("count") else "-"
-                 for k in ("lifetime_s", "idle_before_evict_s", "reuse_gap_s")]
-        print(f"  {p.eviction_policy}: " + ", ".join(cells))
+    base = deployment(kv_cache_metrics_sample=METRICS_SAMPLE.value)
+    requests = trace_requests(base, TRACE.value, limit=TRACE_LIMIT.value, time_scale=TRACE_SCALE.value)
+    points, table = trace_replay(base, requests, POLICIES.value, ttft_slo_s=GOOD_TTFT.value,
+                                 tpot_slo_s=GOOD_TPOT.value / 1e3, decode_fast_forward=FAST_FORWARD.value)
     OUT.write({"deployment": dataclasses.asdict(base), "trace": TRACE.value, "num_requests": len(requests),
                "trace_time_scale": TRACE_SCALE.value, "goodput_ttft_s": GOOD_TTFT.value,
                "goodput_tpot_ms": GOOD_TPOT.value, "results": [dataclasses.asdict(p) for p in points]},
-              markdown_table(TRACE_HEADER, rows), echo=False)
-
-
-def _row(mode: str, p: scenario.SweepPoint) -> list:
-    """One sweep row, printed as it finishes."""
-    row = [mode, f"{p.rate:g}", f"{p.throughput_rps:.2f}", f"{p.ttft_p50:.3f}", f"{p.ttft_p99:.3f}",
-           f"{p.tpot_p50 * 1e3:.1f}", f"{p.prefix_hit_rate:.1%}", p.num_preemptions, f"{p.wall_s:.1f}"]
-    print(markdown_row(row), flush=True)
-    return row
+              table, echo=False)
