@@ -10,22 +10,21 @@ Each run serves one workload on N simulated replicas (engines over
 `jaxpaged.router` policy, fed by the replicas' KV events. The offered load
 grows with N (`--rate_per_replica` x N Poisson arrivals, `--requests_per_replica`
 x N requests), so every N sees the same load per replica. Goodput counts the
-requests meeting both `--ttft_slo_s` and `--tpot_slo_s`, per simulated second.
+requests meeting both `--ttft_slo_s` and `--tpot_slo_s`, per simulated second
+(`jaxpaged.bench.simulator.routing`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.simulator.routing import RoutingLoad, routing_sweep, routing_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.router import POLICIES, make_policy
-from jaxpaged.sim.cluster import simulate_cluster
+from jaxpaged.router import POLICIES
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import WORKLOADS, assign_arrivals, make_workload
+from jaxpaged.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "llama3-8b", "model config name or path")
@@ -56,38 +55,18 @@ FLAGS.list_of("policies", choices=list(POLICIES))
 FLAGS.list_of("replicas", integer_at_least=1)
 FLAGS.key_values("scales")
 
-_HEADER = ["workload", "replicas", "policy", "hit rate", "goodput (req/s)", "throughput (req/s)", "p50 TTFT (s)",
-           "p99 TTFT (s)", "p50 TPOT (ms)", "max/mean requests per replica", "preemptions", "wall (s)"]
-
-
-def _row(workload: str, policy: str, s: dict) -> list:
-    tpot = "-" if s["tpot_p50_s"] is None else f"{s['tpot_p50_s'] * 1e3:.1f}"
-    return [workload, s["num_replicas"], policy, f"{s['prefix_hit_rate']:.1%}", f"{s['goodput_rps']:.1f}",
-            f"{s['throughput_rps']:.1f}", f"{s['ttft_p50_s']:.3f}", f"{s['ttft_p99_s']:.3f}", tpot,
-            f"{s['load_imbalance']:.2f}", s["preemptions"], f"{s['wall_s']:.1f}"]
-
-
 def main(argv):
     """Simulate every workload x replica count x policy; print and write the table."""
     del argv
     deployment = Deployment(model=MODEL.value, profile=PROFILE.value, kv_cache_bytes=int(KV_CACHE_GB.value * 1e9),
                             block_size=BLOCK_SIZE.value, max_num_seqs=MAX_SEQS.value,
                             max_num_batched_tokens=MAX_TOKENS.value)
-    print(f"{deployment.model} on {deployment.profile}: {deployment.num_blocks()} KV blocks of "
-          f"{deployment.block_size} tokens per replica")
-    rows, results = [], []
-    for workload in WORKLOADS_FLAG.value:
-        for num_replicas in [int(n) for n in REPLICAS.value]:
-            for policy in POLICIES_FLAG.value:
-                requests = make_workload(workload, num_requests=PER_REPLICA_REQUESTS.value * num_replicas,
-                                         seed=SEED.value, **parse_key_values(SCALES.value))
-                assign_arrivals(requests, PER_REPLICA_RATE.value * num_replicas, SEED.value)
-                result = simulate_cluster(deployment, num_replicas, make_policy(policy), requests)
-                summary = result.summary(TTFT_SLO.value, TPOT_SLO.value)
-                rows.append(_row(workload, policy, summary))
-                print(f"done: {workload}, {num_replicas} replicas, {policy}", flush=True)
-                results.append({"workload": workload, "policy": policy, **summary})
-    OUT.write({"deployment": dataclasses.asdict(deployment), "scales": parse_key_values(SCALES.value),
-               "requests_per_replica": PER_REPLICA_REQUESTS.value, "rate_per_replica": PER_REPLICA_RATE.value,
-               "ttft_slo_s": TTFT_SLO.value, "tpot_slo_s": TPOT_SLO.value, "seed": SEED.value, "results": results},
-              markdown_table(_HEADER, rows, align="lrlrrrrrrrrr"))
+    load = RoutingLoad(requests_per_replica=PER_REPLICA_REQUESTS.value, rate_per_replica=PER_REPLICA_RATE.value,
+                       scales=parse_key_values(SCALES.value), ttft_slo_s=TTFT_SLO.value, tpot_slo_s=TPOT_SLO.value,
+                       seed=SEED.value)
+    results = routing_sweep(deployment, WORKLOADS_FLAG.value, [int(n) for n in REPLICAS.value], POLICIES_FLAG.value,
+                            load)
+    OUT.write({"deployment": dataclasses.asdict(deployment), "scales": load.scales,
+               "requests_per_replica": load.requests_per_replica, "rate_per_replica": load.rate_per_replica,
+               "ttft_slo_s": load.ttft_slo_s, "tpot_slo_s": load.tpot_slo_s, "seed": load.seed, "results": results},
+              routing_table(results))
