@@ -15,7 +15,6 @@ import dataclasses
 import os
 import re
 import resource
-import statistics
 from collections.abc import Mapping, Sequence
 
 from jaxpaged.bench.online.datasets import random_requests
@@ -25,6 +24,7 @@ from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.bench.output import markdown_table
 from jaxpaged.bench.simulator.host_overhead import measure_host_overhead
+from jaxpaged.bench.simulator.host_overhead_sweep import median_fields
 
 CONFIGS = {"thread": ["--engine_core=thread"], "process": ["--engine_core=process"],
            "process2": ["--engine_core=process", "--api_server_count=2"]}
@@ -140,12 +140,9 @@ def host_overhead_rows(model: str, profile: str, num_seqs: Sequence[int], repeat
             for sleep in (False, True):
                 runs.setdefault((n, sleep), []).append(
                     measure_host_overhead(n, model=model, profile=profile, sleep=sleep, seed=repeat, engine_core=True))
-    rows = []
-    for (n, sleep), done in runs.items():
-        med = {f: statistics.median(getattr(r, f) for r in done)
-               for f in ("host_ms", "wire_ms", "us_per_seq", "cpu_ms", "device_busy")}
-        rows.append({"num_seqs": n, "device": profile if sleep else "none (takes no time)", **med})
-    return rows
+    return [{"num_seqs": n, "device": profile if sleep else "none (takes no time)",
+             **median_fields(done, ("host_ms", "wire_ms", "us_per_seq", "cpu_ms", "device_busy"))}
+            for (n, sleep), done in runs.items()]
 
 
 def engine_core_table(rows: Sequence[Mapping], host_rows: Sequence[Mapping] = ()) -> str:
