@@ -19,34 +19,23 @@ at a prefill-sized and a decode-sized row count, and each pass is held to its
 weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
 (jaxpaged/bench/offline/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
 largest jaxpaged/hf ratio this machine allows on the workload.
+
+The work is `jaxpaged.bench.offline.throughput_run`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-from pathlib import Path
 
-from absl import logging
-
+from jaxpaged.bench.offline.hf_backend import HFBackendMissing
+from jaxpaged.bench.offline.throughput import EngineLimits, PromptSpec
+from jaxpaged.bench.offline.throughput_run import BACKENDS, ThroughputRun, run_throughput
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.bench.offline.throughput import (
-    EngineLimits,
-    HFBackend,
-    JaxpagedBackend,
-    PromptSpec,
-    hf_checkpoint,
-    make_prompts,
-)
-from jaxpaged.bench.offline.throughput_floor import measure_gemm_floor
-from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
-from jaxpaged.checkpoint import load_model, read_hf_config
 
 FLAGS = FlagSet()
-BACKEND = FLAGS.DEFINE_enum("backend", "both", ["jaxpaged", "hf", "both"],
+BACKEND = FLAGS.DEFINE_enum("backend", "both", list(BACKENDS),
                             "jaxpaged, hf (transformers on torch CPU), or both side by side")
 MODEL = FLAGS.DEFINE_string("model", "tiny", "a Hugging Face checkpoint directory, a jaxpaged checkpoint "
                                             "directory, a config JSON or a shipped config name")
@@ -62,7 +51,6 @@ REPEATS = FLAGS.DEFINE_integer("repeats", 1, "measured passes per backend, inter
 # the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once)
 ENGINE = EngineFlags(FLAGS, ["block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks",
                              "enable_prefix_caching"], defaults={"max_num_batched_tokens": 2048})
-MAX_NUM_SEQS, MAX_BATCHED = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
 HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
 HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
 GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
@@ -77,27 +65,6 @@ FLAGS.non_negative("prefix_len", "temperature", "seed")
 FLAGS.register_multi_flags_validator(
     ["prefix_len", "input_len"], lambda f: f["prefix_len"] < f["input_len"],
     message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
-
-
-def _backends(checkpoint: Path, prompts: list[list[int]]) -> list:
-    """The backends to measure, each built and warmed up; hf left out (with one line) when its extra is missing."""
-    from jaxpaged.bench.offline.hf_backend import HFBackendMissing
-    common = {"output_len": OUTPUT_LEN.value, "temperature": TEMPERATURE.value, "seed": SEED.value}
-    backends = []
-    if BACKEND.value in ("hf", "both"):
-        try:
-            backends.append(HFBackend(checkpoint, prompts, batch_size=HF_BATCH_SIZE.value,
-                                      num_threads=HF_THREADS.value, **common))
-        except HFBackendMissing as err:
-            print(f"{'skipping' if BACKEND.value == 'both' else 'cannot run'} --backend=hf: {err}", file=sys.stderr)
-            if BACKEND.value == "hf":
-                sys.exit(2)
-    if BACKEND.value in ("jaxpaged", "both"):
-        limits = EngineLimits(**ENGINE.kwargs())
-        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=limits, **common))
-    for backend in backends:
-        logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
-    return backends
 
 
 def _settings(spec: PromptSpec) -> dict:
@@ -116,26 +83,13 @@ def main(argv):
         import jax
         jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-               "load_average_start": os.getloadavg()}  # the machine is shared: how busy it was
     spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
-    checkpoint = hf_checkpoint(MODEL.value, CHECKPOINT_DIR.value, seed=SEED.value)
-    prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
-    backends = _backends(checkpoint, prompts)
-    runs = {b.name: [] for b in backends}
-    for repeat in range(REPEATS.value):
-        for backend in backends:
-            runs[backend.name].append(backend.measure())
-            logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, REPEATS.value,
-                         runs[backend.name][-1].elapsed_s)
-    floor = None
-    if GEMM_FLOOR.value:  # after the passes, so its timing runs cannot disturb them
-        floor = measure_gemm_floor(load_model(str(checkpoint)), prefill_rows=MAX_BATCHED.value,
-                                   decode_rows=min(MAX_NUM_SEQS.value, spec.num_prompts))
-        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows",
-                     floor.prefill_flops_per_s / 1e9, floor.prefill_rows,
-                     floor.decode_flops_per_s / 1e9, floor.decode_rows)
-    result = throughput_result(runs, prompts, floor)
-    table = throughput_table(result)
-    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | _settings(spec)
-    OUT.write(meta | result, table)
+    run = ThroughputRun(backend=BACKEND.value, temperature=TEMPERATURE.value, repeats=REPEATS.value,
+                        limits=EngineLimits(**ENGINE.kwargs()), hf_batch_size=HF_BATCH_SIZE.value,
+                        hf_threads=HF_THREADS.value, gemm_floor=GEMM_FLOOR.value)
+    try:
+        result, table = run_throughput(run, MODEL.value, CHECKPOINT_DIR.value, spec, _settings(spec))
+    except HFBackendMissing as err:
+        print(f"cannot run --backend=hf: {err}", file=sys.stderr)
+        sys.exit(2)
+    OUT.write(result, table)
