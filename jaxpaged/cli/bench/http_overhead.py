@@ -10,34 +10,23 @@ on), warms both up with one untimed run, then alternates timed runs; both
 sides reset their prefix cache before every run. Reports medians: offline,
 HTTP, and HTTP - offline per latency (ms) or HTTP / offline per throughput.
 The request set and arrivals come from the same flags as
-``jaxpaged bench serving --backend=http``.
+``jaxpaged bench serving --backend=http``. The work is
+`jaxpaged.bench.online.http_overhead`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
-import httpx
 from absl import app
 
+from jaxpaged.bench.online.http_overhead import compile_cache_env, http_overhead_setup, offline_vs_http, serve_args
+from jaxpaged.bench.online.offline_online import comparison_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.bench.online.offline_online import (
-    compare_offline_http,
-    comparison_table,
-    offline_results,
-)
-from jaxpaged.bench.offline.serving import ServingSetup, engine_config
-from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
-from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.engine import Engine
-from jaxpaged.mathutils import cdiv
+from jaxpaged.cli.workload_flags import WorkloadFlags
 from jaxpaged.workloads import WORKLOADS
 
 FLAGS = FlagSet()
@@ -67,45 +56,19 @@ def main(argv):
     model_name = bench_flags.MODEL.value
     requests = online.requests_from_flags(WORKLOAD.value)
     offsets = online.offsets_from_flags(len(requests))
-    block = BLOCK_SIZE.value
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    setup = ServingSetup(num_blocks=bench_flags.KV_BUDGET.value // block, block_size=block,
-                         max_model_len=bench_flags.MAX_MODEL_LEN.value or cdiv(longest, block) * block,
-                         max_num_seqs=bench_flags.MAX_NUM_SEQS.value,
-                         max_num_batched_tokens=bench_flags.MAX_BATCHED.value)
-    engine = Engine(engine_config(setup, "prefix_on", model_name), load_model(model_name))
-    serve_args = [f"--model={model_name}", f"--block_size={block}", f"--kv_budget_tokens={setup.num_blocks * block}",
-                  f"--max_model_len={setup.max_model_len}", f"--max_num_seqs={setup.max_num_seqs}",
-                  f"--max_num_batched_tokens={setup.max_num_batched_tokens}", *SERVE_ARGS.value]
-    env = {}
-    if bench_flags.COMPILE_CACHE.value:  # the server shares the persistent compile cache (JAX reads these)
-        env = {"JAX_COMPILATION_CACHE_DIR": bench_flags.COMPILE_CACHE.value,
-               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-
-    print("server settings:", " ".join(serve_args))
-    with ServerProcess(serve_args, env=env) if START_SERVER.value else contextlib.nullcontext() as server:
-        base_url = server.base_url if server is not None else online.BASE_URL.value
-        model = fetch_model_name(base_url)
-        offline_compiles: list[int] = []  # per offline run, warm-up runs first
-
-        def run_offline():
-            engine.reset_prefix_cache()
-            compiles = engine.num_compiles
-            outcome = offline_results(engine, requests, offsets)
-            offline_compiles.append(engine.num_compiles - compiles)
-            return outcome
-
-        def run_http():
-            httpx.post(f"{base_url}/reset_prefix_cache", timeout=30, trust_env=False).raise_for_status()
-            return run_requests(base_url, model, requests, offsets, ignore_eos=online.IGNORE_EOS.value,
-                                timeout_s=online.TIMEOUT.value)
-
-        result = compare_offline_http(run_offline, run_http, compute_metrics, repeats=REPEATS.value,
-                                      warmup_runs=WARMUP.value)
-    table = comparison_table(result["median"]["offline"], result["median"]["http"])
+    setup = http_overhead_setup(requests, block_size=BLOCK_SIZE.value, kv_budget_tokens=bench_flags.KV_BUDGET.value,
+                                max_model_len=bench_flags.MAX_MODEL_LEN.value,
+                                max_num_seqs=bench_flags.MAX_NUM_SEQS.value,
+                                max_num_batched_tokens=bench_flags.MAX_BATCHED.value)
+    args = serve_args(model_name, setup, SERVE_ARGS.value)
+    print("server settings:", " ".join(args))
+    result = offline_vs_http(model_name, setup, requests, offsets, server_args=args, start_server=START_SERVER.value,
+                             base_url=online.BASE_URL.value, env=compile_cache_env(bench_flags.COMPILE_CACHE.value),
+                             ignore_eos=online.IGNORE_EOS.value, timeout_s=online.TIMEOUT.value,
+                             repeats=REPEATS.value, warmup_runs=WARMUP.value)
+    compiles = result.pop("offline_compiles_per_run")
     meta = {"model": model_name, "dataset_name": online.DATASET.value, "num_requests": len(requests),
             "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": online.BURSTINESS.value,
             "repeats": REPEATS.value, "warmup_runs": WARMUP.value, "setup": setup.__dict__,
-            "serve_args": serve_args, "offline_compiles_per_run": offline_compiles}
-    print("offline compiles per run (warm-up runs first):", offline_compiles)
-    OUT.write(meta | result, table)
+            "serve_args": args, "offline_compiles_per_run": compiles}
+    OUT.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))
