@@ -10,8 +10,12 @@ from __future__ import annotations
 import itertools
 import time
 
+import numpy as np
+
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.kv.pool import pool_bytes
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
 
@@ -46,3 +50,45 @@ def timed_pass(engine: Engine, prompts, max_tokens) -> dict:
         peak = max(peak, engine.kv_stats().num_used_blocks)
     return {"peak_blocks": peak, "seconds": time.perf_counter() - start,
             "compiles": engine.num_compiles - compiles_before}
+
+
+def compare_layouts(num_prompts: int, prompt_len: int, max_tokens: int, window: int, block_size: int,
+                    repeats: int) -> tuple[dict[str, dict], list[float]]:
+    """Both layouts on the same random prompts, ``repeats`` alternating rounds: per layout its peak KV (blocks
+    and bytes), median pass time, tokens/s and compiles; and each round's hybrid / all-full time ratio."""
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(0, 250, prompt_len))) for _ in range(num_prompts)]
+    layouts = {"hybrid": tiny_gemma_like(window), "all-full": tiny_gemma_like(None)}
+    engines = {name: warm_engine(c, prompts, max_tokens, block_size) for name, c in layouts.items()}
+    passes = {name: [] for name in layouts}
+    for _ in range(repeats):  # alternating rounds: both layouts see the same machine state
+        for name, engine in engines.items():
+            passes[name].append(timed_pass(engine, prompts, max_tokens))
+    tokens = num_prompts * (prompt_len + max_tokens)
+    results = {}
+    for name, runs in passes.items():
+        block_bytes = pool_bytes(layouts[name], 1, block_size, layouts[name].dtype)
+        peak = max(r["peak_blocks"] for r in runs)
+        seconds = float(np.median([r["seconds"] for r in runs]))
+        results[name] = {"peak_blocks": peak, "block_bytes": block_bytes, "peak_kv_bytes": peak * block_bytes,
+                         "num_blocks": engines[name].num_blocks, "median_seconds": seconds,
+                         "seconds": [r["seconds"] for r in runs], "tokens_per_s": tokens / seconds,
+                         "compiles_in_run": sum(r["compiles"] for r in runs)}
+    ratios = [h["seconds"] / f["seconds"] for h, f in zip(passes["hybrid"], passes["all-full"])]
+    return results, ratios
+
+
+def layouts_table(results: dict[str, dict]) -> str:
+    """One row per layout: peak KV, block bytes, throughput, compiles."""
+    return markdown_table(
+        ["layout", "peak KV blocks", "block bytes", "peak KV MB", "tokens/s (prompt+output)", "compiles in run"],
+        [[name, r["peak_blocks"], f"{r['block_bytes']:,}", f"{r['peak_kv_bytes'] / 1e6:.2f}",
+          f"{r['tokens_per_s']:.0f}", r["compiles_in_run"]] for name, r in results.items()])
+
+
+def summary_line(results: dict[str, dict], ratios: list[float]) -> str:
+    """Hybrid over all-full: peak KV bytes and throughput, and the median of the per-round ratios."""
+    h, f = results["hybrid"], results["all-full"]
+    return (f"hybrid / all-full: peak KV bytes {h['peak_kv_bytes'] / f['peak_kv_bytes']:.3f}, "
+            f"throughput {h['tokens_per_s'] / f['tokens_per_s']:.2f}x (median of per-round ratios: "
+            f"{1 / float(np.median(ratios)):.2f}x over {len(ratios)} rounds)")

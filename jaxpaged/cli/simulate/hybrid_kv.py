@@ -12,18 +12,11 @@ sequences running at once, and simulated throughput.
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 from absl import app
 
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.bench.simulator.hybrid_kv import hybrid_capacity, run
+from jaxpaged.bench.simulator.hybrid_kv import compare_layouts, layouts_table
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import load_config
-from jaxpaged.sim.scenario import Deployment
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "gemma-3-27b", "a shipped model config with sliding-window layers")
@@ -40,25 +33,9 @@ FLAGS.positive("max_tokens")
 def main(argv):
     """Both layouts at every context; a Markdown table."""
     del argv
-    config = load_config(MODEL.value)
-    if all(w is None for w in config.layer_windows):
-        raise app.UsageError(f"{MODEL.value} has no sliding-window layers")
-    with tempfile.TemporaryDirectory() as tmp:
-        full_path = Path(tmp) / f"{config.name}-all-full.json"
-        full = config.replace(name=f"{config.name}-all-full", sliding_window=None, layer_types=None)
-        full_path.write_text(json.dumps(full.to_dict()))
-        layouts = {"hybrid": Deployment(model=MODEL.value, profile=PROFILE.value),
-                   "all-full": Deployment(model=str(full_path), profile=PROFILE.value)}
-        rows = []
-        for context_len in map(int, CONTEXT_LENS.value):
-            results = {}
-            for name, deployment in layouts.items():
-                n = NUM_REQUESTS.value or max(4, int(1.5 * hybrid_capacity(layouts["hybrid"], context_len)))
-                results[name] = run(deployment, context_len, n, MAX_TOKENS.value)
-            rows.append({"context_len": context_len, "num_requests": n, **results})
-    table = markdown_table(
-        ["context", "requests", "layout", "pool blocks", "most running at once", "preemptions", "output tok/s (sim)"],
-        [[f"{row['context_len']:,}", row["num_requests"], name, f"{row[name]['num_blocks']:,}", row[name]["peak_running"],
-          row[name]["num_preemptions"], f"{row[name]['output_tokens_per_s']:,.0f}"] for row in rows for name in layouts],
-        align="rrlrrrr")
-    OUT.write({"rows": rows}, table)
+    try:
+        rows = compare_layouts(MODEL.value, PROFILE.value, [int(n) for n in CONTEXT_LENS.value],
+                               num_requests=NUM_REQUESTS.value, max_tokens=MAX_TOKENS.value)
+    except ValueError as err:  # a model without sliding windows
+        raise app.UsageError(str(err)) from err
+    OUT.write({"rows": rows}, layouts_table(rows))
