@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 
@@ -42,3 +43,10 @@ def latency_summary(latencies: list[float]) -> dict:
     return {"avg_latency_s": float(np.mean(latencies)),
             "percentiles_s": {str(p): float(np.percentile(latencies, p)) for p in PERCENTILES},
             "latencies_s": list(latencies)}
+
+
+def latency_table(summary: dict, batch_size: int, input_len: int, output_len: int) -> str:
+    """One row: the batch's shape, the mean and every percentile of `latency_summary` (seconds)."""
+    return markdown_table(["batch x (input + output)", "mean (s)", *(f"p{p} (s)" for p in PERCENTILES)],
+                          [[f"{batch_size} x ({input_len} + {output_len})", f"{summary['avg_latency_s']:.4f}",
+                            *(f"{summary['percentiles_s'][str(p)]:.4f}" for p in PERCENTILES)]])

@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.buckets import pow2_bucket
+from jaxpaged.config import ModelConfig
 from jaxpaged.logit_controls import LogitControls
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
@@ -73,3 +75,26 @@ def step_pair(vocab: int, block_size: int, decode_batch: int, context: int, pref
     prefill = build_step_input([ScheduledSeq(rng.integers(0, vocab, prefill_len).tolist(), 0, tables[0])],
                                block_size)
     return decode, prefill, num_blocks
+
+
+def compare_logit_controls(config: ModelConfig, *, decode_batch: int, context: int, prefill_len: int, top_k: int,
+                           block_size: int, repeats: int) -> tuple[dict, str]:
+    """A decode step plain and with penalties + bias, a prefill plain and with prompt logprobs (0 and ``top_k``),
+    side by side on ``config``'s random weights: the result and its table."""
+    from jaxpaged.model import init_model
+    rng = np.random.default_rng(0)
+    decode, prefill, num_blocks = step_pair(config.vocab_size, block_size, decode_batch, context, prefill_len, rng)
+    runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size)
+    decode_res = side_by_side(runner, {"plain": decode,
+                                       "penalties+bias": penalised(decode, context, config.vocab_size, rng)}, repeats)
+    prefill_res = side_by_side(runner, {"plain": prefill, "prompt_logprobs=0": with_prompt_logprobs(prefill, 0),
+                                        f"prompt_logprobs={top_k}": with_prompt_logprobs(prefill, top_k)}, repeats)
+    table = "\n".join([
+        f"{config.name}, vocab {config.vocab_size}: decode {decode_batch} x {context} ctx, "
+        f"prefill {prefill_len} tokens; {repeats} alternating rounds", "",
+        markdown_table(["step", "variant", "median (ms)", "ratio to plain"],
+                       [[step, name, f"{r['median_ms']:.1f}", f"{r['ratio']:.3f}"]
+                        for step, res in (("decode", decode_res), ("prefill", prefill_res))
+                        for name, r in res.items()], align="llrr")])
+    return {"config": config.name, "decode": decode_res, "prefill": prefill_res,
+            "compiles": runner.num_compiles}, table

@@ -11,8 +11,7 @@ emptied before every iteration.
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.latency import PERCENTILES, latency_summary, measure_latency, random_prompts
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.offline.latency import latency_summary, latency_table, measure_latency, random_prompts
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -39,10 +38,7 @@ def main(argv):
     latencies = measure_latency(llm, prompts, OUTPUT_LEN.value, num_iters_warmup=WARMUP.value,
                                 num_iters=ITERS.value)
     summary = latency_summary(latencies)
-    table = markdown_table(["batch x (input + output)", "mean (s)", *(f"p{p} (s)" for p in PERCENTILES)],
-                           [[f"{BATCH_SIZE.value} x ({INPUT_LEN.value} + {OUTPUT_LEN.value})",
-                             f"{summary['avg_latency_s']:.4f}",
-                             *(f"{summary['percentiles_s'][str(p)]:.4f}" for p in PERCENTILES)]])
+    table = latency_table(summary, BATCH_SIZE.value, INPUT_LEN.value, OUTPUT_LEN.value)
     OUT.write({"engine": ENGINE.kwargs(), "input_len": INPUT_LEN.value, "output_len": OUTPUT_LEN.value,
                "batch_size": BATCH_SIZE.value, "num_iters_warmup": WARMUP.value, "num_iters": ITERS.value,
                **summary}, table)
