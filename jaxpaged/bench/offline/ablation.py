@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.bench.offline.serving import ServingSetup, make_runner, run_mode
 from jaxpaged.capacity import max_concurrent_seqs
 from jaxpaged.workloads import WorkloadRequest
@@ -45,3 +48,16 @@ def sweep_block_sizes(model, workloads: Mapping[str, Sequence[WorkloadRequest]],
             if on_done is not None:
                 on_done(row)
     return rows
+
+
+def ablation_table(rows: Sequence[Mapping]) -> str:
+    """One row per (block size, workload): every `ABLATION_METRICS` value to 3 significant digits."""
+    return markdown_table(["block size", "workload", *ABLATION_METRICS],
+                          [[r["block_size"], r["workload"], *(f"{r[m]:.3g}" for m in ABLATION_METRICS)] for r in rows],
+                          align="ll" + "r" * len(ABLATION_METRICS))
+
+
+def ablation_plots(rows: Sequence[Mapping]) -> dict[str, Callable[[Path], object]]:
+    """``block_size_<metric>.png`` for each metric: that metric against block size, one line per workload."""
+    from jaxpaged.bench.offline.plots import plot_metric_vs_block_size
+    return {f"block_size_{m}.png": functools.partial(plot_metric_vs_block_size, rows, m) for m in ABLATION_METRICS}

@@ -12,9 +12,11 @@ could never fit the pool counts as a miss and changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -118,3 +120,27 @@ def markdown_table(results: Sequence[ReplayResult]) -> str:
                                                  if unbounded else ""), "",
                   render_table(["policy", *(f"{c:.0e} tok" for c in capacities)], table_rows), ""]
     return "\n".join(lines)
+
+
+# the paper's Figure 9 reading for the conversation trace
+PAPER_NOTE = "Mooncake (FAST'25) Fig. 9: a 3M-token local cache reaches well under half the unbounded hit rate"
+
+
+def print_result(r: ReplayResult) -> None:
+    """One progress line for a finished replay."""
+    print(f"  bs={r.block_size} {r.policy:>9} {r.capacity_tokens:>12,} tokens: hit rate {r.hit_rate:6.2%}"
+          f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)
+
+
+def result_rows(results: Sequence[ReplayResult]) -> list[dict]:
+    """Each result as a dict, its hit rate included (the JSON's rows)."""
+    return [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results]
+
+
+def replay_plots(rows: Sequence[dict], trace_name: str) -> dict[str, Callable[[Path], object]]:
+    """``replay_hit_rate_bs<B>.png`` per block size: hit rate against capacity, one line per policy."""
+    from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
+    return {f"replay_hit_rate_bs{bs}.png": functools.partial(
+        plot_hit_rate_vs_capacity, [r for r in rows if r["block_size"] == bs],
+        title=f"{trace_name}, block size {bs}", note=PAPER_NOTE)
+        for bs in dict.fromkeys(r["block_size"] for r in rows)}

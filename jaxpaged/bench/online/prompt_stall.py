@@ -8,8 +8,10 @@ HTTP) while, 0.3 s in, another client adds a text prompt far over
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine
@@ -46,3 +48,20 @@ def stall_rounds(async_engine: AsyncEngine, *, repeats: int, max_tokens: int, pr
                                                     huge_prompt_chars=prompt_chars if huge else None))
         return gaps
     return asyncio.run(rounds())
+
+
+def measure_prompt_stall(engine_config, *, repeats: int, max_tokens: int, prompt_chars: int) -> tuple[dict, str]:
+    """`stall_rounds` on an `AsyncEngine` over a fresh engine of ``engine_config``: the gaps, their medians, a table."""
+    from jaxpaged.engine import Engine
+    async_engine = AsyncEngine(Engine(engine_config))
+    async_engine.start()
+    try:
+        gaps = stall_rounds(async_engine, repeats=repeats, max_tokens=max_tokens, prompt_chars=prompt_chars)
+    finally:
+        async_engine.shutdown()
+    quiet, loud = statistics.median(gaps[False]), statistics.median(gaps[True])
+    table = markdown_table(["stream alone: longest gap", f"with a {prompt_chars:,}-character prompt", "ratio"],
+                           [[f"{quiet * 1e3:.0f} ms", f"{loud * 1e3:.0f} ms", f"{loud / quiet:.2f}x"]], align="lll")
+    return {"prompt_chars": prompt_chars, "max_tokens": max_tokens,
+            "longest_gap_s": {"alone": gaps[False], "with_huge_prompt": gaps[True]},
+            "median_alone_s": quiet, "median_with_huge_prompt_s": loud}, table

@@ -8,13 +8,9 @@ Every block size gets the same KV budget in tokens (--kv_budget_tokens).
 
 from __future__ import annotations
 
-import functools
-
 from tqdm.auto import tqdm
 
-from jaxpaged.bench.offline.ablation import ABLATION_METRICS, sweep_block_sizes
-from jaxpaged.bench.offline.plots import plot_metric_vs_block_size
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.offline.ablation import ablation_plots, ablation_table, sweep_block_sizes
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -52,9 +48,4 @@ def main(argv):
                              kv_budget_tokens=bench_flags.KV_BUDGET.value, mode=MODE.value,
                              on_done=lambda _: bar.update())
     bar.close()
-    table = markdown_table(["block size", "workload", *ABLATION_METRICS],
-                           [[r["block_size"], r["workload"], *(f"{r[m]:.3g}" for m in ABLATION_METRICS)] for r in rows],
-                           align="ll" + "r" * len(ABLATION_METRICS))
-    OUT.write({"model": bench_flags.MODEL.value, "rows": rows}, table,
-              plots={f"block_size_{m}.png": functools.partial(plot_metric_vs_block_size, rows, m)
-                     for m in ABLATION_METRICS})
+    OUT.write({"model": bench_flags.MODEL.value, "rows": rows}, ablation_table(rows), plots=ablation_plots(rows))

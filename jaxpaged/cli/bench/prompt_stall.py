@@ -11,10 +11,7 @@ prompt, side by side (docs/BENCHMARKS.md, "A huge prompt and the other streams")
 
 from __future__ import annotations
 
-import statistics
-
-from jaxpaged.bench.online.prompt_stall import stall_rounds
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.online.prompt_stall import measure_prompt_stall
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -34,18 +31,6 @@ FLAGS.register_validator("max_tokens", lambda v: 1 < v <= 900, message="--max_to
 def main(argv):
     """Measure, then print and write one Markdown table."""
     del argv
-    from jaxpaged.engine import Engine
-    from jaxpaged.server.async_engine import AsyncEngine
-    async_engine = AsyncEngine(Engine(ENGINE.config()))
-    async_engine.start()
-    try:
-        gaps = stall_rounds(async_engine, repeats=REPEATS.value, max_tokens=MAX_TOKENS.value,
-                            prompt_chars=PROMPT_CHARS.value)
-    finally:
-        async_engine.shutdown()
-    quiet, loud = statistics.median(gaps[False]), statistics.median(gaps[True])
-    table = markdown_table(["stream alone: longest gap", f"with a {PROMPT_CHARS.value:,}-character prompt", "ratio"],
-                           [[f"{quiet * 1e3:.0f} ms", f"{loud * 1e3:.0f} ms", f"{loud / quiet:.2f}x"]], align="lll")
-    OUT.write({"engine": ENGINE.kwargs(), "prompt_chars": PROMPT_CHARS.value, "max_tokens": MAX_TOKENS.value,
-               "longest_gap_s": {"alone": gaps[False], "with_huge_prompt": gaps[True]},
-               "median_alone_s": quiet, "median_with_huge_prompt_s": loud}, table)
+    result, table = measure_prompt_stall(ENGINE.config(), repeats=REPEATS.value, max_tokens=MAX_TOKENS.value,
+                                         prompt_chars=PROMPT_CHARS.value)
+    OUT.write({"engine": ENGINE.kwargs()} | result, table)

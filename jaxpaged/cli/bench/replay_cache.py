@@ -9,14 +9,10 @@ blocks). Prints a Markdown table, writes JSON and one PNG per block size.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from pathlib import Path
 
-
-from jaxpaged.bench.offline.cache_replay import markdown_table, sweep
-from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
+from jaxpaged.bench.offline.cache_replay import markdown_table, print_result, replay_plots, result_rows, sweep
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -39,9 +35,6 @@ FLAGS.list_of("capacities", number_at_least=1)
 FLAGS.list_of("policies", choices=EVICTION_POLICIES)
 FLAGS.list_of("block_sizes", integer_at_least=1)
 
-# the paper's Figure 9 reading for the conversation trace
-PAPER_NOTE = "Mooncake (FAST'25) Fig. 9: a 3M-token local cache reaches well under half the unbounded hit rate"
-
 
 def main(argv):
     """Replay the trace at every block size, capacity and policy; print, write and plot the hit rates."""
@@ -49,20 +42,12 @@ def main(argv):
     started = time.perf_counter()
     requests = load_trace(_TRACE.value, limit=_LIMIT.value)
     print(f"{len(requests)} requests, {sum(r.input_length for r in requests):,} prompt tokens")
-
-    def progress(r):
-        print(f"  bs={r.block_size} {r.policy:>9} {r.capacity_tokens:>12,} tokens: hit rate {r.hit_rate:6.2%}"
-              f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)
-
     results = sweep(requests, capacities=[float(c) for c in _CAPACITIES.value], policies=_POLICIES.value,
                     block_sizes=[int(b) for b in _BLOCK_SIZES.value], decode=_DECODE.value, unbounded=_UNBOUNDED.value,
-                    on_result=progress)
+                    on_result=print_result)
     table = markdown_table(results)
     print()
-    rows = [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results]
-    plots = {f"replay_hit_rate_bs{bs}.png": functools.partial(
-        plot_hit_rate_vs_capacity, [r for r in rows if r["block_size"] == bs],
-        title=f"{Path(_TRACE.value).name}, block size {bs}", note=PAPER_NOTE)
-        for bs in dict.fromkeys(r["block_size"] for r in rows)}
+    rows = result_rows(results)
     OUT.write({"trace": Path(_TRACE.value).name, "num_requests": len(requests), "decode": _DECODE.value,
-               "results": rows, "wall_s": time.perf_counter() - started}, table, plots=plots)
+               "results": rows, "wall_s": time.perf_counter() - started}, table,
+              plots=replay_plots(rows, Path(_TRACE.value).name))

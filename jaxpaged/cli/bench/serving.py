@@ -25,18 +25,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from tqdm.auto import tqdm
-
-from jaxpaged.bench.offline.report import markdown_table
-from jaxpaged.bench.offline.serving import MODES, compare_modes
-from jaxpaged.bench.output import markdown_table as render_table
+from jaxpaged.bench.offline.serving import MODES
+from jaxpaged.bench.offline.serving_run import serve_modes, serving_tables
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.metrics import attach_metrics, kv_residency_summary
 from jaxpaged.workloads import WORKLOADS
 
 FLAGS = FlagSet()
@@ -76,42 +72,10 @@ def main(argv):
     setup = dataclasses.replace(bench_flags.setup_from_flags(BLOCK_SIZE.value, requests),
                                 eviction_policy=ENGINE.holders["eviction_policy"].value,
                                 kv_cache_metrics_sample=ENGINE.holders["kv_cache_metrics_sample"].value)
-    model = load_model(bench_flags.MODEL.value)
-    bar = tqdm(total=len(requests) * len(MODES_FLAG.value) * REPEATS.value, desc="requests",
-               disable=not PROGRESS.value)
-    port = iter([METRICS_PORT.value])  # the HTTP server can bind once; it serves the first engine's registry
-
-    last_engine = {}  # mode -> its engine in the last run, for the KV residency report
-
-    def hook(engine):
-        attach_metrics(engine, port=next(port, None), log_interval_s=LOG_INTERVAL.value)
-        last_engine[_mode_of(engine)] = engine
-
-    result = compare_modes(model, setup, requests, modes=MODES_FLAG.value, repeats=REPEATS.value,
-                           on_finish=lambda _: bar.update(), engine_hook=hook)
-    bar.close()
-    result["kv_residency"] = {mode: kv_residency_summary(e) for mode, e in last_engine.items()}
-    table = markdown_table(result["median"], result["ratios"]) + "\n\n" + residency_table(result["kv_residency"])
+    result = serve_modes(load_model(bench_flags.MODEL.value), setup, requests, modes=MODES_FLAG.value,
+                         repeats=REPEATS.value, metrics_port=METRICS_PORT.value, log_interval_s=LOG_INTERVAL.value,
+                         progress=PROGRESS.value)
     meta = {"model": bench_flags.MODEL.value, "workload": bench_flags.TRACE.value or WORKLOAD.value,
-            "num_requests": len(requests), "request_rate": bench_flags.REQUEST_RATE.value, "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
-    OUT.write(meta | result, table)
-
-
-def _mode_of(engine) -> str:
-    config = engine.config
-    return next(name for name, overrides in MODES.items()
-                if all(getattr(config, key) == value for key, value in overrides.items()))
-
-
-def residency_table(residency: dict) -> str:
-    """KV residency of each mode's last run: evictions by reason, pinned blocks, tier hits, sampled lifetimes."""
-    rows = []
-    for mode, r in residency.items():
-        ev, hits = r["evictions_by_reason"], r["tier_hit_tokens"]
-        cells = [f"{r[k]['p50']:.3f}" if r.get(k, {}).get("count") else "-"
-                 for k in ("lifetime_s", "idle_before_evict_s", "reuse_gap_s")]
-        rows.append([mode, r["eviction_policy"], f"{ev.get('capacity', 0)}/{ev.get('pinned', 0)}/{ev.get('reset', 0)}",
-                     r["pinned_blocks"], f"{hits['device']}/{hits['host']}/{hits['disk']}", *cells])
-    return render_table(["KV residency (last run)", "policy", "evictions capacity/pinned/reset", "pinned blocks",
-                         "hit tokens device/host/disk", "lifetime p50 (s)", "idle before evict p50 (s)",
-                         "reuse gap p50 (s)"], rows, align="llrrrrrr")
+            "num_requests": len(requests), "request_rate": bench_flags.REQUEST_RATE.value,
+            "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
+    OUT.write(meta | result, serving_tables(result))
