@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import platform
 import statistics
 import time
@@ -388,3 +389,37 @@ def long_over_short(rows: list[dict]) -> dict[str, float]:
     """Per backend: whole-model prefill tokens/s at the longest length over that at the shortest."""
     prefill = sorted((r for r in rows if r["section"] == "model prefill"), key=lambda r: r["tokens"])
     return {b: prefill[-1][f"{b}_tokens_per_s"] / prefill[0][f"{b}_tokens_per_s"] for b in CPU_BACKENDS}
+
+
+GPU_CONFIG_FIELDS = ("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype",
+                     "prefill_batch", "prefill_chunk", "repeats", "warmup", "backend_interpret")
+SWEEP_CONFIG_FIELDS = ("sweep_model", "sweep_prefill_lens", "sweep_decode_batch", "sweep_decode_context",
+                       "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "sweep_repeats")
+
+
+def _plain(report: dict) -> dict:
+    """The report with numpy / JAX scalars as floats (what JSON takes)."""
+    return json.loads(json.dumps(report, default=float))
+
+
+def attention_report(cfg: AttentionBenchConfig) -> tuple[dict, str]:
+    """The kernels against the XLA gather, JAX's bundled kernel and dense attention (decode, then prefill when
+    ``cfg.prefill_batch``), with the decode targets: the report and its Markdown."""
+    key = jax.random.key(0)
+    results = benchmark_phase(cfg, "decode", cfg.batch, 1, key)
+    if cfg.prefill_batch > 0:
+        results += benchmark_phase(cfg, "prefill", cfg.prefill_batch, cfg.prefill_chunk, jax.random.fold_in(key, 1))
+    report = {"machine": machine(), "config": {name: getattr(cfg, name) for name in GPU_CONFIG_FIELDS},
+              "results": results, "decode_targets": decode_targets(results)}
+    return _plain(report), markdown(report)
+
+
+def cpu_sweep_report(cfg: AttentionBenchConfig) -> tuple[dict, str]:
+    """`cpu_sweep` with the machine, its settings and the long-over-short prefill ratios: the report and its
+    Markdown."""
+    results = cpu_sweep(cfg)
+    config = {name: getattr(cfg, name) for name in SWEEP_CONFIG_FIELDS}
+    config["sweep_prefill_lens"] = list(cfg.sweep_prefill_lens)
+    report = {"machine": machine(), "config": config, "results": results,
+              "long_over_short_prefill": long_over_short(results)}
+    return _plain(report), sweep_markdown(report)

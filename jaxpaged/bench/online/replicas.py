@@ -15,6 +15,7 @@ over the replicas.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import httpx
@@ -26,6 +27,8 @@ from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.bench.output import markdown_table as render_table
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
+# Each replica's XLA runs single-threaded: the replicas, not one replica's threads, share the cores.
+REPLICA_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def hit_rate(results: Sequence[RequestResult]) -> float:
@@ -93,3 +96,29 @@ def markdown_table(by_replicas: Mapping[int, Mapping[str, Mapping]]) -> str:
     rows.append(["requests per replica",
                  *("/".join(str(c) for c in by_replicas[n][p]["requests_per_replica"]) for n, p in columns)])
     return render_table(["metric", *(f"{n} replicas, {p}" for n, p in columns)], rows) + "\n"
+
+
+def replica_env(compile_cache_dir: str | None = None, xla_flags: str | None = None) -> dict[str, str]:
+    """`REPLICA_ENV` after ``xla_flags`` (default: this process's ``XLA_FLAGS``), sharing the persistent compile
+    cache at ``compile_cache_dir`` when given."""
+    xla_flags = os.environ.get("XLA_FLAGS") if xla_flags is None else xla_flags
+    env = {**REPLICA_ENV, "XLA_FLAGS": " ".join(filter(None, [xla_flags, REPLICA_ENV["XLA_FLAGS"]]))}
+    if compile_cache_dir:
+        env |= {"JAX_COMPILATION_CACHE_DIR": compile_cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    return env
+
+
+def run_replica_counts(model: str, replica_counts: Sequence[int], requests: Sequence[BenchRequest],
+                       offsets: Sequence[float], *, kv_budget_tokens: int, max_num_batched_tokens: int,
+                       max_model_len: int, policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
+                       compile_cache_dir: str | None = None, num_warmup: int = 0) -> dict[int, dict]:
+    """`run_policies` on one ``jaxpaged serve --data_parallel_size=N`` cluster per N in ``replica_counts``."""
+    env = replica_env(compile_cache_dir)
+    results = {}
+    for n in replica_counts:
+        serve_args = [f"--model={model}", f"--data_parallel_size={n}", f"--kv_budget_tokens={kv_budget_tokens}",
+                      f"--max_model_len={max_model_len}", f"--max_num_batched_tokens={max_num_batched_tokens}",
+                      "--max_num_seqs=64"]
+        results[n] = run_policies(serve_args, requests, offsets, policies=policies, max_concurrency=max_concurrency,
+                                  env=env, num_warmup=min(num_warmup, len(requests)))
+    return results

@@ -34,12 +34,8 @@ CPU smoke test:
 from __future__ import annotations
 
 import dataclasses
-import json
 
-import jax
-
-from jaxpaged.bench.offline.attention import (AttentionBenchConfig, benchmark_phase, cpu_sweep, decode_targets,
-                                              long_over_short, machine, markdown, sweep_markdown)
+from jaxpaged.bench.offline.attention import AttentionBenchConfig, attention_report, cpu_sweep_report
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -76,34 +72,9 @@ def main(argv):
     """Run the GPU comparison (or --cpu_sweep); print and write the report."""
     del argv
     cfg = AttentionBenchConfig(**{f.name: _value(f.name) for f in dataclasses.fields(AttentionBenchConfig)})
-    if FLAGS.cpu_sweep:
-        results = cpu_sweep(cfg)
-        names = ("sweep_model", "sweep_prefill_lens", "sweep_decode_batch", "sweep_decode_context", "num_q_heads",
-                 "num_kv_heads", "head_dim", "block_size", "dtype", "sweep_repeats")
-        report = {"machine": machine(), "config": {n: FLAGS[n].value for n in names}, "results": results,
-                  "long_over_short_prefill": long_over_short(results)}
-        write_report(report, sweep_markdown(report))
-        return
-    key = jax.random.key(0)
-    results = benchmark_phase(cfg, "decode", FLAGS.batch, 1, key)
-    if FLAGS.prefill_batch > 0:
-        results += benchmark_phase(cfg, "prefill", FLAGS.prefill_batch, FLAGS.prefill_chunk, jax.random.fold_in(key, 1))
-    config_names = ("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype",
-                    "prefill_batch", "prefill_chunk", "repeats", "warmup", "backend_interpret")
-    report = {
-        "machine": machine(),
-        "config": {name: FLAGS[name].value for name in config_names},
-        "results": results,
-        "decode_targets": decode_targets(results),
-    }
-    write_report(report, markdown(report))
+    OUT.write(*(cpu_sweep_report(cfg) if FLAGS.cpu_sweep else attention_report(cfg)))
 
 
 def _value(name: str):
     value = FLAGS[name].value
     return tuple(int(v) for v in value) if name == "sweep_prefill_lens" else value
-
-
-def write_report(report: dict, table: str) -> None:
-    """Print the Markdown table; write it and the JSON where the flags say."""
-    OUT.write(json.loads(json.dumps(report, default=float)), table)

@@ -16,12 +16,10 @@ rate, TTFT p50/p99 and throughput per policy, side by side.
 from __future__ import annotations
 
 import logging
-import os
-
 
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
-from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_policies
+from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_replica_counts
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
@@ -52,9 +50,6 @@ FLAGS.list_of("replicas", integer_at_least=1)
 FLAGS.list_of("policies", choices=POLICY_ORDER)
 FLAGS.model_name()
 
-# Each replica's XLA runs single-threaded: the replicas, not one replica's threads, share the cores.
-REPLICA_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "RAY_USAGE_STATS_ENABLED": "0"}
-
 
 def main(argv):
     """Run every replica count and policy; print and write the table."""
@@ -64,17 +59,10 @@ def main(argv):
                                           num_prefixes=NUM_PREFIXES.value, output_len=OUTPUT_LEN.value,
                                           seed=SEED.value)
     offsets = arrival_offsets(len(requests), RATE.value, seed=SEED.value)
-    max_len = PREFIX_LEN.value + SUFFIX_LEN.value + OUTPUT_LEN.value
-    env = {**REPLICA_ENV, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), REPLICA_ENV["XLA_FLAGS"]]))}
-    if COMPILE_CACHE.value:
-        env |= {"JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE.value, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    results = {}
-    for n in map(int, REPLICAS.value):
-        serve_args = [f"--model={MODEL.value}", f"--data_parallel_size={n}", f"--kv_budget_tokens={KV_TOKENS.value}",
-                      f"--max_model_len={max_len}", f"--max_num_batched_tokens={MAX_BATCHED.value}",
-                      "--max_num_seqs=64"]
-        results[n] = run_policies(serve_args, requests, offsets, policies=POLICIES.value,
-                                  max_concurrency=MAX_CONCURRENCY.value, env=env,
-                                  num_warmup=min(WARMUP_REQUESTS.value, len(requests)))
+    results = run_replica_counts(MODEL.value, [int(n) for n in REPLICAS.value], requests, offsets,
+                                 kv_budget_tokens=KV_TOKENS.value, max_num_batched_tokens=MAX_BATCHED.value,
+                                 max_model_len=PREFIX_LEN.value + SUFFIX_LEN.value + OUTPUT_LEN.value,
+                                 policies=POLICIES.value, max_concurrency=MAX_CONCURRENCY.value,
+                                 compile_cache_dir=COMPILE_CACHE.value, num_warmup=WARMUP_REQUESTS.value)
     settings = FLAGS.values.flag_values_dict()
     OUT.write({"flags": settings, "results": {str(n): r for n, r in results.items()}}, markdown_table(results))
