@@ -12,10 +12,7 @@ sequence and concurrent sequences, hybrid vs every layer treated as full.
 
 from __future__ import annotations
 
-import dataclasses
-
-
-from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
+from jaxpaged.bench.offline.capacity_report import capacity_report
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -45,17 +42,9 @@ FLAGS.positive("context_len")
 def main(argv):
     """Print the capacity figures (and write JSON if asked)."""
     del argv
-    config = load_config(MODEL.value)
-    cap = kv_capacity(config, budget_bytes=int(BUDGET_GB.value * 1e9),
-                      block_size=BLOCK_SIZE.value, context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
-                      weight_dtype=WEIGHT_DTYPE.value or KV_DTYPE.value, tensor_parallel_size=TP.value)
-    print(format_capacity(cap))
-    result = dataclasses.asdict(cap)
-    if any(w is not None for w in config.layer_windows):
-        hybrid = [hybrid_kv_capacity(config, budget_bytes=int(BUDGET_GB.value * 1e9), block_size=BLOCK_SIZE.value,
-                                     context_len=int(n), kv_dtype=KV_DTYPE.value)
-                  for n in CONTEXT_LENS.value or [CONTEXT_LEN.value]]
-        for h in hybrid:
-            print(format_hybrid_capacity(h))
-        result["hybrid"] = [dataclasses.asdict(h) for h in hybrid]
+    result, text = capacity_report(load_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
+                                   context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
+                                   weight_dtype=WEIGHT_DTYPE.value, block_size=BLOCK_SIZE.value,
+                                   tensor_parallel_size=TP.value, hybrid_context_lens=[int(n) for n in CONTEXT_LENS.value])
+    print(text)
     OUT.write(result)

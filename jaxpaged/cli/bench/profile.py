@@ -10,15 +10,12 @@ sit between the device steps ("device_step" and the XLA executions).
 
 from __future__ import annotations
 
-
-from jaxpaged.bench.offline.profiling import profile_workload
-from jaxpaged.bench.offline.serving import engine_config, make_runner
+from jaxpaged.bench.offline.profile_run import profile_serving
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.engine import Engine
 from jaxpaged.workloads import WORKLOADS
 
 FLAGS = FlagSet()
@@ -36,15 +33,4 @@ def main(argv):
     bench_flags.enable_compile_cache()
     requests = bench_flags.workload_from_flags(WORKLOAD.value)
     setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
-    model = load_model(bench_flags.MODEL.value)
-    runner = make_runner(model, setup)
-    config = engine_config(setup, MODE.value, model.config.name)
-    result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock),
-                              requests, TRACE_DIR.value)
-    result["trace_dir"] = TRACE_DIR.value
-    print(f"steps: {result['num_steps']}, step time {result['step_s']:.3f} s = device {result['device_s']:.3f} s "
-          f"+ host {result['host_s']:.3f} s; host share {result['host_share']:.1%} "
-          f"({result['host_ms_per_step']:.2f} ms host per step); compile time excluded: {result['compile_s']:.1f} s")
-    if TRACE_DIR.value:
-        print(f"trace written under {TRACE_DIR.value}")
-    OUT.write(result)
+    OUT.write(profile_serving(load_model(bench_flags.MODEL.value), setup, MODE.value, requests, TRACE_DIR.value))
