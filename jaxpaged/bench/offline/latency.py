@@ -50,3 +50,13 @@ def latency_table(summary: dict, batch_size: int, input_len: int, output_len: in
     return markdown_table(["batch x (input + output)", "mean (s)", *(f"p{p} (s)" for p in PERCENTILES)],
                           [[f"{batch_size} x ({input_len} + {output_len})", f"{summary['avg_latency_s']:.4f}",
                             *(f"{summary['percentiles_s'][str(p)]:.4f}" for p in PERCENTILES)]])
+
+
+def run_latency(engine_kwargs: dict, *, batch_size: int, input_len: int, output_len: int, num_iters_warmup: int,
+                num_iters: int, seed: int = 0) -> tuple[dict, str]:
+    """An `LLM` of ``engine_kwargs`` generates one random batch again and again: `latency_summary` and its table."""
+    llm = LLM(**engine_kwargs)
+    prompts = random_prompts(batch_size, input_len, llm.engine.model_config.vocab_size, seed)
+    summary = latency_summary(measure_latency(llm, prompts, output_len, num_iters_warmup=num_iters_warmup,
+                                              num_iters=num_iters))
+    return summary, latency_table(summary, batch_size, input_len, output_len)

@@ -88,3 +88,15 @@ def markdown_table(results: list[TPResult]) -> str:
              f"{r.pool_bytes_per_device / 1e6:.2f}", r.compiles] for r in results]
     return render_table(["TP", "decode step (ms)", "vs TP=1", "prefill step (ms)", "vs TP=1", "weights per device (MB)",
                          "KV pool per device (MB)", "compiles"], rows, align="r" * 8)
+
+
+def tensor_parallel_report(config: ModelConfig, sizes: list[int], *, decode_batch: int, context: int,
+                           prefill_len: int, block_size: int, rounds: int) -> tuple[dict, str]:
+    """`bench_tensor_parallel`, with the setting and the devices it ran on: the result and its table."""
+    results = bench_tensor_parallel(config, sizes, decode_batch=decode_batch, context=context,
+                                    prefill_len=prefill_len, block_size=block_size, rounds=rounds)
+    print(f"{config.name}: decode {decode_batch} x {context} context, prefill {prefill_len} "
+          f"tokens; {len(jax.devices())} {jax.default_backend()} devices")
+    return ({"model": config.name, "decode_batch": decode_batch, "decode_context": context,
+             "prefill_len": prefill_len, "block_size": block_size, "rounds": rounds, "devices": len(jax.devices()),
+             "results": [dataclasses.asdict(r) for r in results]}, markdown_table(results))

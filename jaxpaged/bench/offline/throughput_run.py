@@ -12,7 +12,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from absl import logging

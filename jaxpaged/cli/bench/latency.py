@@ -11,7 +11,7 @@ emptied before every iteration.
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.latency import latency_summary, latency_table, measure_latency, random_prompts
+from jaxpaged.bench.offline.latency import run_latency
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -31,14 +31,10 @@ FLAGS.non_negative("num_iters_warmup")
 def main(argv):
     """Build the engine, time the batch, print and write the latencies."""
     del argv
-    from jaxpaged.llm import LLM
-    config = ENGINE.config()
-    llm = LLM(**ENGINE.kwargs())
-    prompts = random_prompts(BATCH_SIZE.value, INPUT_LEN.value, llm.engine.model_config.vocab_size, config.seed)
-    latencies = measure_latency(llm, prompts, OUTPUT_LEN.value, num_iters_warmup=WARMUP.value,
-                                num_iters=ITERS.value)
-    summary = latency_summary(latencies)
-    table = latency_table(summary, BATCH_SIZE.value, INPUT_LEN.value, OUTPUT_LEN.value)
+    config = ENGINE.config()  # checked once, here
+    summary, table = run_latency(ENGINE.kwargs(), batch_size=BATCH_SIZE.value, input_len=INPUT_LEN.value,
+                                 output_len=OUTPUT_LEN.value, num_iters_warmup=WARMUP.value, num_iters=ITERS.value,
+                                 seed=config.seed)
     OUT.write({"engine": ENGINE.kwargs(), "input_len": INPUT_LEN.value, "output_len": OUTPUT_LEN.value,
                "batch_size": BATCH_SIZE.value, "num_iters_warmup": WARMUP.value, "num_iters": ITERS.value,
                **summary}, table)

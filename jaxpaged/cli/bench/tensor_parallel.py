@@ -10,11 +10,10 @@ the cost of the collectives; GPU figures wait for a device.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from jaxpaged import distributed
-from jaxpaged.bench.offline.tensor_parallel import bench_tensor_parallel, markdown_table
+from jaxpaged.bench.offline.tensor_parallel import tensor_parallel_report
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -41,17 +40,11 @@ def main(argv):
     # CPU: four host devices unless XLA_FLAGS says otherwise (read when JAX first starts its backend)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
     distributed.initialize_from_flags()
-    import jax
-    config = load_config(MODEL.value)
-    results = bench_tensor_parallel(config, [int(s) for s in SIZES.value], decode_batch=DECODE_BATCH.value,
-                                    context=CONTEXT.value, prefill_len=PREFILL.value,
-                                    block_size=BLOCK_SIZE.value, rounds=ROUNDS.value)
-    print(f"{config.name}: decode {DECODE_BATCH.value} x {CONTEXT.value} context, prefill {PREFILL.value} "
-          f"tokens; {len(jax.devices())} {jax.default_backend()} devices")
-    table = markdown_table(results)
+    result, table = tensor_parallel_report(load_config(MODEL.value), [int(s) for s in SIZES.value],
+                                           decode_batch=DECODE_BATCH.value, context=CONTEXT.value,
+                                           prefill_len=PREFILL.value, block_size=BLOCK_SIZE.value,
+                                           rounds=ROUNDS.value)
     if not distributed.is_leader():
         print(table)
         return
-    OUT.write({"model": config.name, "decode_batch": DECODE_BATCH.value, "decode_context": CONTEXT.value,
-               "prefill_len": PREFILL.value, "block_size": BLOCK_SIZE.value, "rounds": ROUNDS.value,
-               "devices": len(jax.devices()), "results": [dataclasses.asdict(r) for r in results]}, table)
+    OUT.write(result, table)
