@@ -191,14 +191,11 @@ class EngineBuilder:
         return load_tokenizer(self.config.model, self.model_config)
 
 
-def tie_disk_tier_to_identity(engine) -> None:
-    """Disk-tier files are tied to the engine's identity (model, weights, layout, final fp8 scales).
-
-    `engine` is an `Engine` or the `EngineParts` it is built from.
-    """
-    if engine.tiers is not None and engine.tiers.disk is not None:
+def tie_disk_tier_to_identity(parts: EngineParts) -> None:
+    """Disk-tier files are tied to the engine's identity (model, weights, layout, final fp8 scales)."""
+    if parts.tiers is not None and parts.tiers.disk is not None:
         from jaxpaged.snapshot import engine_identity, identity_digest
-        engine.tiers.set_format(identity_digest(engine_identity(engine)))
+        parts.tiers.set_format(identity_digest(engine_identity(parts)))
 
 
 def restore_prefix_cache_at_start(engine) -> None:

@@ -40,7 +40,7 @@ def main(argv):
     runner = make_runner(model, setup)
     config = engine_config(setup, MODE.value, model.config.name)
     result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock),
-                              requests, TRACE_DIR.value)
+                              requests, TRACE_DIR.value, runner=runner)
     result["trace_dir"] = TRACE_DIR.value
     print(f"steps: {result['num_steps']}, step time {result['step_s']:.3f} s = device {result['device_s']:.3f} s "
           f"+ host {result['host_s']:.3f} s; host share {result['host_share']:.1%} "

@@ -1,7 +1,9 @@
 """Decode fast-forward: run many predictable steps at once, exactly as `Engine.step` would.
 
-In a simulation the runner's tokens are known in advance (`SimulatedRunner`
-samples one fixed token), so once every running sequence is a plain decode,
+`Engine.fast_forward` is the entry point. With a runner whose steps are
+predictable (`predictable_steps`: the simulator's `SimulatedRunner` samples
+one fixed token, `token`, and costs each step by its cost model on its clock)
+once every running sequence is a plain decode,
 each following step is predictable for them: every one computes one token and
 the clock moves by the cost model's step time. What changes from step to step
 is sparse: a sequence needs a fresh block once every `block_size` steps, fills
@@ -20,7 +22,7 @@ computed in that step becomes a lane from the next step on.
 
 The engine, its KV cache manager and the clock end in the same state as
 after the same steps one by one, block ids and float timestamps included
-(`tests/sim/test_fast_forward.py`). It stops before a step that would go
+(`tests/engine/test_fast_forward.py`). It stops before a step that would go
 differently (more fresh blocks needed than are free: the scheduler would
 preempt; the clock at `until`), and after a step that leaves a running
 sequence that is not a plain decode (a prefill chunk that did not finish its
@@ -34,16 +36,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Callable, Container
+from typing import TYPE_CHECKING, Callable, Container
 
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager
-from jaxpaged.engine import Engine
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.scheduler import ModelOutput, SchedulerOutput
 from jaxpaged.sequence import Request, Sequence, SeqStatus
-from jaxpaged.sim.runner import SimulatedRunner
+
+if TYPE_CHECKING:
+    from jaxpaged.engine.engine import Engine
 
 
 @dataclasses.dataclass(slots=True, eq=False)  # eq=False: lanes are hashed by identity
@@ -73,7 +76,7 @@ def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, unt
         return 0, []
     run = _DecodeRun(engine)
     steps = run.advance(feed, until, stop_after)
-    return steps, engine.collect_outputs(list(run.advanced) if steps else [])
+    return steps, engine._collect_outputs(list(run.advanced) if steps else [])
 
 
 class _DecodeRun:
@@ -177,9 +180,7 @@ class _DecodeRun:
         else:
             seconds = self.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
             stats.last_step_tokens = num_lanes
-        runner.clock.advance(seconds)
-        runner.busy_s += seconds
-        runner.num_steps += 1
+        runner.account_step(seconds)
         self.times.append(runner.clock.now)
         stats.num_steps += 1
         stats.generation_tokens += num_lanes  # admitted sequences count theirs in update_from_output
@@ -258,7 +259,7 @@ class _DecodeRun:
 def _all_plain_decodes(engine: Engine) -> bool:
     """Whether every running sequence is a plain decode of the runner's known token (and can be a lane)."""
     runner, scheduler = engine.runner, engine.scheduler
-    if not isinstance(runner, SimulatedRunner) or type(engine.kv) is not KVCacheManager:
+    if not getattr(runner, "predictable_steps", False) or type(engine.kv) is not KVCacheManager:
         return False
     if engine.has_step_in_flight:  # asynchronous scheduling: the step-by-step order differs
         return False
