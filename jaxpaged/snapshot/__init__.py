@@ -27,7 +27,7 @@ from jaxpaged.snapshot.restore import RestoreStats, restore_into
 from jaxpaged.snapshot.store import BlockRecord, block_digest, is_snapshot_dir, read_kv, read_meta, write_snapshot
 
 if TYPE_CHECKING:
-    from jaxpaged.engine.builder import EngineParts
+    from jaxpaged.engine.parts import EngineParts
 
 __all__ = ["RestoreStats", "engine_identity", "identity_digest", "is_snapshot_dir", "load_prefix_cache",
            "params_fingerprint",

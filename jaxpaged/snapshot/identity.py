@@ -22,7 +22,7 @@ from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 
 if TYPE_CHECKING:
-    from jaxpaged.engine.builder import EngineParts
+    from jaxpaged.engine.parts import EngineParts
 
 FORMAT_VERSION = 3  # 2: per-block digests, K/V rows keyed by block hash; 3: KV cache groups
 _SAMPLE_ELEMENTS = 1 << 16
