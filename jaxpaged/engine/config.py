@@ -45,7 +45,7 @@ def knob(default, help: str, *, choices: Sequence[str] | None = None, flag: bool
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Everything that shapes an engine; `LLM(**kwargs)` fills it. `EngineConfig.describe()` says what each field does."""
+    """Everything that shapes an engine; `LLM(**kwargs)` fills it; `describe()` says what each field does."""
 
     model: str = knob("tiny", "a shipped model config name, a config JSON or a checkpoint directory")
     # the one default: flags, engine, runner and kernels read it from here
