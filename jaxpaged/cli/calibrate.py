@@ -95,7 +95,7 @@ def main(argv):
                "validation": val_err.__dict__, "validation_steps": [
                    {"shape": s, "measured_s": float(m), "predicted_s": p}
                    for s, m, p in zip(val_shapes, val_times, predicted)]}, table,
-              plots={PLOT_NAME.value: lambda path: plot_validation(val_times, predicted, path, title=title)})
+              plots={PLOT_NAME.value: lambda: plot_validation(val_times, predicted, title=title)})
 
 
 def _measure(config, bs: int):

@@ -21,6 +21,7 @@ import logging
 import httpx
 from absl import app
 
+from jaxpaged import compile_cache
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
@@ -63,7 +64,7 @@ def main(argv):
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if online.MAX_CONCURRENCY.value is not None:
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
-    bench_flags.enable_compile_cache()
+    cache_dir = bench_flags.enable_compile_cache()
     model_name = bench_flags.MODEL.value
     requests = online.requests_from_flags(WORKLOAD.value)
     offsets = online.offsets_from_flags(len(requests))
@@ -77,10 +78,7 @@ def main(argv):
     serve_args = [f"--model={model_name}", f"--block_size={block}", f"--kv_budget_tokens={setup.num_blocks * block}",
                   f"--max_model_len={setup.max_model_len}", f"--max_num_seqs={setup.max_num_seqs}",
                   f"--max_num_batched_tokens={setup.max_num_batched_tokens}", *SERVE_ARGS.value]
-    env = {}
-    if bench_flags.COMPILE_CACHE.value:  # the server shares the persistent compile cache (JAX reads these)
-        env = {"JAX_COMPILATION_CACHE_DIR": bench_flags.COMPILE_CACHE.value,
-               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env = compile_cache.child_env(cache_dir)  # the server shares this process's cache, or is off too
 
     print("server settings:", " ".join(serve_args))
     with ServerProcess(serve_args, env=env) if START_SERVER.value else contextlib.nullcontext() as server:

@@ -19,6 +19,7 @@ import logging
 import os
 
 
+from jaxpaged import compile_cache
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
 from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_policies
@@ -66,8 +67,7 @@ def main(argv):
     offsets = arrival_offsets(len(requests), RATE.value, seed=SEED.value)
     max_len = PREFIX_LEN.value + SUFFIX_LEN.value + OUTPUT_LEN.value
     env = {**REPLICA_ENV, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS"), REPLICA_ENV["XLA_FLAGS"]]))}
-    if COMPILE_CACHE.value:
-        env |= {"JAX_COMPILATION_CACHE_DIR": COMPILE_CACHE.value, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env |= compile_cache.child_env(COMPILE_CACHE.value)  # '' = off in every replica
     results = {}
     for n in map(int, REPLICAS.value):
         serve_args = [f"--model={MODEL.value}", f"--data_parallel_size={n}", f"--kv_budget_tokens={KV_TOKENS.value}",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from absl import logging
 
+from jaxpaged import compile_cache
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -112,10 +113,7 @@ def _settings(spec: PromptSpec) -> dict:
 def main(argv):
     """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
     del argv
-    if COMPILE_CACHE.value:
-        import jax
-        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compile_cache.configure(COMPILE_CACHE.value)  # '' = off: the engine's "auto" then keeps it off
     started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "load_average_start": os.getloadavg()}  # the machine is shared: how busy it was
     spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)

@@ -134,7 +134,7 @@ def main(argv):
                "scales": parse_key_values(SCALES.value), "num_blocks": base.num_blocks(),
                "ttft_p99_bound_s": BOUND.value, "results": results},
               markdown_table(SWEEP_HEADER, rows), echo=False,
-              plots={PLOT_NAME.value: lambda path: plot_sweep(curves, path, bound_s=BOUND.value, title=title)})
+              plots={PLOT_NAME.value: lambda: plot_sweep(curves, bound_s=BOUND.value, title=title)})
 
 
 def run_trace() -> None:
