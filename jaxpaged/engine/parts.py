@@ -1,7 +1,7 @@
 """`EngineParts`: what an engine is made of, as `EngineBuilder.build` hands it over.
 
 The engine loops over these parts; its persistence (`jaxpaged.snapshot`) is
-handed them too, and depends on this dataclass rather than on `Engine`.
+handed them too (they are the `SnapshotParts` that package declares).
 """
 
 from __future__ import annotations

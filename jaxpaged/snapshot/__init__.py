@@ -9,32 +9,29 @@ re-admits its blocks through the cache manager (per group with sliding-window
 layers: ``jaxpaged.snapshot.groups``) and writes their K/V into the pool, so the first repeated prompt after
 a restart hits the cache. `Engine.save_prefix_cache` / `Engine.load_prefix_cache` / `EngineConfig.prefix_cache_snapshot`
 are the entry points: the engine hands this package its `EngineParts` (the KV
-manager, the runner that holds the pool, the tiers), which it reads and writes
-as the engine's own persistence.
+manager, the runner that holds the pool, the tiers: the `SnapshotParts` this
+package declares), which it reads and writes as the engine's own persistence.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 from jaxpaged.snapshot.groups import key_and_group, manager_key, restore_groups_into
 from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
 from jaxpaged.snapshot.identity import (adopt_snapshot_kv_scales, check_identity, engine_identity,
                                         identity_digest, params_fingerprint)
+from jaxpaged.snapshot.parts import SnapshotParts
 from jaxpaged.snapshot.restore import RestoreStats, restore_into
 from jaxpaged.snapshot.store import BlockRecord, block_digest, is_snapshot_dir, read_kv, read_meta, write_snapshot
-
-if TYPE_CHECKING:
-    from jaxpaged.engine.parts import EngineParts
 
 __all__ = ["RestoreStats", "engine_identity", "identity_digest", "is_snapshot_dir", "load_prefix_cache",
            "params_fingerprint",
            "save_prefix_cache"]
 
 
-def save_prefix_cache(parts: EngineParts, path: str | Path) -> int:
+def save_prefix_cache(parts: SnapshotParts, path: str | Path) -> int:
     """Snapshot the prefix cache of the engine built from `parts` to directory `path`; returns the block count.
 
     Device-pool blocks come first (tier "device", with the tokens that rebuild
@@ -59,7 +56,7 @@ def save_prefix_cache(parts: EngineParts, path: str | Path) -> int:
     return len(records)
 
 
-def load_prefix_cache(parts: EngineParts, path: str | Path, *, adopt_kv_scales: bool = False) -> RestoreStats:
+def load_prefix_cache(parts: SnapshotParts, path: str | Path, *, adopt_kv_scales: bool = False) -> RestoreStats:
     """Restore the snapshot at `path` into the prefix cache and KV pool of the engine built from `parts`.
 
     Blocks go only into free, uncached pool blocks (hottest chains first when
@@ -103,12 +100,12 @@ def load_prefix_cache(parts: EngineParts, path: str | Path, *, adopt_kv_scales: 
     return RestoreStats(stats.num_restored + kept, stats.num_skipped, stats.num_dropped + len(host) - kept)
 
 
-def _record(parts: EngineParts, key: bytes, **fields) -> BlockRecord:
+def _record(parts: SnapshotParts, key: bytes, **fields) -> BlockRecord:
     """The record of the block the engine caches under ``key`` (hash and KV cache group split apart)."""
     block_hash, group = key_and_group(parts.kv, key)
     return BlockRecord(block_hash, group=group, **fields)
 
 
-def _require_prefix_caching(parts: EngineParts, action: str) -> None:
+def _require_prefix_caching(parts: SnapshotParts, action: str) -> None:
     if not parts.kv.enable_prefix_caching:
         raise ValueError(f"cannot {action} a prefix-cache snapshot: prefix caching is disabled")

@@ -13,16 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
-
-if TYPE_CHECKING:
-    from jaxpaged.engine.parts import EngineParts
+from jaxpaged.snapshot.parts import SnapshotParts
 
 FORMAT_VERSION = 3  # 2: per-block digests, K/V rows keyed by block hash; 3: KV cache groups
 _SAMPLE_ELEMENTS = 1 << 16
@@ -48,7 +45,7 @@ def params_fingerprint(params) -> str:
     return digest.hexdigest()
 
 
-def engine_identity(parts: EngineParts) -> dict:
+def engine_identity(parts: SnapshotParts) -> dict:
     """The JSON-able record of everything a snapshot must match in the engine built from `parts`."""
     runner = parts.runner
     k_scale, v_scale = runner.kv_scales()
