@@ -10,11 +10,17 @@ Where (`EngineConfig.compile_cache_dir`, `--compile_cache_dir`):
 
 - `"auto"` (the default): what JAX is already configured with (a directory
   from `jax.config.update("jax_compilation_cache_dir", ...)` or
-  `$JAX_COMPILATION_CACHE_DIR`; off after `jax_enable_compilation_cache=False`
-  or an earlier `configure(None)`), else `$JAXPAGED_CACHE_DIR` (set but empty:
-  off), else `$XDG_CACHE_HOME/jaxpaged/xla`, else `~/.cache/jaxpaged/xla`;
+  `$JAX_COMPILATION_CACHE_DIR`; off when that directory is set but empty, as
+  JAX itself reads it, after `jax_enable_compilation_cache=False` or after an
+  earlier `configure(None)` / `configure("")`), else `$JAXPAGED_CACHE_DIR`
+  (set but empty: off), else `$XDG_CACHE_HOME/jaxpaged/xla`, else
+  `~/.cache/jaxpaged/xla`;
 - a path: that directory;
 - `""` or `None`: no persistent cache.
+
+So a command with a cache flag of its own calls `configure(flag)` before it
+builds an engine (whose `"auto"` then keeps that choice, off included), and
+hands a server it starts `child_env(flag)`.
 
 What makes it safe:
 
@@ -89,9 +95,10 @@ def resolve_cache_dir(setting: str | os.PathLike | None) -> str | None:
     if setting is None or setting == "":
         return None
     if setting == AUTO:
-        if not jax.config.jax_enable_compilation_cache:
+        jax_dir = jax.config.jax_compilation_cache_dir
+        if not jax.config.jax_enable_compilation_cache or jax_dir == "":  # JAX's own "off": an empty directory
             return None
-        setting = jax.config.jax_compilation_cache_dir or user_cache_dir()
+        setting = user_cache_dir() if jax_dir is None else jax_dir
         if setting is None:
             return None
     return str(Path(setting).expanduser().resolve())
@@ -120,6 +127,17 @@ def configure(setting: str | os.PathLike | None = AUTO) -> str | None:
     compilation_cache.reset_cache()  # JAX opens its cache once; make it reopen with the new settings
     logger.info("persistent XLA compilation cache: %s", path or "off")
     return path
+
+
+def child_env(setting: str | os.PathLike | None) -> dict[str, str]:
+    """Environment variables that give a child process (a `jaxpaged serve` a benchmark starts) `setting`'s cache.
+
+    `setting` is resolved here, in the parent, so the child's engines, built
+    with `"auto"`, find JAX configured with that same directory, or with the
+    cache off; JAX reads both variables at import.
+    """
+    path = resolve_cache_dir(setting)
+    return {"JAX_ENABLE_COMPILATION_CACHE": "true" if path else "false", "JAX_COMPILATION_CACHE_DIR": path or ""}
 
 
 def validate_setting(name: str, setting) -> None:

@@ -14,7 +14,6 @@ from jaxtyping import Array, Float
 
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
 from jaxpaged.kv.pool import write_layer_kv
-from jaxpaged.parallel.tensor_parallel import TP_AXIS
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
@@ -147,7 +146,7 @@ def write_and_attend(
     `soft_cap` the attention logit soft cap (static; None for none).
 
     Under a mesh the heads axis of q, k, v, the pages and the scales is split
-    over `tp` and the batch metadata is replicated; nothing crosses devices.
+    over the mesh's one axis (`tp`) and the batch metadata is replicated; nothing crosses devices.
     """
 
     def local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch):
@@ -158,7 +157,8 @@ def write_and_attend(
 
     if backend.mesh is None:
         return local(q, k, v, k_pages, v_pages, k_scale, v_scale, batch)
-    heads, pages, scale = P(None, TP_AXIS, None), P(TP_AXIS), P(TP_AXIS)
+    (axis,) = backend.mesh.axis_names  # the tensor-parallel mesh has one axis (`jaxpaged.parallel`: "tp")
+    heads, pages, scale = P(None, axis, None), P(axis), P(axis)
     replicated = AttentionBatch(*(P() for _ in AttentionBatch._fields))
     sharded = jax.shard_map(local, mesh=backend.mesh,
                             in_specs=(heads, heads, heads, pages, pages, scale, scale, replicated),

@@ -2,16 +2,22 @@
 
 Every command that reports numbers writes through `write_results` (its flags,
 ``--json_out``, ``--md_out`` and ``--plot_dir``, are `jaxpaged.cli.output_flags`);
-tables are rendered by `markdown_table`, figures saved by `save_figure`.
+tables are rendered by `markdown_table`, figures saved by `save_figure`. Plot
+functions (`jaxpaged.sim.plots`, `jaxpaged.bench.offline.plots`) only build and
+return a `Figure`; nothing else in the package saves one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -57,33 +63,33 @@ def write_outputs(result: Mapping, table: str | None, json_out: str | None, md_o
             Path(path).write_text(text)
 
 
-def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
-    """Save a matplotlib figure as PNG at ``path`` (its folder made) and close it."""
-    import matplotlib.pyplot as plt
+def save_figure(fig: Figure, path: str | Path, dpi: float | str = "figure") -> Path:
+    """Save a matplotlib figure as PNG at ``path`` (its folder made; ``dpi`` default: the figure's own)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    fig.savefig(path, dpi=dpi, format="png")
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close(fig)  # a figure made through pyplot stays registered (and in memory) until closed
     return path
 
 
 def write_results(result: Mapping, table: str | None, *, json_out: str | None = None, md_out: str | None = None,
-                  plot_dir: str | Path | None = None, plots: Mapping[str, Callable[[Path], object]] | None = None,
+                  plot_dir: str | Path | None = None, plots: Mapping[str, Callable[[], Figure]] | None = None,
                   echo: bool = True) -> list[Path]:
-    """Print ``table`` (``echo``), write ``result`` / ``table`` where given, and draw each plot into ``plot_dir``.
+    """Print ``table`` (``echo``), write ``result`` / ``table`` where given, and save each plot into ``plot_dir``.
 
-    ``plots`` maps a file name to a function that draws into the path given;
-    the plots written are returned (none without ``plot_dir``).
+    ``plots`` maps a file name to a function that builds its figure (called
+    only when there is a ``plot_dir``, so no figure is drawn for nothing); each
+    is saved by `save_figure`. The plots written are returned (none without ``plot_dir``).
     """
     if echo and table:
         print(table)
     write_outputs(result, table, json_out or None, md_out or None)
     written = []
     if plot_dir and plots:
-        Path(plot_dir).mkdir(parents=True, exist_ok=True)
-        for name, draw in plots.items():
-            draw(Path(plot_dir) / name)
-            written.append(Path(plot_dir) / name)
+        for name, build in plots.items():
+            written.append(save_figure(build(), Path(plot_dir) / name))
             print(f"wrote {written[-1]}")
     return written

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jaxpaged.cache.hashing import hash_block_tokens
-from jaxpaged.cache.hybrid_manager import NULL_BLOCK, group_key
+from jaxpaged.cache.kv_groups import NULL_BLOCK, group_key
 from jaxpaged.cache.invariants import _check_free_queue, _check_ref_counts
 from jaxpaged.mathutils import cdiv
 

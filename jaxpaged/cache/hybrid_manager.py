@@ -37,13 +37,13 @@ from jaxpaged.cache.eviction import EvictionPolicy
 from jaxpaged.cache.events import (DEVICE_TIER, BlockRemoved, BlockStored, KVEvent, KVEventLog,
                                    stored_in_chain_order)
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, request_extra_keys
+from jaxpaged.cache.hybrid_invariants import check_hybrid_manager
 from jaxpaged.cache.in_flight import InFlightHashes
-from jaxpaged.cache.kv_groups import KVCacheLayout
+from jaxpaged.cache.kv_groups import NULL_BLOCK, KVCacheLayout, group_key
 from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
 from jaxpaged.cache.records import BlockTableUpdate, NO_CHANGE, PrefixMatch
 from jaxpaged.mathutils import cdiv
 
-NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the window
 PAD_BLOCK = 0  # what a null entry reads as in the flat table the runner gets
 
 
@@ -55,16 +55,6 @@ class _FromTier:
 
 
 FROM_TIER = _FromTier()  # a matched entry a lower tier restores into a fresh block (see extend_match)
-
-
-def group_key(block_hash: bytes, group: int) -> bytes:
-    """The prefix-cache key of a block hash in KV cache group ``group`` (group 0 keeps the plain hash)."""
-    return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
-
-
-def split_group_key(key: bytes, digest_len: int) -> tuple[bytes, int]:
-    """The block hash and group of a :func:`group_key` (``digest_len``: the plain hash's length)."""
-    return key[:digest_len], int.from_bytes(key[digest_len:], "little") if len(key) > digest_len else 0
 
 
 @dataclass
@@ -634,7 +624,6 @@ class HybridKVCacheManager(ManagerQueries):
 
     def check_invariants(self) -> None:
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""
-        from jaxpaged.cache.hybrid_invariants import check_hybrid_manager
         check_hybrid_manager(self)
 
 

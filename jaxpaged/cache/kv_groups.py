@@ -94,3 +94,16 @@ def blocks_for_context(window: int | None, context_len: int, block_size: int) ->
     if window is None:
         return total
     return total - max(context_len - window + 1, 0) // block_size
+
+
+NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the window
+
+
+def group_key(block_hash: bytes, group: int) -> bytes:
+    """The prefix-cache key of a block hash in KV cache group ``group`` (group 0 keeps the plain hash)."""
+    return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
+
+
+def split_group_key(key: bytes, digest_len: int) -> tuple[bytes, int]:
+    """The block hash and group of a :func:`group_key` (``digest_len``: the plain hash's length)."""
+    return key[:digest_len], int.from_bytes(key[digest_len:], "little") if len(key) > digest_len else 0

@@ -56,4 +56,4 @@ def main(argv):
     val_times, predicted, title = measured.validation_times, cal.predicted, cal.plot_title(config.name)
     from jaxpaged.sim.plots import plot_validation
     OUT.write(cal.result, cal.table,
-              plots={PLOT_NAME.value: lambda path: plot_validation(val_times, predicted, path, title=title)})
+              plots={PLOT_NAME.value: lambda: plot_validation(val_times, predicted, title=title)})

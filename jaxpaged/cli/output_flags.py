@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxpaged.bench.output import write_results
 from jaxpaged.cli.flagset import FlagSet
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _UNSET = object()
 
@@ -29,7 +32,7 @@ class OutputFlags:
         return Path(self._plots.value) if self._plots is not None and self._plots.value else None
 
     def write(self, result: Mapping, table: str | None = None, *,
-              plots: Mapping[str, Callable[[Path], object]] | None = None, echo: bool = True) -> list[Path]:
-        """`write_results` to where the flags point; the plots written."""
+              plots: Mapping[str, Callable[[], Figure]] | None = None, echo: bool = True) -> list[Path]:
+        """`write_results` to where the flags point (``plots``: file name -> a function building its figure)."""
         return write_results(result, table, json_out=self._json.value, md_out=self._md.value,
                              plot_dir=self.plot_dir, plots=plots, echo=echo)

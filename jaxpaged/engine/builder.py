@@ -13,7 +13,6 @@ shape and part, so the loop never asks which kind of part it holds.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,36 +25,16 @@ from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
 from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
 from jaxpaged.cache.kv_groups import kv_cache_layout
-from jaxpaged.config import ModelConfig
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
+from jaxpaged.engine.parts import EngineParts
 from jaxpaged.kv.fp8 import validate_kv_scales
 from jaxpaged.kv.pool import kv_dtype_from_name
 from jaxpaged.model import LlamaModel
 from jaxpaged.offload.setup import build_tiers
-from jaxpaged.offload.tiers import KVTiers
 from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
-
-
-@dataclasses.dataclass
-class EngineParts:
-    """What `EngineBuilder.build` assembles: the engine's parts and the numbers they were sized by."""
-
-    config: EngineConfig
-    clock: Callable[[], float]
-    model_config: ModelConfig
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-    runner: Runner
-    kv: KVManager
-    tiers: KVTiers | None
-    scheduler: Scheduler
-    input_processor: InputProcessor
-    output_processor: OutputProcessor
-    calibrate_kv_scales: bool  # fp8 without given scales: calibrate on the first prefill
 
 
 class EngineBuilder:
@@ -191,14 +170,11 @@ class EngineBuilder:
         return load_tokenizer(self.config.model, self.model_config)
 
 
-def tie_disk_tier_to_identity(engine) -> None:
-    """Disk-tier files are tied to the engine's identity (model, weights, layout, final fp8 scales).
-
-    `engine` is an `Engine` or the `EngineParts` it is built from.
-    """
-    if engine.tiers is not None and engine.tiers.disk is not None:
+def tie_disk_tier_to_identity(parts: EngineParts) -> None:
+    """Disk-tier files are tied to the engine's identity (model, weights, layout, final fp8 scales)."""
+    if parts.tiers is not None and parts.tiers.disk is not None:
         from jaxpaged.snapshot import engine_identity, identity_digest
-        engine.tiers.set_format(identity_digest(engine_identity(engine)))
+        parts.tiers.set_format(identity_digest(engine_identity(parts)))
 
 
 def restore_prefix_cache_at_start(engine) -> None:

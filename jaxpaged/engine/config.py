@@ -1,9 +1,17 @@
-"""`EngineConfig`: everything that shapes an engine, each field validated once, on creation."""
+"""`EngineConfig`: everything that shapes an engine, each field declared once and validated once, on creation.
+
+A field is declared with `knob(default, help, choices=...)`: its name, type
+and default are the dataclass's, its help text and fixed values live on the
+field (``dataclasses.fields(EngineConfig)[i].metadata``). The command line's
+engine flags (`jaxpaged.cli.engine_flags`) are generated from these fields,
+and `EngineConfig.describe()` gives Python users the same help.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,54 +26,75 @@ from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, 
                                  check_optional_str, check_str)
 
 KV_LAYOUTS = ("paged", "contiguous")  # contiguous: the naive baseline, max_model_len reserved per sequence
+KV_CACHE_DTYPES = ("auto", *SUPPORTED_DTYPES, *(a for a in DTYPE_ALIASES if a not in SUPPORTED_DTYPES))
 DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+
+def knob(default, help: str, *, choices: Sequence[str] | None = None, flag: bool = True):  # noqa: A002
+    """An `EngineConfig` field: its default, its help text, its fixed values (if any), and whether it is a flag.
+
+    ``choices`` are checked by `EngineConfig` and become an enum flag's values;
+    ``flag=False`` keeps a field off the command line (arrays, given through
+    the Python API only).
+    """
+    if not help:
+        raise ValueError("every EngineConfig field needs its help text")
+    metadata = {"help": help, "flag": flag} | ({} if choices is None else {"choices": tuple(choices)})
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Everything that shapes an engine; `LLM(**kwargs)` fills it."""
+    """Everything that shapes an engine; `LLM(**kwargs)` fills it; `describe()` says what each field does."""
 
-    model: str = "tiny"
-    block_size: int = DEFAULT_BLOCK_SIZE  # the one default: flags, engine, runner and kernels read it from here
-    num_blocks: int | None = None  # or derive it from kv_cache_bytes
-    kv_cache_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    prefix_cache_snapshot: str | None = None  # directory: restored at start if it exists
-    save_prefix_cache_on_shutdown: bool = False  # shutdown() writes the snapshot there
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None  # default: the model's, capped by the pool
-    # schedule step N+1 while step N runs on the device (its sampled tokens stay there as N+1's inputs);
-    # beam search runs synchronously regardless
-    async_scheduling: bool = True
-    attention_backend: str = "auto"
-    pallas_interpret: bool = False
-    kv_cache_dtype: str = "auto"
-    dtype: str | None = None
-    seed: int = 0
-    hash_algo: str = "sha256"
-    pool_fill_value: float = 0.0  # NaN in tests proves stale slots never leak
-    kv_layout: str = "paged"  # or "contiguous": the naive baseline, max_model_len reserved per sequence
-    # fp8 KV: (k_scale, v_scale), each [num_layers, num_kv_heads]; None = calibrate on the first prefill
-    kv_scales: tuple | None = None
-    kv_scale_margin: float = DEFAULT_SCALE_MARGIN
-    # lower tiers: host RAM cache of evicted cached blocks (off unless set), optional disk cache behind it
-    host_cache_bytes: int | None = None
-    disk_cache_dir: str | None = None
-    disk_cache_bytes: int = 1 << 30
-    preemption_mode: str = "recompute"  # or "swap": preempted blocks go to the host tier and back
-    # split weights and the KV pool's heads over this many devices (jaxpaged.parallel); one controller.
-    # num_blocks / kv_cache_bytes keep meaning the whole (logical) pool: each device holds 1/N of it
-    # (1/num_kv_heads when N exceeds the KV heads and they are replicated)
-    tensor_parallel_size: int = 1
-    # which cached block at ref count 0 is evicted first: lru, lfu, sieve, slru (jaxpaged.cache.eviction)
-    eviction_policy: str = "lru"
-    # fraction of cached blocks whose lifetime / idle-before-evict / reuse gaps are measured (0 = off)
-    kv_cache_metrics_sample: float = 0.0
-    # persistent XLA compilation cache (process-wide, set when the engine is built): "auto" = the per-user
-    # directory ($JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or ~/.cache/jaxpaged/xla; see
-    # jaxpaged.compile_cache), a directory, or ""/None = off
-    compile_cache_dir: str | None = compile_cache.AUTO
+    model: str = knob("tiny", "a shipped model config name, a config JSON or a checkpoint directory")
+    # the one default: flags, engine, runner and kernels read it from here
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "tokens per KV block")
+    num_blocks: int | None = knob(None, "KV pool blocks (default: as many as kv_cache_bytes holds)")
+    kv_cache_bytes: int | None = knob(None, f"KV pool size in bytes (default {DEFAULT_KV_CACHE_BYTES >> 20} MiB)")
+    enable_prefix_caching: bool = knob(True, "reuse cached blocks of shared prefixes (automatic prefix caching)")
+    prefix_cache_snapshot: str | None = knob(None, "prefix-cache snapshot directory, restored at start if it exists")
+    save_prefix_cache_on_shutdown: bool = knob(False, "write the prefix-cache snapshot at shutdown "
+                                                      "(needs prefix_cache_snapshot)")
+    max_num_seqs: int = knob(64, "most sequences running at once")
+    max_num_batched_tokens: int = knob(512, "token budget of one step")
+    max_model_len: int | None = knob(None, "longest prompt + output (default: the model's, capped by the pool)")
+    async_scheduling: bool = knob(True, "schedule step N+1 while step N runs on the device (its sampled tokens "
+                                        "stay there as N+1's inputs); beam search runs synchronously regardless")
+    attention_backend: str = knob("auto", "attention backend", choices=BACKENDS)
+    pallas_interpret: bool = knob(False, "run the Pallas kernel in interpret mode (CPU tests)")
+    kv_cache_dtype: str = knob("auto", "KV cache dtype (auto = the model's; fp8_e4m3 stores scaled fp8)",
+                               choices=KV_CACHE_DTYPES)
+    dtype: str | None = knob(None, "weight and activation dtype (default: the model's)")
+    seed: int = knob(0, "weights seed for shipped configs, and unseeded sampling")
+    hash_algo: str = knob("sha256", "block hash of the prefix cache", choices=HASH_ALGOS)
+    pool_fill_value: float = knob(0.0, "value of never-written KV slots (NaN proves stale slots never leak)")
+    kv_layout: str = knob("paged", "paged, or contiguous: the naive baseline, max_model_len reserved per sequence",
+                          choices=KV_LAYOUTS)
+    kv_scales: tuple | None = knob(None, "fp8 KV: (k_scale, v_scale), each [num_layers, num_kv_heads]; "
+                                         "None = calibrate on the first prefill", flag=False)
+    kv_scale_margin: float = knob(DEFAULT_SCALE_MARGIN, "fp8 KV: headroom over the calibrated absmax scale")
+    host_cache_bytes: int | None = knob(None, "host RAM tier for evicted cached blocks (bytes; off unless set)")
+    disk_cache_dir: str | None = knob(None, "disk tier directory behind the host tier (needs host_cache_bytes)")
+    disk_cache_bytes: int = knob(1 << 30, "disk tier size in bytes")
+    preemption_mode: str = knob("recompute", "recompute, or swap: preempted blocks go to the host tier and back "
+                                             "(needs host_cache_bytes)", choices=PREEMPTION_MODES)
+    # one controller; num_blocks / kv_cache_bytes keep meaning the whole (logical) pool
+    tensor_parallel_size: int = knob(1, "devices the weights and the KV pool's heads are split over (each holds "
+                                        "1/N of the pool, or 1/num_kv_heads when N exceeds the KV heads)")
+    eviction_policy: str = knob("lru", "which cached block at ref count 0 is evicted first",
+                                choices=EVICTION_POLICIES)
+    kv_cache_metrics_sample: float = knob(0.0, "fraction of cached blocks whose lifetime, idle-before-evict and "
+                                               "reuse gaps are measured (0 = off)")
+    # process-wide, set when the engine is built (jaxpaged.compile_cache)
+    compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "
+                                         "directory: $JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or "
+                                         "~/.cache/jaxpaged/xla), a directory, or '' (off)")
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Each field's help text, by name, in declaration order (what `--helpfull` shows for its flag)."""
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
 
     def __post_init__(self):
         """Check every field once, here: ValueError naming the field and its limit.
@@ -106,12 +135,9 @@ class EngineConfig:
         compile_cache.validate_setting("compile_cache_dir", self.compile_cache_dir)
 
     def _check_choices(self) -> None:
-        check_str("attention_backend", self.attention_backend, choices=BACKENDS)
-        check_str("hash_algo", self.hash_algo, choices=HASH_ALGOS)
-        check_str("kv_layout", self.kv_layout, choices=KV_LAYOUTS)
-        check_str("preemption_mode", self.preemption_mode, choices=PREEMPTION_MODES)
-        check_str("eviction_policy", self.eviction_policy, choices=EVICTION_POLICIES)
-        _check_dtype_name("kv_cache_dtype", self.kv_cache_dtype, also=("auto",))
+        for field in dataclasses.fields(self):
+            if "choices" in field.metadata:
+                check_str(field.name, getattr(self, field.name), choices=field.metadata["choices"])
         if self.dtype is not None:
             _check_dtype_name("dtype", self.dtype)
 
@@ -137,9 +163,9 @@ class EngineConfig:
         return budget // per_block
 
 
-def _check_dtype_name(name: str, value, *, also: tuple[str, ...] = ()) -> None:
-    """ValueError naming `name` unless `value` is a supported dtype name, an alias, or one of `also`."""
+def _check_dtype_name(name: str, value) -> None:
+    """ValueError naming `name` unless `value` is a supported dtype name or an alias."""
     check_str(name, value)
-    if value not in also and DTYPE_ALIASES.get(value, value) not in SUPPORTED_DTYPES:
-        raise ValueError(f"{name} must be one of {also + SUPPORTED_DTYPES} or an alias {tuple(DTYPE_ALIASES)}, "
+    if DTYPE_ALIASES.get(value, value) not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name} must be one of {SUPPORTED_DTYPES} or an alias {tuple(DTYPE_ALIASES)}, "
                          f"got {value!r}")

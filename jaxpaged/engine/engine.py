@@ -21,8 +21,10 @@ offline batches.
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import time
-from typing import Callable
+from typing import Callable, Container
 from typing import Sequence as Seq
 
 import jax
@@ -30,6 +32,9 @@ import jax
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
 from jaxpaged.engine.config import EngineConfig
+from jaxpaged.engine.fast_forward import can_run_plain_decodes, run_plain_decodes
+from jaxpaged.engine.output_processor import OutputProcessor
+from jaxpaged.engine.phases import StepPhases
 from jaxpaged.engine.queries import EngineQueries
 from jaxpaged.model import LlamaModel
 from jaxpaged.outputs import RequestOutput
@@ -62,6 +67,7 @@ class Engine(EngineQueries):
         config, the runner's block count is taken.
         """
         parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock).build()
+        self._parts = parts  # what the engine's persistence (jaxpaged.snapshot) reads and writes
         self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
         self.num_blocks, self.block_size, self.max_model_len = parts.num_blocks, parts.block_size, parts.max_model_len
         self.runner, self.kv, self.tiers, self.scheduler = parts.runner, parts.kv, parts.tiers, parts.scheduler
@@ -72,6 +78,7 @@ class Engine(EngineQueries):
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
         self._arrivals = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
+        self._phases = StepPhases()
         # chosen once: overlapped (async scheduling) or synchronous steps
         self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
         restore_prefix_cache_at_start(self)
@@ -141,6 +148,13 @@ class Engine(EngineQueries):
             return
         self.scheduler.abort_request(request, self.clock())
 
+    def set_output_processor(self, processor: OutputProcessor) -> None:
+        """Build request outputs with `processor` from now on (the engine core builds them in wire form).
+
+        Only between steps: the outputs of a step in flight are built by the new one.
+        """
+        self.output_processor = self._parts.output_processor = processor
+
     @property
     def has_step_in_flight(self) -> bool:
         """Whether a dispatched step's results are still to be processed (asynchronous scheduling)."""
@@ -159,7 +173,7 @@ class Engine(EngineQueries):
 
     # ---- persistent prefix cache (jaxpaged.snapshot) ----------------------------------------
 
-    def save_prefix_cache(self, path: str | None = None) -> int:
+    def save_prefix_cache(self, path: str | os.PathLike | None = None) -> int:
         """Snapshot the cached blocks (hashes, tokens, K/V) to `path` (default: `prefix_cache_snapshot`).
 
         Returns the number of blocks written; an earlier snapshot at `path` is replaced.
@@ -168,9 +182,9 @@ class Engine(EngineQueries):
         path = path or self.config.prefix_cache_snapshot
         if not path:
             raise ValueError("save_prefix_cache needs a path (or EngineConfig.prefix_cache_snapshot)")
-        return save_prefix_cache(self, path)
+        return save_prefix_cache(self._parts, path)
 
-    def load_prefix_cache(self, path: str):
+    def load_prefix_cache(self, path: str | os.PathLike):
         """Restore a snapshot into the prefix cache; ValueError if it was made for another engine.
 
         An fp8 engine whose scales are not calibrated yet adopts the snapshot's.
@@ -178,11 +192,17 @@ class Engine(EngineQueries):
         Returns `jaxpaged.snapshot.RestoreStats` (blocks restored / skipped / dropped for room).
         """
         from jaxpaged.snapshot import load_prefix_cache
-        stats = load_prefix_cache(self, path, adopt_kv_scales=self._calibrate_kv_scales)
+        stats = load_prefix_cache(self._parts, path, adopt_kv_scales=self._calibrate_kv_scales)
         if self._calibrate_kv_scales:  # an fp8 engine took the snapshot's scales: no calibration now
             self._calibrate_kv_scales = False
-            tie_disk_tier_to_identity(self)
+            tie_disk_tier_to_identity(self._parts)
         return stats
+
+    def snapshot_identity(self) -> dict:
+        """What a prefix-cache snapshot of this engine must match to be restored elsewhere (model config,
+        weights fingerprint, block size, KV dtype and scales, hash function, KV cache groups)."""
+        from jaxpaged.snapshot import engine_identity
+        return engine_identity(self._parts)
 
     def shutdown(self) -> None:
         """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
@@ -198,14 +218,14 @@ class Engine(EngineQueries):
         `output_kind` asks) and for every request that finished. With
         asynchronous scheduling the results processed are the previous step's.
         """
-        outputs = self.collect_outputs(self._run_step())
+        outputs = self._collect_outputs(self._run_step())
         for logger in self.stat_loggers:
             logger(self, outputs)
         return outputs
 
     def _sync_step(self) -> list[Request]:
         """Schedule, dispatch and wait: the requests this step advanced."""
-        with jax.profiler.TraceAnnotation("schedule"):
+        with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()
         self._in_flight = (scheduler_output, self._dispatch(scheduler_output))
         return self._finish_in_flight()
@@ -218,7 +238,7 @@ class Engine(EngineQueries):
         """
         if self.scheduler.num_beam_requests:
             return self._finish_in_flight() + self._sync_step()
-        with jax.profiler.TraceAnnotation("schedule"):
+        with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()
         handle = self._dispatch(scheduler_output)
         advanced = self._finish_in_flight()  # the previous step's results, while this step runs
@@ -234,7 +254,7 @@ class Engine(EngineQueries):
             with jax.profiler.TraceAnnotation("fp8_calibration"):
                 self.runner.calibrate_kv_scales(seq.token_ids[:start + n], self.config.kv_scale_margin)
             self._calibrate_kv_scales = False
-            tie_disk_tier_to_identity(self)
+            tie_disk_tier_to_identity(self._parts)
         return self.runner.execute_model(scheduler_output)
 
     def _finish_in_flight(self) -> list[Request]:
@@ -249,14 +269,35 @@ class Engine(EngineQueries):
             self.tiers.finish()
         if not scheduler_output.seqs:
             return []
-        with jax.profiler.TraceAnnotation("update_from_output"):
+        with self._phases.update:
             return self.scheduler.update_from_output(scheduler_output, result, now)
 
-    def collect_outputs(self, advanced: list[Request]) -> list[RequestOutput]:
+    def fast_forward(self, *, feed: Callable[[], float] | None = None, until: float = math.inf,
+                     stop_after: Container[str] = ()) -> tuple[int, list[RequestOutput]]:
+        """Run plain decode steps in bulk, ending exactly where as many `step()` calls would.
+
+        Only with a runner whose steps are predictable (the simulator's) and a
+        synchronous engine whose running sequences are all plain decodes;
+        otherwise it runs nothing and returns (0, []): call `step()`.
+        `feed()`, if given, submits the requests due before each step and
+        returns the next arrival time; without it no step starts at or after
+        `until`. It stops after a step in which a request in `stop_after`
+        finished. Returns (steps run, the outputs those steps' `step()` calls
+        would have returned). See `jaxpaged.engine.fast_forward`.
+        """
+        # tiers and stat loggers expect a call per step; with a step in flight the step-by-step order differs
+        if self.tiers is not None or self.stat_loggers or self.has_step_in_flight:
+            return 0, []
+        if not can_run_plain_decodes(self.scheduler, self.kv, self.runner):
+            return 0, []
+        steps, advanced = run_plain_decodes(self.scheduler, self.kv, self.runner, feed=feed, until=until,
+                                            stop_after=stop_after)
+        return steps, self._collect_outputs(advanced)
+
+    def _collect_outputs(self, advanced: list[Request]) -> list[RequestOutput]:
         """Outputs for the requests that advanced, and for every request finished since the last call.
 
-        `step()` calls it; so does the simulator's decode fast-forward, which
-        runs the scheduler's parts itself.
+        `step()` calls it, and `fast_forward()` for the steps it ran in bulk.
         """
         for seq, stop in self.output_processor.find_stop_strings(advanced):
             seq.stop_reason = stop
@@ -264,5 +305,5 @@ class Engine(EngineQueries):
         finished = self.scheduler.take_finished_requests()
         for request in finished:
             del self._requests[request.request_id]
-        with jax.profiler.TraceAnnotation("process_outputs"):
+        with self._phases.outputs:
             return self.output_processor.process(advanced, finished)

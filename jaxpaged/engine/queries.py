@@ -47,6 +47,37 @@ class EngineQueries:
         tracker = getattr(self.kv, "residency", None)
         return None if tracker is None else tracker.samples()
 
+    def step_phase_seconds(self) -> dict[str, float]:
+        """Host seconds spent so far in each part of `step()`: `schedule`, `update` (applying a step's
+        results) and `outputs` (building the request outputs); `jaxpaged.engine.phases`."""
+        return self._phases.seconds()
+
+    def device_wait_s(self) -> float:
+        """Host seconds spent waiting for the device, for runners that count it (the simulated devices
+        of `jaxpaged.sim.sleeping_runner` and `realtime`); 0.0 for the others."""
+        return getattr(self.runner, "wait_s", 0.0)
+
+    def kv_slot_usage(self) -> tuple[int, int]:
+        """``(filled, reserved)`` KV slots now, across the pool (the PagedAttention paper's waste).
+
+        ``reserved`` is every slot of every block held by a sequence (for the
+        contiguous baseline: whole reservations). ``filled`` counts slots holding a
+        computed token, each physical block once however many sequences share it.
+        Waste is ``1 - filled / reserved``.
+        """
+        kv = self.kv
+        bs = kv.block_size
+        filled: dict[int, int] = {}
+        for seq in self.scheduler.running:
+            if seq.seq_id not in kv:
+                continue
+            num_computed = seq.num_computed_tokens  # computed, or being computed by a step in flight
+            for index, block in enumerate(kv.block_table(seq.seq_id)):
+                in_block = min(bs, max(0, num_computed - index * bs))
+                if in_block > filled.get(block, 0):
+                    filled[block] = in_block
+        return sum(filled.values()), kv.stats.num_used_blocks * bs
+
     def device_busy_s(self) -> float | None:
         """Seconds the device spent in steps, for runners that count it (the simulated ones); else None."""
         return getattr(self.runner, "busy_s", None)

@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.cache.events import KVEventLog
-from jaxpaged.cache.hybrid_manager import NULL_BLOCK, group_key
+from jaxpaged.cache.kv_groups import NULL_BLOCK, group_key
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache

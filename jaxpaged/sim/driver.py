@@ -4,7 +4,7 @@ Requests are submitted when the simulated clock reaches their arrival time; a
 multiturn turn is submitted once the previous turn of its conversation has
 finished (its prompt then includes that turn's answer). When nothing is in
 flight the clock jumps to the next arrival. While every running sequence is a
-plain decode, steps are taken in jumps (`jaxpaged.sim.fast_forward`; arrivals
+plain decode, steps are taken in jumps (`Engine.fast_forward`; arrivals
 still go through the scheduler's own admission), with the same outcome as
 stepping through them.
 """
@@ -23,7 +23,6 @@ from jaxpaged.metrics import kv_residency_summary
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
-from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
@@ -131,7 +130,7 @@ def simulate(engine: Engine, clock: SimClock, requests: list[WorkloadRequest], *
             continue
         num_steps = 0
         if decode_fast_forward and not skip_fast_forward:
-            num_steps, finished = fast_forward(engine, feed=submit_due, stop_after=has_next_turn)
+            num_steps, finished = engine.fast_forward(feed=submit_due, stop_after=has_next_turn)
             if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:
                 skip_fast_forward = _FAST_FORWARD_BACKOFF_STEPS
         if not num_steps:

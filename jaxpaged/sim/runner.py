@@ -66,6 +66,9 @@ class SimulatedRunner:
 
     num_compiles = 0
     computes_logits = False  # a fixed token: no prompt logprobs, no beam search
+    # every step samples `token` and costs `cost_model`'s time on `clock`: the engine may run plain decode
+    # steps in bulk (`Engine.fast_forward`), accounting each with `account_step`
+    predictable_steps = True
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, clock: SimClock, *, num_blocks: int):
         """A pool of `num_blocks` blocks of `cost_model.block_size` tokens (nothing is allocated)."""
@@ -81,6 +84,13 @@ class SimulatedRunner:
 
     def reset(self) -> None:
         """Nothing to forget: the simulator keeps no rows."""
+
+    def account_step(self, seconds: float) -> None:
+        """A step of `seconds` run outside `execute_model` (the engine's decode fast-forward): the clock
+        moves by it and it counts as a step and as busy time."""
+        self.clock.advance(seconds)
+        self.busy_s += seconds
+        self.num_steps += 1
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> _SimulatedStep:
         """Occupy the device for the copy-on-write copies and the step's predicted time."""

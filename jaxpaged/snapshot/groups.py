@@ -15,7 +15,7 @@ before: every block in the full groups, the window's blocks in the sliding ones.
 from __future__ import annotations
 
 from jaxpaged.cache.hashing import chain_block_hashes, digest_fn
-from jaxpaged.cache.hybrid_manager import group_key, split_group_key
+from jaxpaged.cache.kv_groups import group_key, split_group_key
 from jaxpaged.snapshot.restore import RestoreStats
 from jaxpaged.snapshot.store import BlockRecord
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from jaxpaged.offload.host_tier import HostBlock
+from jaxpaged.offload.tiers import KVTiers
 from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 
 
-def host_tier_blocks(engine) -> list[tuple[bytes, np.ndarray]]:
+def host_tier_blocks(tiers: KVTiers | None) -> list[tuple[bytes, np.ndarray]]:
     """The host tier's landed blocks, coldest first; empty without a host tier."""
-    tiers = engine.tiers
     if tiers is None:
         return []
     tiers.finish()  # land any offload still in flight
@@ -35,13 +35,13 @@ def append_host_blocks(kv: dict[str, list[np.ndarray]] | None,
             for name in ("k", "v")}
 
 
-def restore_host_blocks(engine, hashes: list[bytes], kv: dict[str, list[np.ndarray]],
+def restore_host_blocks(tiers: KVTiers, hashes: list[bytes], kv: dict[str, list[np.ndarray]],
                         rows: list[int]) -> int:
-    """Put the snapshot's host blocks back into the engine's host tier; returns how many it kept.
+    """Put the snapshot's host blocks back into the host tier of `tiers`; returns how many it kept.
 
     Coldest first, so when the tier is smaller than the snapshot the hottest survive.
     """
-    host = engine.tiers.host
+    host = tiers.host
     for block_hash, row in zip(hashes, rows):
         host.put(block_hash, HostBlock(layers_to_block(kv, row)))
     return min(len(hashes), host.capacity_blocks - host.num_pinned)

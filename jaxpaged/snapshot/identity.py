@@ -13,8 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+
 import jax
 import numpy as np
+
+from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.config import ModelConfig
+from jaxpaged.snapshot.parts import SnapshotParts
 
 FORMAT_VERSION = 3  # 2: per-block digests, K/V rows keyed by block hash; 3: KV cache groups
 _SAMPLE_ELEMENTS = 1 << 16
@@ -40,26 +45,25 @@ def params_fingerprint(params) -> str:
     return digest.hexdigest()
 
 
-def engine_identity(engine) -> dict:
-    """The JSON-able record of everything a snapshot must match in `engine`."""
-    runner = engine.runner
+def engine_identity(parts: SnapshotParts) -> dict:
+    """The JSON-able record of everything a snapshot must match in the engine built from `parts`."""
+    runner = parts.runner
     k_scale, v_scale = runner.kv_scales()
     return {
         "format_version": FORMAT_VERSION,
-        "block_size": engine.block_size,
+        "block_size": parts.block_size,
         "kv_cache_dtype": runner.kv_dtype.name,
-        "hash_algo": engine.config.hash_algo,
-        "model_config": json.loads(json.dumps(engine.model_config.to_dict())),  # as read back: tuples are lists
+        "hash_algo": parts.config.hash_algo,
+        "model_config": json.loads(json.dumps(parts.model_config.to_dict())),  # as read back: tuples are lists
         "params_fingerprint": params_fingerprint(runner.params),
         "kv_scales": [k_scale.tolist(), v_scale.tolist()],
-        "kv_cache_groups": kv_cache_groups(engine),
+        "kv_cache_groups": kv_cache_groups(parts.model_config),
     }
 
 
-def kv_cache_groups(engine) -> list:
-    """The engine's KV cache groups as ``[window, [layers...]]`` (one group of every layer without windows)."""
-    from jaxpaged.cache.kv_groups import kv_cache_layout
-    return [[group.window, list(group.layers)] for group in kv_cache_layout(engine.model_config.layer_windows).groups]
+def kv_cache_groups(model_config: ModelConfig) -> list:
+    """The model's KV cache groups as ``[window, [layers...]]`` (one group of every layer without windows)."""
+    return [[group.window, list(group.layers)] for group in kv_cache_layout(model_config.layer_windows).groups]
 
 
 def check_identity(saved: dict, current: dict, where: str) -> None:

@@ -1,16 +1,17 @@
 """Small pieces the commands hand to servers: the replicas' environment, the http-overhead server's flags."""
 
 from jaxpaged.bench.online.datasets import BenchRequest
-from jaxpaged.bench.online.http_overhead import compile_cache_env, http_overhead_setup, serve_args
+from jaxpaged.bench.online.http_overhead import http_overhead_setup, serve_args
 from jaxpaged.bench.online.replicas import replica_env
 
 
-def test_replica_env_keeps_the_callers_xla_flags_first_and_shares_the_compile_cache():
-    env = replica_env("/cache", xla_flags="--xla_foo=1")
+def test_replica_env_keeps_the_callers_xla_flags_first_and_shares_the_compile_cache(tmp_path):
+    env = replica_env(str(tmp_path), xla_flags="--xla_foo=1")
     assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_cpu_multi_thread_eigen=false"
-    assert env["JAX_COMPILATION_CACHE_DIR"] == "/cache" and env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
-    env = replica_env(None, xla_flags="")
-    assert env == {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "RAY_USAGE_STATS_ENABLED": "0"}
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path) and env["JAX_ENABLE_COMPILATION_CACHE"] == "true"
+    env = replica_env("", xla_flags="")
+    assert env == {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "RAY_USAGE_STATS_ENABLED": "0",
+                   "JAX_ENABLE_COMPILATION_CACHE": "false", "JAX_COMPILATION_CACHE_DIR": ""}
 
 
 def test_the_http_overhead_server_gets_the_offline_engines_settings():
@@ -23,4 +24,3 @@ def test_the_http_overhead_server_gets_the_offline_engines_settings():
         "--max_num_batched_tokens=256", "--x=1"]
     assert http_overhead_setup(requests, block_size=16, kv_budget_tokens=1000, max_model_len=100, max_num_seqs=8,
                                max_num_batched_tokens=256).max_model_len == 100
-    assert compile_cache_env("") == {} and compile_cache_env("/c")["JAX_COMPILATION_CACHE_DIR"] == "/c"

@@ -40,13 +40,15 @@ def test_output_flags_write_each_output_only_where_its_flag_points(tmp_path, cap
     from jaxpaged.cli.flagset import FlagSet
     fs = FlagSet()
     out = OutputFlags(fs, json_out=str(tmp_path / "default.json"), plot_dir="")
+    from matplotlib.figure import Figure
     drawn = []
-    plots = {"p.png": lambda path: drawn.append(path) or path.write_bytes(b"png")}
+    plots = {"p.png": lambda: drawn.append("p.png") or Figure(figsize=(1, 1))}
     fs.parse(["prog", f"--md_out={tmp_path}/t.md"])
     assert out.write({"x": 1}, "| t |", plots=plots) == [] and drawn == []  # --plot_dir='' draws nothing
     assert json.loads((tmp_path / "default.json").read_text())["x"] == 1
     assert (tmp_path / "t.md").read_text() == "| t |\n" and capsys.readouterr().out.startswith("| t |")
     fs.parse(["prog", "--json_out=", f"--plot_dir={tmp_path}/plots"])
     (tmp_path / "default.json").unlink()
-    assert out.write({"x": 2}, plots=plots) == [tmp_path / "plots" / "p.png"] == drawn
-    assert not (tmp_path / "default.json").exists() and (tmp_path / "plots" / "p.png").read_bytes() == b"png"
+    assert out.write({"x": 2}, plots=plots) == [tmp_path / "plots" / "p.png"] and drawn == ["p.png"]
+    assert not (tmp_path / "default.json").exists()
+    assert (tmp_path / "plots" / "p.png").read_bytes().startswith(b"\x89PNG")

@@ -6,7 +6,7 @@ import typing
 import pytest
 from absl import flags
 
-from jaxpaged.cli.engine_flags import CHOICES, EngineFlags, engine_fields
+from jaxpaged.cli.engine_flags import EngineFlags, engine_fields
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.engine import EngineConfig
 
@@ -25,8 +25,8 @@ def _other_value(field: dataclasses.Field):
     """A valid value of ``field`` that is not its default, and how it is written on the command line."""
     hint = typing.get_type_hints(EngineConfig)[field.name]
     kind = next(a for a in (typing.get_args(hint) or (hint,)) if a is not type(None))
-    if field.name in CHOICES:
-        value = next(c for c in CHOICES[field.name] if c != field.default)
+    if "choices" in field.metadata:
+        value = next(c for c in field.metadata["choices"] if c != field.default)
     elif kind is bool:
         value = not field.default
         return value, f"--{'' if value else 'no'}{field.name}"
@@ -48,6 +48,27 @@ def test_each_flag_round_trips_to_its_field(every_field, field):
     assert getattr(config, field.name) == value != field.default
     others = {f.name for f in engine_fields()} - {field.name} - {a[2:].split("=")[0] for a in NEEDS.get(field.name, [])}
     assert all(getattr(config, n) == getattr(EngineConfig(), n) for n in others)  # nothing else moved
+
+
+def test_each_flags_help_and_values_are_its_fields_own(every_field):
+    fs, _ = every_field
+    declared = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    assert EngineConfig.describe() == {name: f.metadata["help"] for name, f in declared.items()}
+    assert {name for name in declared if name not in fs.values} == {"kv_scales"}  # arrays: Python API only
+    for name, field in declared.items():
+        help_text = field.metadata.get("help")
+        assert isinstance(help_text, str) and help_text.strip(), f"EngineConfig.{name} has no help"
+        if name == "kv_scales":
+            continue
+        flag = fs[name]
+        choices = field.metadata.get("choices")
+        prefix = f"<{'|'.join(choices)}>: " if choices else ""  # absl lists an enum's values first
+        assert flag.help == f"{prefix}{help_text} (EngineConfig.{name})"
+        assert (list(flag.parser.enum_values) if choices else None) == (list(choices) if choices else None)
+        needs = {"host_cache_bytes": 1 << 20} if name == "preemption_mode" else {}
+        for value in choices or ():
+            assert getattr(EngineConfig(**{name: value}, **needs), name) == value  # the flag offers what it takes
+    assert "<paged|contiguous>: paged, or contiguous" in fs.values.get_help()
 
 
 def test_defaults_are_engine_configs_own(every_field):

@@ -77,3 +77,32 @@ def test_reset_prefix_cache_refuses_while_blocks_are_held_then_forgets_everythin
         outputs += engine.step()
     assert outputs[-1].num_cached_tokens == 0  # the earlier prompt is no hit any more
     assert engine.tier_stats() is None and engine.kv_residency_samples() is None
+
+
+def test_kv_slot_usage_counts_computed_tokens_of_held_blocks():
+    """Filled = computed tokens of the running sequences, reserved = every slot of their blocks."""
+    engine = _engine()
+    lengths = (2 * BS + 1, BS - 1)  # one block and a slot over two, and a part-filled single block
+    for i, n in enumerate(lengths):
+        engine.add_request(f"r{i}", _prompt(i, 3)[:n], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert engine.kv_slot_usage() == (0, 0)
+    engine.step()  # both prompts computed, and the first output token sampled (not yet computed)
+    blocks = [-(-n // BS) for n in lengths]
+    assert engine.kv_slot_usage() == (sum(lengths), sum(blocks) * BS)
+    _drain(engine)
+    assert engine.kv_slot_usage() == (0, 0)
+
+
+def test_step_phase_seconds_grow_with_steps_and_fit_inside_them():
+    import time
+    engine = _engine()
+    assert engine.step_phase_seconds() == {"schedule": 0.0, "update": 0.0, "outputs": 0.0}
+    engine.add_request("r0", _prompt(0), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    start = time.perf_counter()
+    _drain(engine)
+    wall = time.perf_counter() - start
+    phases = engine.step_phase_seconds()
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    assert sum(phases.values()) <= wall  # parts of the steps, never more than the steps took
+    phases["schedule"] = -1.0  # a copy: the engine's totals are not the caller's
+    assert engine.step_phase_seconds()["schedule"] > 0

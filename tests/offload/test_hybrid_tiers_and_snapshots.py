@@ -18,7 +18,6 @@ from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.snapshot import engine_identity
 from jaxpaged.snapshot.identity import check_identity
 from tests.engine.test_sliding_window_engine import _run, assert_dense_greedy
 
@@ -153,7 +152,7 @@ def test_snapshot_restores_each_group_into_a_poisoned_pool(reference, prompts, t
     assert out.num_cached_tokens == PREFIX
     _assert_clean(restored)
 
-    identity = engine_identity(restored)
+    identity = restored.snapshot_identity()
     assert identity["kv_cache_groups"] == [[None, [1]], [W, [0]]]
     with pytest.raises(ValueError, match="kv_cache_groups differs"):
         check_identity(dict(identity, kv_cache_groups=[[None, [0, 1]]]), identity, "snap")

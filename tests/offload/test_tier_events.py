@@ -14,7 +14,6 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.snapshot import load_prefix_cache, save_prefix_cache
 from tests.offload.tier_waves import waves
 
 BS = 4
@@ -203,10 +202,10 @@ def test_enabling_events_after_a_snapshot_restore_announces_the_restored_blocks(
             first.add_request(f"w{n}-{i}", prompt, PARAMS)
         while first.has_unfinished_requests():
             first.step()
-    assert save_prefix_cache(first, tmp_path / "snap") > 0
+    assert first.save_prefix_cache(tmp_path / "snap") > 0
 
     restored = _engine(tiny_model, host_cache_bytes=1 << 20)
-    stats = load_prefix_cache(restored, tmp_path / "snap")
+    stats = restored.load_prefix_cache(tmp_path / "snap")
     contents = _contents(restored)
     assert stats.num_restored == len(contents["device"]) + len(contents["host"])
     assert contents["device"] and contents["host"]

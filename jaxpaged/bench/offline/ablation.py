@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -57,7 +56,8 @@ def ablation_table(rows: Sequence[Mapping]) -> str:
                           align="ll" + "r" * len(ABLATION_METRICS))
 
 
-def ablation_plots(rows: Sequence[Mapping]) -> dict[str, Callable[[Path], object]]:
-    """``block_size_<metric>.png`` for each metric: that metric against block size, one line per workload."""
+def ablation_plots(rows: Sequence[Mapping]) -> dict[str, Callable[[], object]]:
+    """``block_size_<metric>.png`` for each metric: builds that metric's figure against block size, a line per
+    workload."""
     from jaxpaged.bench.offline.plots import plot_metric_vs_block_size
     return {f"block_size_{m}.png": functools.partial(plot_metric_vs_block_size, rows, m) for m in ABLATION_METRICS}

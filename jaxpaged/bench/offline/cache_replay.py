@@ -16,7 +16,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -137,8 +136,9 @@ def result_rows(results: Sequence[ReplayResult]) -> list[dict]:
     return [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results]
 
 
-def replay_plots(rows: Sequence[dict], trace_name: str) -> dict[str, Callable[[Path], object]]:
-    """``replay_hit_rate_bs<B>.png`` per block size: hit rate against capacity, one line per policy."""
+def replay_plots(rows: Sequence[dict], trace_name: str) -> dict[str, Callable[[], object]]:
+    """``replay_hit_rate_bs<B>.png`` per block size: builds its figure of hit rate against capacity, a line per
+    policy."""
     from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
     return {f"replay_hit_rate_bs{bs}.png": functools.partial(
         plot_hit_rate_vs_capacity, [r for r in rows if r["block_size"] == bs],

@@ -13,7 +13,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from jaxpaged.bench.offline.kv_usage import kv_slot_usage
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.workloads import ConversationHistory, WorkloadRequest
@@ -82,7 +81,7 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
             sleep(max(0.0, next_arrival - now))
             continue
         finished = engine.step()
-        filled, reserved = kv_slot_usage(engine)
+        filled, reserved = engine.kv_slot_usage()
         samples.append(StepSample(engine.kv_stats().usage, filled, reserved, engine.load().num_running))
         for out in finished:
             request = by_id[out.request_id]

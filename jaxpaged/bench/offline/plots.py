@@ -1,21 +1,20 @@
-"""PNG plots of offline results: ablation metrics against block size, replay hit rates against capacity."""
+"""Figures of offline results: ablation metrics against block size, replay hit rates against capacity.
+
+Each function builds a matplotlib `Figure` and returns it; the command saves
+it through the one writer (`jaxpaged.bench.output.write_results`) into ``--plot_dir``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from jaxpaged.bench.output import save_figure  # noqa: E402
+from matplotlib.figure import Figure
 
 
-def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, title: str = "") -> Path:
-    """Plot ``metric`` against ``block_size`` (log2 axis) for each workload in ``rows``; returns ``path``."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, *, title: str = "") -> Figure:
+    """``metric`` against ``block_size`` (log2 axis), a line per workload in ``rows``."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for workload in dict.fromkeys(r["workload"] for r in rows):
         points = sorted((r["block_size"], r[metric]) for r in rows if r["workload"] == workload)
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=workload)
@@ -25,14 +24,14 @@ def plot_metric_vs_block_size(rows: Sequence[dict], metric: str, path: Path, *, 
     ax.set_title(title or f"{metric} vs block size")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return save_figure(fig, path)
+    return fig
 
 
-def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = "",
-                              note: str = "") -> Path:
+def plot_hit_rate_vs_capacity(rows: Sequence[dict], *, title: str = "", note: str = "") -> Figure:
     """Hit rate against cache capacity in tokens (log axis), a line per policy, the unbounded hit rate
     dashed; ``rows`` are replay results (``policy``, ``capacity_tokens``, ``hit_rate``) of one block size."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "unbounded"):
         points = sorted((r["capacity_tokens"], r["hit_rate"]) for r in rows if r["policy"] == policy)
         ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=policy,
@@ -48,4 +47,4 @@ def plot_hit_rate_vs_capacity(rows: Sequence[dict], path: Path, *, title: str = 
         ax.text(0.01, 0.90, note, transform=ax.transAxes, va="top", fontsize=8)
     ax.grid(True, alpha=0.3, which="both")
     ax.legend()
-    return save_figure(fig, path)
+    return fig

@@ -19,7 +19,8 @@ def profile_serving(model, setup: ServingSetup, mode: str, requests: Sequence[Wo
     from jaxpaged.engine import Engine
     runner = make_runner(model, setup)
     config = engine_config(setup, mode, model.config.name)
-    result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock), requests, trace_dir)
+    result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock), requests, trace_dir,
+                              runner=runner)
     result["trace_dir"] = trace_dir
     print(f"steps: {result['num_steps']}, step time {result['step_s']:.3f} s = device {result['device_s']:.3f} s "
           f"+ host {result['host_s']:.3f} s; host share {result['host_share']:.1%} "

@@ -30,16 +30,15 @@ class StepTimer:
         return outputs
 
 
-def profile_workload(make_engine, requests: Sequence[WorkloadRequest], trace_dir: str | None) -> dict[str, float]:
+def profile_workload(make_engine, requests: Sequence[WorkloadRequest], trace_dir: str | None, *,
+                     runner: TimedRunner) -> dict[str, float]:
     """Run ``requests`` once to compile, then again under ``jax.profiler.trace(trace_dir)``.
 
-    ``make_engine()`` returns a fresh engine whose runner is a :class:`TimedRunner`
-    (both runs may share it). Host share = 1 - device time / step time, over the
+    ``make_engine()`` returns a fresh engine over ``runner`` (both runs share it). Host share = 1 - device time / step time, over the
     traced run's steps that compiled nothing (compiling steps are reported apart).
     """
     run_workload(make_engine(), requests)  # warm-up: compile every step shape
     engine = make_engine()
-    runner: TimedRunner = engine.runner
     device0, compile0, steps0 = runner.device_s, runner.compile_s, runner.num_steps
     timer = StepTimer(engine)
     if trace_dir:

@@ -43,8 +43,8 @@ from jaxpaged.config import DEFAULT_BLOCK_SIZE
 CACHE_STATES = ("off", "cold", "warm")
 KINDS = ("generate", "serve")
 
-# runs against any version's public API (LLM, SamplingParams, and `engine.runner`, which older trees also
-# have); the cache is chosen through the environment
+# runs against any version's public API (LLM, SamplingParams; `Engine.num_compiles`, None in trees older
+# than it); the cache is chosen through the environment
 _GENERATE_CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
@@ -68,7 +68,8 @@ try:
 except ImportError:
     lookups = hits = None
 print(json.dumps({"import_s": imported - start, "build_s": built - imported, "generate_s": done - built,
-                  "compiles": llm.engine.runner.num_compiles, "cache_lookups": lookups, "cache_hits": hits,
+                  "compiles": getattr(llm.engine, "num_compiles", None),
+                  "cache_lookups": lookups, "cache_hits": hits,
                   "tokens": [o.outputs[0].token_ids for o in outs]}))
 """
 

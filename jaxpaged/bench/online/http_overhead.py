@@ -40,13 +40,6 @@ def serve_args(model: str, setup: ServingSetup, extra: Sequence[str] = ()) -> li
             *extra]
 
 
-def compile_cache_env(compile_cache_dir: str | None) -> dict[str, str]:
-    """The environment that makes a server share the persistent compile cache at ``compile_cache_dir`` (JAX reads it)."""
-    if not compile_cache_dir:
-        return {}
-    return {"JAX_COMPILATION_CACHE_DIR": compile_cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-
-
 def offline_vs_http(model: str, setup: ServingSetup, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
                     server_args: Sequence[str], start_server: bool = True, base_url: str | None = None,
                     env: dict[str, str] | None = None, ignore_eos: bool = True, timeout_s: float = 600.0,

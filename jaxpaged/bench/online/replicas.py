@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
+from jaxpaged import compile_cache
 from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
@@ -99,13 +100,11 @@ def markdown_table(by_replicas: Mapping[int, Mapping[str, Mapping]]) -> str:
 
 
 def replica_env(compile_cache_dir: str | None = None, xla_flags: str | None = None) -> dict[str, str]:
-    """`REPLICA_ENV` after ``xla_flags`` (default: this process's ``XLA_FLAGS``), sharing the persistent compile
-    cache at ``compile_cache_dir`` when given."""
+    """`REPLICA_ENV` after ``xla_flags`` (default: this process's ``XLA_FLAGS``), with the persistent compile
+    cache ``compile_cache_dir`` resolves to (`compile_cache.child_env`: "auto", a path, or ''/None = off)."""
     xla_flags = os.environ.get("XLA_FLAGS") if xla_flags is None else xla_flags
     env = {**REPLICA_ENV, "XLA_FLAGS": " ".join(filter(None, [xla_flags, REPLICA_ENV["XLA_FLAGS"]]))}
-    if compile_cache_dir:
-        env |= {"JAX_COMPILATION_CACHE_DIR": compile_cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    return env
+    return env | compile_cache.child_env(compile_cache_dir)  # '' = off in every replica
 
 
 def run_replica_counts(model: str, replica_counts: Sequence[int], requests: Sequence[BenchRequest],

@@ -36,7 +36,7 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import get_profile
-from jaxpaged.sim.sleeping_runner import SleepingDeviceRunner, _Timer
+from jaxpaged.sim.sleeping_runner import SleepingDeviceRunner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,26 +88,20 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
         engine.add_request(f"r{i}", rng.integers(0, config.vocab_size, length).tolist(),
                            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
                                           detokenize=detokenize, output_kind=output_kind))
-    while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running):
+    while not _all_decoding(engine, num_seqs):
         engine.step()  # prompts, in chunks of the token budget
     for _ in range(warmup_steps):
         engine.step()
-    assert len(engine.scheduler.running) == num_seqs, "every sequence must be decoding while measured"
+    assert _all_decoding(engine, num_seqs), "every sequence must be decoding while measured"
     runner.sleep = sleep
 
-    timers = {"schedule": _Timer(engine.scheduler.schedule),
-              "update": _Timer(engine.scheduler.update_from_output),
-              "outputs": _Timer(engine.output_processor.process)}
-    engine.scheduler.schedule = timers["schedule"]
-    engine.scheduler.update_from_output = timers["update"]
-    engine.output_processor.process = timers["outputs"]
     samples: dict[str, list[float]] = {name: [] for name in ("schedule", "layout", "update", "outputs", "host",
                                                                "step", "wire", "cpu")}
     device0 = runner.device_s
     gc.collect()
     begin = time.perf_counter()
     for _ in range(steps):
-        before = {name: t.total_s for name, t in timers.items()}
+        before = engine.step_phase_seconds()
         layout0, wait0, predict0 = runner.layout.total_s, runner.wait_s, runner.predict_s
         cpu0 = time.thread_time()
         start = time.perf_counter()
@@ -119,8 +113,8 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
         samples["cpu"].append(time.thread_time() - cpu0)
         step_s = end_step - start
         samples["wire"].append(end_step - wire_start)
-        for name, t in timers.items():
-            samples[name].append(t.total_s - before[name])
+        for name, total in engine.step_phase_seconds().items():
+            samples[name].append(total - before[name])
         samples["layout"].append(runner.layout.total_s - layout0)
         samples["host"].append(step_s - (runner.wait_s - wait0) - (runner.predict_s - predict0))
         samples["step"].append(step_s)
@@ -134,6 +128,13 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                         busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"], ms["cpu"])
 
 
+def _all_decoding(engine: Engine, num_seqs: int) -> bool:
+    """Whether nothing waits and the last step scheduled one token for each of the `num_seqs` sequences."""
+    load, stats = engine.load(), engine.stats
+    return (load.num_waiting == 0 and load.num_running == num_seqs
+            and stats.last_step_seqs == stats.last_step_tokens == num_seqs)
+
+
 def _core_wire(engine: Engine):
     """Set `engine` up as the engine core runs it; returns what packs a step's outputs into the core's message."""
     import msgspec
@@ -142,7 +143,7 @@ def _core_wire(engine: Engine):
     from jaxpaged.server.core import messages as M
     from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
 
-    engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
+    engine.set_output_processor(CoreOutputProcessor(lambda: engine.tokenizer))
     attach_metrics(engine)
     encode = msgspec.msgpack.Encoder().encode
     return lambda outputs: encode(M.StepOutputs([to_delta(o) for o in outputs]))

@@ -20,7 +20,8 @@ import logging
 
 from absl import app
 
-from jaxpaged.bench.online.http_overhead import compile_cache_env, http_overhead_setup, offline_vs_http, serve_args
+from jaxpaged import compile_cache
+from jaxpaged.bench.online.http_overhead import http_overhead_setup, offline_vs_http, serve_args
 from jaxpaged.bench.online.offline_online import comparison_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
@@ -52,7 +53,7 @@ def main(argv):
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if online.MAX_CONCURRENCY.value is not None:
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
-    bench_flags.enable_compile_cache()
+    cache_dir = bench_flags.enable_compile_cache()
     model_name = bench_flags.MODEL.value
     requests = online.requests_from_flags(WORKLOAD.value)
     offsets = online.offsets_from_flags(len(requests))
@@ -63,7 +64,7 @@ def main(argv):
     args = serve_args(model_name, setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))
     result = offline_vs_http(model_name, setup, requests, offsets, server_args=args, start_server=START_SERVER.value,
-                             base_url=online.BASE_URL.value, env=compile_cache_env(bench_flags.COMPILE_CACHE.value),
+                             base_url=online.BASE_URL.value, env=compile_cache.child_env(cache_dir),
                              ignore_eos=online.IGNORE_EOS.value, timeout_s=online.TIMEOUT.value,
                              repeats=REPEATS.value, warmup_runs=WARMUP.value)
     compiles = result.pop("offline_compiles_per_run")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 
+from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hf_backend import HFBackendMissing
 from jaxpaged.bench.offline.throughput import EngineLimits, PromptSpec
 from jaxpaged.bench.offline.throughput_run import BACKENDS, ThroughputRun, run_throughput
@@ -79,10 +80,7 @@ def _settings(spec: PromptSpec) -> dict:
 def main(argv):
     """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
     del argv
-    if COMPILE_CACHE.value:
-        import jax
-        jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compile_cache.configure(COMPILE_CACHE.value)  # '' = off: the engine's "auto" then keeps it off
     spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
     run = ThroughputRun(backend=BACKEND.value, temperature=TEMPERATURE.value, repeats=REPEATS.value,
                         limits=EngineLimits(**ENGINE.kwargs()), hf_batch_size=HF_BATCH_SIZE.value,

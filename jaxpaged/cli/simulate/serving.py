@@ -109,7 +109,7 @@ def main(argv):
                "scales": parse_key_values(SCALES.value), "num_blocks": base.num_blocks(),
                "ttft_p99_bound_s": BOUND.value, "results": sweep.results},
               sweep.table(), echo=False,
-              plots={PLOT_NAME.value: lambda path: plot_sweep(curves, path, bound_s=BOUND.value, title=title)})
+              plots={PLOT_NAME.value: lambda: plot_sweep(curves, bound_s=BOUND.value, title=title)})
 
 
 def run_trace() -> None:

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 import msgspec
 import zmq
@@ -110,8 +111,8 @@ class EngineCore:
         """Binds a ROUTER socket at `address` (`ipc://...` or `tcp://...`)."""
         self.engine, self.metrics = engine, metrics
         # streaming outputs built in their wire form (final ones stay RequestOutputs for the stat loggers)
-        engine.output_processor = CoreOutputProcessor(lambda: engine.tokenizer)
-        self._step_time = StepHostTime(metrics.registry, engine.runner) if metrics is not None else None
+        engine.set_output_processor(CoreOutputProcessor(lambda: engine.tokenizer))
+        self._step_time = StepHostTime(metrics.registry, engine.device_wait_s) if metrics is not None else None
         self.max_waiting_requests, self.drain_timeout_s = max_waiting_requests, drain_timeout_s
         self.multi_process = multi_process
         self._ctx = zmq.Context()
@@ -315,10 +316,10 @@ class EngineCore:
 class StepHostTime:
     """The core's host time per step as Prometheus metrics: each loop iteration that stepped (messages in,
     the engine's step, messages out), less the time it waited for the device where the runner counts it
-    (`wait_s`: the simulated devices), and the loop thread's CPU time; by the kind of step scheduled
+    (`Engine.device_wait_s`: the simulated devices), and the loop thread's CPU time; by the kind of step scheduled
     (`decode`: one token for every sequence, nothing admitted; `mixed`: anything else)."""
 
-    def __init__(self, registry, runner) -> None:
+    def __init__(self, registry, device_wait_s: Callable[[], float]) -> None:
         """Registers `jaxpaged:engine_core_step_host_seconds` and `jaxpaged:engine_core_loop_cpu_seconds`."""
         from prometheus_client import Counter, Histogram
         self.host = Histogram("jaxpaged:engine_core_step_host_seconds",
@@ -328,17 +329,17 @@ class StepHostTime:
         self.cpu = Counter("jaxpaged:engine_core_loop_cpu_seconds",
                            "CPU time of the engine core's loop thread in iterations that stepped.", ["kind"],
                            registry=registry)
-        self._runner = runner
+        self._device_wait_s = device_wait_s  # the engine's running total
         self._start = self._cpu = self._wait = 0.0
 
     def start(self) -> None:
         """An iteration that will step begins."""
         self._start, self._cpu = time.perf_counter(), time.thread_time()
-        self._wait = getattr(self._runner, "wait_s", 0.0)
+        self._wait = self._device_wait_s()
 
     def stop(self, stats) -> None:
         """It ended (`stats`: the engine's `SchedulerStats`): observe its host time and CPU time."""
-        waited = getattr(self._runner, "wait_s", 0.0) - self._wait
+        waited = self._device_wait_s() - self._wait
         kind = "decode" if stats.last_step_tokens == stats.last_step_seqs else "mixed"
         self.host.labels(kind).observe(time.perf_counter() - self._start - waited)
         self.cpu.labels(kind).inc(time.thread_time() - self._cpu)

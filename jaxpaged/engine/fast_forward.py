@@ -1,7 +1,9 @@
 """Decode fast-forward: run many predictable steps at once, exactly as `Engine.step` would.
 
-In a simulation the runner's tokens are known in advance (`SimulatedRunner`
-samples one fixed token), so once every running sequence is a plain decode,
+`Engine.fast_forward` is the entry point. With a runner whose steps are
+predictable (`predictable_steps`: the simulator's `SimulatedRunner` samples
+one fixed token, `token`, and costs each step by its cost model on its clock)
+once every running sequence is a plain decode,
 each following step is predictable for them: every one computes one token and
 the clock moves by the cost model's step time. What changes from step to step
 is sparse: a sequence needs a fresh block once every `block_size` steps, fills
@@ -20,7 +22,7 @@ computed in that step becomes a lane from the next step on.
 
 The engine, its KV cache manager and the clock end in the same state as
 after the same steps one by one, block ids and float timestamps included
-(`tests/sim/test_fast_forward.py`). It stops before a step that would go
+(`tests/engine/test_fast_forward.py`). It stops before a step that would go
 differently (more fresh blocks needed than are free: the scheduler would
 preempt; the clock at `until`), and after a step that leaves a running
 sequence that is not a plain decode (a prefill chunk that did not finish its
@@ -39,11 +41,9 @@ from typing import Callable, Container
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager
-from jaxpaged.engine import Engine
-from jaxpaged.outputs import RequestOutput
-from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+from jaxpaged.runner import Runner
+from jaxpaged.scheduler import ModelOutput, Scheduler, SchedulerOutput
 from jaxpaged.sequence import Request, Sequence, SeqStatus
-from jaxpaged.sim.runner import SimulatedRunner
 
 
 @dataclasses.dataclass(slots=True, eq=False)  # eq=False: lanes are hashed by identity
@@ -57,32 +57,37 @@ class _Lane:
     finish_step: int  # the step whose appended token ends it (max_tokens or max_model_len)
 
 
-def fast_forward(engine: Engine, *, feed: Callable[[], float] | None = None, until: float = math.inf,
-                 stop_after: Container[str] = ()) -> tuple[int, list[RequestOutput]]:
+def run_plain_decodes(scheduler: Scheduler, kv: KVCacheManager, runner: Runner, *,
+                      feed: Callable[[], float] | None = None, until: float = math.inf,
+                      stop_after: Container[str] = ()) -> tuple[int, list[Request]]:
     """Run steps while every running sequence is a plain decode; see the module docstring.
 
-    `feed()`, if given, is called before each step: it submits the requests
-    due by now (`engine.add_request`) and returns the next arrival time.
-    Without it, no step starts at or after `until`. Returns (steps run,
-    the outputs `engine.step()` would have returned over them: one per
-    request that advanced, as its output kind asks, and one per request that
-    finished); zero steps when the engine is not in such a state: call
-    `engine.step()`.
+    The caller (`Engine.fast_forward`) has checked `can_run_plain_decodes` and
+    that no step is in flight. `feed()`, if given, is called before each step:
+    it submits the requests due by now and returns the next arrival time.
+    Without it, no step starts at or after `until`. Returns (steps run, every
+    request those steps advanced, for the engine's output processing).
     """
-    if not _all_plain_decodes(engine):
-        return 0, []
-    run = _DecodeRun(engine)
+    run = _DecodeRun(scheduler, kv, runner)
     steps = run.advance(feed, until, stop_after)
-    return steps, engine.collect_outputs(list(run.advanced) if steps else [])
+    return steps, list(run.advanced) if steps else []
+
+
+def can_run_plain_decodes(scheduler: Scheduler, kv, runner: Runner) -> bool:
+    """Whether every running sequence is a plain decode of a predictable runner's token (and can be a lane)."""
+    if not getattr(runner, "predictable_steps", False) or type(kv) is not KVCacheManager:
+        return False
+    if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
+        return False  # nothing to run, or the budget would leave some sequences out of a step
+    return all(_is_plain_decode(seq, runner.token) for seq in scheduler.running)
 
 
 class _DecodeRun:
     """The running sequences as lanes, and their next events bucketed by step number."""
 
-    def __init__(self, engine: Engine):
-        self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
-        self.scheduler = engine.scheduler
-        self.decode_step_time = engine.runner.cost_model.decode_step_time
+    def __init__(self, scheduler: Scheduler, kv: KVCacheManager, runner: Runner):
+        self.scheduler, self.kv, self.runner = scheduler, kv, runner
+        self.decode_step_time = runner.cost_model.decode_step_time
         self.allocs, self.commits, self.finishes = (collections.defaultdict(list) for _ in range(3))
         self.active: dict[tuple[int, int], _Lane] = {}
         self.ended: tuple[int, list[_Lane]] = (0, [])  # the last step in which lanes finished, and those lanes
@@ -91,7 +96,7 @@ class _DecodeRun:
         self.times: list[float] = []  # end of each step run: the token times of its sequences
         self.last_admitted: SchedulerOutput | None = None
         self.advanced: dict[Request, None] = {}  # requests of every lane and every admitted sequence
-        for seq in engine.scheduler.running:
+        for seq in scheduler.running:
             self._add_lane(seq, 0)
 
     def _add_lane(self, seq: Sequence, step: int) -> None:
@@ -125,7 +130,7 @@ class _DecodeRun:
             j = step + 1
             growing, committing, ending = allocs.pop(j, ()), commits.pop(j, ()), finishes.pop(j, ())
             if len(growing) > kv.num_free_blocks:
-                break  # the scheduler would preempt: leave this step to engine.step() (the run is dropped)
+                break  # the scheduler would preempt: leave this step to Engine.step() (the run is dropped)
             if growing:
                 self._allocate(j, growing)
             admitted = self._admit() if waiting else None
@@ -177,9 +182,7 @@ class _DecodeRun:
         else:
             seconds = self.decode_step_time(num_lanes, self.total_c0 + num_lanes * (j - 1), self.max_c0 + j - 1)
             stats.last_step_tokens = num_lanes
-        runner.clock.advance(seconds)
-        runner.busy_s += seconds
-        runner.num_steps += 1
+        runner.account_step(seconds)
         self.times.append(runner.clock.now)
         stats.num_steps += 1
         stats.generation_tokens += num_lanes  # admitted sequences count theirs in update_from_output
@@ -248,28 +251,14 @@ class _DecodeRun:
             request = seq.request
             if request.finish_time is not None:
                 stop = stop or request.request_id in stop_after
-            elif _is_plain_decode(self.engine, seq, token):
+            elif _is_plain_decode(seq, token):
                 self._add_lane(seq, j)
             else:
                 stop = True  # a prompt chunk still to go, or forks: the full scheduler's work
         return stop
 
 
-def _all_plain_decodes(engine: Engine) -> bool:
-    """Whether every running sequence is a plain decode of the runner's known token (and can be a lane)."""
-    runner, scheduler = engine.runner, engine.scheduler
-    if not isinstance(runner, SimulatedRunner) or type(engine.kv) is not KVCacheManager:
-        return False
-    if engine.has_step_in_flight:  # asynchronous scheduling: the step-by-step order differs
-        return False
-    if engine.tiers is not None or engine.stat_loggers:  # loggers expect a call per step
-        return False
-    if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
-        return False  # nothing to run, or the budget would leave some sequences out of a step
-    return all(_is_plain_decode(engine, seq, runner.token) for seq in scheduler.running)
-
-
-def _is_plain_decode(engine: Engine, seq: Sequence, token: int) -> bool:
+def _is_plain_decode(seq: Sequence, token: int) -> bool:
     """One running sequence of its request, decoding one token per step, never stopped by `token`.
 
     Its one uncomputed token is a generated one: a prompt one token from done

@@ -12,7 +12,6 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import make_sim_engine, simulate
-from jaxpaged.sim.fast_forward import fast_forward
 from jaxpaged.sim.profiles import GPU_PROFILES, DeviceProfile
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
@@ -78,7 +77,7 @@ def test_fast_forward_equals_stepping(profile):
         slow.step()
     assert _state(fast) == _state(slow)
 
-    steps, fast_out = fast_forward(fast, until=slow.clock() + 12 * 3600)
+    steps, fast_out = fast.fast_forward(until=slow.clock() + 12 * 3600)
     assert steps > 10
     slow_out = [o for _ in range(steps) for o in slow.step()]
     assert _state(fast) == _state(slow)
@@ -86,7 +85,7 @@ def test_fast_forward_equals_stepping(profile):
     assert fast_out  # some requests finished inside the jump
     # what is left runs on alike
     while slow.has_unfinished_requests():
-        n, out = fast_forward(fast)
+        n, out = fast.fast_forward()
         fast_out += out if n else fast.step()
         slow_out += slow.step()
     assert _outputs(fast_out) == _outputs(slow_out)
@@ -99,9 +98,9 @@ def test_fast_forward_stops_at_the_deadline_and_before_a_preemption():
     while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_tokens - 1 for s in engine.scheduler.running):
         engine.step()
     start = engine.clock()
-    steps, _ = fast_forward(engine, until=start)
+    steps, _ = engine.fast_forward(until=start)
     assert steps == 0  # the deadline is now: not one step
-    steps, _ = fast_forward(engine)
+    steps, _ = engine.fast_forward()
     assert steps > 0
     assert engine.scheduler.num_preemptions == 0
     needing = sum(1 for s in engine.scheduler.running
@@ -114,14 +113,14 @@ def test_fast_forward_stops_at_the_deadline_and_before_a_preemption():
 def test_fast_forward_declines_unless_every_sequence_decodes():
     engine = _engine()
     _add(engine, [[3] * 30, [4] * 5], [8, 8])
-    assert fast_forward(engine) == (0, [])  # nothing running yet: both wait
+    assert engine.fast_forward() == (0, [])  # nothing running yet: both wait
     parallel = _engine()
     parallel.add_request("n2", [3] * 9,
                          SamplingParams(output_kind=FINAL, n=2, temperature=1.0, max_tokens=6, ignore_eos=True))
     while parallel.scheduler.waiting or parallel.scheduler.running[0].request.fork_pending:
         parallel.step()
     parallel.step()
-    assert fast_forward(parallel) == (0, [])  # forked sequences share blocks: left to the scheduler
+    assert parallel.fast_forward() == (0, [])  # forked sequences share blocks: left to the scheduler
 
 
 def _serve(engine, arrivals, fast: bool):
@@ -141,7 +140,7 @@ def _serve(engine, arrivals, fast: bool):
             continue
         steps = 0
         if fast:
-            steps, out = fast_forward(engine, feed=feed)
+            steps, out = engine.fast_forward(feed=feed)
         if not steps:
             calls += 1
             out = engine.step()
@@ -172,7 +171,7 @@ def _lockstep(arrivals, **config):
             fast.clock.advance_to(next_arrival)
             slow.clock.advance_to(next_arrival)
             continue
-        steps, _ = fast_forward(fast, feed=feed_fast)
+        steps, _ = fast.fast_forward(feed=feed_fast)
         jumps += steps > 1
         if not steps:
             fast.step()
@@ -229,7 +228,7 @@ def test_last_step_batch_after_an_admission_then_quiet_steps():
             added.append("new")
         return deadline
 
-    steps, _ = fast_forward(fast, feed=feed)
+    steps, _ = fast.fast_forward(feed=feed)
     slow.add_request("new", [7] * 5, greedy(max_tokens=30))
     for _ in range(steps):
         slow.step()
