@@ -16,8 +16,7 @@ The work is `jaxpaged.bench.simulator.calibration.run_calibration`.
 
 from __future__ import annotations
 
-import jax
-
+from jaxpaged import compile_cache
 from jaxpaged.bench.simulator.calibration import run_calibration
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
@@ -47,8 +46,7 @@ FLAGS.positive("num_blocks", "repeats", "num_requests")
 def main(argv):
     """Measure (or refit), fit, validate; write the profile, the results and the predicted-vs-measured plot."""
     del argv
-    jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE.value)  # reruns skip XLA compiles
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compile_cache.configure(COMPILE_CACHE.value)  # reruns skip XLA compiles
     config = load_config(MODEL.value)
     measured, cal = run_calibration(MODEL.value, config, block_size=BLOCK_SIZE.value, num_blocks=NUM_BLOCKS.value,
                                     num_requests=NUM_REQUESTS.value, repeats=REPEATS.value,
