@@ -13,16 +13,12 @@ with a size padded further (what merging two step shapes would cost).
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 from pathlib import Path
 
 from jaxpaged.bench.offline import startup
+from jaxpaged.bench.offline.startup_run import padding_report, run_startups
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-
-ROOT = Path(__file__).resolve().parents[3]  # this source tree
 
 FLAGS = FlagSet()
 MODELS = FLAGS.DEFINE_list("models", ["small", "llama-100m"], "shipped model configs to start")
@@ -46,15 +42,8 @@ FLAGS.register_validator("baseline_root", lambda v: v is None or (Path(v) / "jax
 def main(argv):
     """Measure the starts (or the padding costs); print and write the table."""
     del argv
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat()
     if PADDING.value:
-        rows = {model: startup.padding_costs(model) for model in MODELS.value}
-        OUT.write({"padding_costs": rows, "date": now}, startup.padding_table(rows))
+        OUT.write(*padding_report(MODELS.value))
         return
-    versions = {"this": ROOT} | ({"before": Path(BASELINE.value).resolve()} if BASELINE.value else {})
-    cases = [startup.StartupCase(model, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value)
-             for model in MODELS.value]
-    result = startup.measure(versions, cases, kinds=KINDS.value, cache_states=CACHES.value, repeats=REPEATS.value)
-    result |= {"date": now, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
-    OUT.write(result, startup.markdown_table(result, "before" if BASELINE.value else None))
+    OUT.write(*run_startups(MODELS.value, baseline_root=BASELINE.value, kinds=KINDS.value, cache_states=CACHES.value,
+                            repeats=REPEATS.value, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value))
