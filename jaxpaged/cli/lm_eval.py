@@ -36,6 +36,7 @@ FLAGS.register_validator("limit", lambda v: v is None or v > 0, message="--limit
 
 
 def main(argv):
+    """Ask the server for its model and length, then run lm_eval against it; exit with lm_eval's status."""
     if not TOKENIZER.value or not TASKS.value:
         raise app.UsageError("--tokenizer and --tasks are required")
     try:

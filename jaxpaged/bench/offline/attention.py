@@ -273,6 +273,7 @@ def decode_targets(rows: list[dict]) -> dict:
 
 
 def machine() -> dict:
+    """What the report was measured on: the first device, JAX's backend and version, the host, its peak bandwidth."""
     device = jax.devices()[0]
     return {
         "device": getattr(device, "device_kind", str(device)),
