@@ -26,7 +26,8 @@ from jaxpaged.sim.profiles import CPU_PROFILE_PATH
 
 FLAGS = FlagSet()
 MODEL = FLAGS.DEFINE_string("model", "small", "model config to calibrate and validate on")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["block_size", "compile_cache_dir"])
+BLOCK_SIZE, COMPILE_CACHE_DIR = ENGINE.holders["block_size"], ENGINE.holders["compile_cache_dir"]
 NUM_BLOCKS = FLAGS.DEFINE_integer("num_blocks", 4200, "KV pool blocks (covers 64 x 1K-token decodes)")
 REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed repeats per step, interleaved (median)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 32, "validation requests (mixed workload)")
@@ -37,7 +38,6 @@ PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_validation.png",
 REFIT_FROM = FLAGS.DEFINE_string("refit_from", None, "refit from the measurements in an earlier --json_out")
 OVERLAP = FLAGS.DEFINE_bool("phase_overlap", False, "fit the roofline max(compute, memory) per phase instead "
                             "of their sum")
-COMPILE_CACHE = FLAGS.DEFINE_string("compile_cache", "out/jax-compile", "persistent XLA compilation cache")
 
 FLAGS.model_name("model")
 FLAGS.positive("num_blocks", "repeats", "num_requests")
@@ -46,7 +46,7 @@ FLAGS.positive("num_blocks", "repeats", "num_requests")
 def main(argv):
     """Measure (or refit), fit, validate; write the profile, the results and the predicted-vs-measured plot."""
     del argv
-    compile_cache.configure(COMPILE_CACHE.value)  # reruns skip XLA compiles
+    compile_cache.configure(COMPILE_CACHE_DIR.value)  # reruns skip XLA compiles
     config = load_config(MODEL.value)
     measured, cal = run_calibration(MODEL.value, config, block_size=BLOCK_SIZE.value, num_blocks=NUM_BLOCKS.value,
                                     num_requests=NUM_REQUESTS.value, repeats=REPEATS.value,
