@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import free_port
+from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 
 CACHE_STATES = ("off", "cold", "warm")
@@ -189,16 +190,16 @@ def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds
     return {"runs": runs, "median": medians}
 
 
-def markdown_table(result: dict, baseline: str | None = None) -> str:
+def startup_table(result: dict, baseline: str | None = None) -> str:
     """One row per (kind, model, version, cache state): median seconds, compiles, and the ratio to `baseline`.
 
     `baseline` is a version label; its `off` start of the same kind and model is the ratio's denominator,
     and "same tokens" says whether a `generate` row's greedy tokens equal the baseline's. "up" is the
     import and `LLM` build (`generate`) or launch to a healthy `GET /health` (`serve`).
     """
-    lines = ["| start | model | version | compile cache | median total (s) | up (s) | first call (s) "
-             "| step shapes | cache hits / lookups | same tokens | vs baseline |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    header = ["start", "model", "version", "compile cache", "median total (s)", "up (s)", "first call (s)",
+              "step shapes", "cache hits / lookups", "same tokens", "vs baseline"]
+    rows = []
     for key, m in result["median"].items():
         kind, model, label, state = key.split("/")
         base = result["median"].get(f"{kind}/{model}/{baseline}/off") if baseline else None
@@ -212,9 +213,9 @@ def markdown_table(result: dict, baseline: str | None = None) -> str:
             same = "yes" if digests == {run["tokens_digest"] for run in base_runs} else "no"
         hits = (f"{m['cache_hits']:.0f} / {m['cache_lookups']:.0f}" if m.get("cache_lookups") is not None else "")
         compiles = f"{m['compiles']:.0f}" if "compiles" in m else ""
-        lines.append(f"| {kind} | {model} | {label} | {state} | {m['total_s']:.1f} | {up:.1f} | {first:.1f} "
-                     f"| {compiles} | {hits} | {same} | {ratio} |")
-    return "\n".join(lines)
+        rows.append([kind, model, label, state, f"{m['total_s']:.1f}", f"{up:.1f}", f"{first:.1f}", compiles, hits,
+                     same, ratio])
+    return markdown_table(header, rows, align="llll" + "r" * 5 + "lr")
 
 
 def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAULT_BLOCK_SIZE) -> list[dict]:
@@ -279,5 +280,6 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
 
 def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
     """`padding_costs` rows per model as a Markdown table."""
-    return "\n".join(["| model | step | padded | median ms |", "|---|---|---|---:|"] + [
-        f"| {model} | {r['case']} | {r['padding']} | {r['median_ms']:.1f} |" for model, rs in rows.items() for r in rs])
+    return markdown_table(["model", "step", "padded", "median ms"],
+                          [[model, r["case"], r["padding"], f"{r['median_ms']:.1f}"]
+                           for model, rs in rows.items() for r in rs], align="lllr")

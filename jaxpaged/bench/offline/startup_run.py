@@ -24,7 +24,7 @@ def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kin
     result = startup.measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats)
     result |= {"date": started, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
-    return result, startup.markdown_table(result, "before" if baseline_root else None)
+    return result, startup.startup_table(result, "before" if baseline_root else None)
 
 
 def padding_report(models: Sequence[str]) -> tuple[dict, str]:
