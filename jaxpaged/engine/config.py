@@ -28,6 +28,10 @@ from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, 
 KV_LAYOUTS = ("paged", "contiguous")  # contiguous: the naive baseline, max_model_len reserved per sequence
 KV_CACHE_DTYPES = ("auto", *SUPPORTED_DTYPES, *(a for a in DTYPE_ALIASES if a not in SUPPORTED_DTYPES))
 DEFAULT_KV_CACHE_BYTES = 256 << 20
+# the host controller keeps one object per block (~0.2 KB): 16M blocks (268M tokens at 16 per block) is past
+# any real pool (an H200 holds ~2.6M blocks of the 'small' model) and a larger count is a sizing mistake
+# (e.g. a simulated 80 GB device's budget spent on a tiny test model) that would take minutes and gigabytes
+MAX_NUM_BLOCKS = 1 << 24
 
 
 def knob(default, help: str, *, choices: Sequence[str] | None = None, flag: bool = True):  # noqa: A002
@@ -110,7 +114,7 @@ class EngineConfig:
     def _check_types(self) -> None:
         check_str("model", self.model)
         check_int("block_size", self.block_size, low=1, high=1 << 20)
-        check_optional_int("num_blocks", self.num_blocks, low=1, high=INT32_MAX)
+        check_optional_int("num_blocks", self.num_blocks, low=1, high=MAX_NUM_BLOCKS)
         check_optional_int("kv_cache_bytes", self.kv_cache_bytes, low=1)
         check_int("max_num_seqs", self.max_num_seqs, low=1, high=INT32_MAX)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1, high=INT32_MAX)
@@ -160,6 +164,9 @@ class EngineConfig:
         per_block = pool_bytes(model_config, 1, self.block_size, np.dtype(kv_dtype))
         if budget < per_block:
             raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")
+        if budget // per_block > MAX_NUM_BLOCKS:
+            raise ValueError(f"kv_cache_bytes={budget} holds {budget // per_block} blocks of {per_block} bytes; "
+                             f"at most {MAX_NUM_BLOCKS} (num_blocks' limit): give a smaller kv_cache_bytes")
         return budget // per_block
 
 

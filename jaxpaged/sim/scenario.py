@@ -16,6 +16,7 @@ import numpy as np
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig, load_config
 from jaxpaged.engine import EngineConfig
+from jaxpaged.engine.config import MAX_NUM_BLOCKS
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import SimResult, make_sim_engine, simulate
 from jaxpaged.sim.profiles import DeviceProfile, get_profile
@@ -85,6 +86,10 @@ class Deployment:
             raise ValueError(f"{self.model} weights ({self.weight_bytes_per_device() / 1e9:.1f} GB per device) "
                              f"leave no room for a KV cache on {where}; quantize the weights, split them over "
                              f"more devices (tensor_parallel_size) or set kv_cache_bytes")
+        if blocks > MAX_NUM_BLOCKS:
+            raise ValueError(f"the KV cache budget ({budget / 1e9:.1f} GB) holds {blocks} blocks of {self.model}; "
+                             f"at most {MAX_NUM_BLOCKS} (EngineConfig's num_blocks limit): set a smaller "
+                             f"kv_cache_bytes")
         return blocks
 
     def cost_model(self) -> CostModel:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxpaged.cli import main as cli
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
@@ -118,3 +120,10 @@ def test_simulate_routing(tmp_path, run_command):
     assert single[0] == single[1] == single[2]
     assert (tmp_path / "r.md").read_text().startswith("| workload | replicas | policy |")
     assert "| multiturn | 3 | prefix_aware |" in out
+
+
+def test_simulate_serving_refuses_a_pool_it_cannot_size(capsys):
+    """A tiny model in an 80 GB budget is ~75M blocks: a usage error naming the flag, not minutes of allocation."""
+    code = cli.run(["jaxpaged", "simulate", "serving", "--model=tiny", "--block_size=4", "--num_requests=2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "FATAL usage error" in err and "--kv_cache_gb" in err, err[-2000:]

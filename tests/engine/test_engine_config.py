@@ -8,6 +8,7 @@ import pytest
 
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
 from jaxpaged.engine import EngineBuilder, EngineConfig
+from jaxpaged.engine.config import MAX_NUM_BLOCKS
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
 
@@ -87,6 +88,7 @@ def test_the_block_size_default_is_the_library_one():
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(kv_cache_bytes=100), "kv_cache_bytes"),  # less than one block of the tiny model
+    (dict(kv_cache_bytes=1 << 40), "kv_cache_bytes"),  # more blocks of the tiny model than MAX_NUM_BLOCKS
     (dict(num_blocks=8, kv_scales=(np.ones((1, 1)), np.ones((1, 1)))), "kv_scales"),  # not [layers, kv heads]
 ])
 def test_checks_that_need_the_model_name_the_field_too(kwargs, field):
@@ -95,3 +97,16 @@ def test_checks_that_need_the_model_name_the_field_too(kwargs, field):
     with pytest.raises(ValueError) as err:
         EngineBuilder(EngineConfig(model="tiny", block_size=DEFAULT_BLOCK_SIZE, **kwargs), runner=runner).build()
     assert re.match(rf"{field}\b", str(err.value)), str(err.value)
+
+
+def test_the_block_count_is_capped_where_the_pool_is_sized():
+    """A pool past MAX_NUM_BLOCKS is refused by count and by budget, naming what to change and the limit."""
+    assert EngineConfig(num_blocks=MAX_NUM_BLOCKS).num_blocks == MAX_NUM_BLOCKS
+    with pytest.raises(ValueError, match=rf"^num_blocks must be at most {MAX_NUM_BLOCKS}"):
+        EngineConfig(num_blocks=MAX_NUM_BLOCKS + 1)
+    tiny = Deployment(model="tiny", profile="a100-80gb", block_size=4)  # 90% of 80 GB in 1 KB blocks: ~75M
+    assert tiny.memory_utilization * tiny.device.memory_bytes // tiny.block_bytes() > MAX_NUM_BLOCKS
+    with pytest.raises(ValueError, match=rf"at most {MAX_NUM_BLOCKS}.*kv_cache_bytes"):
+        tiny.num_blocks()
+    sized = dataclasses.replace(tiny, kv_cache_bytes=1 << 20)
+    assert sized.num_blocks() == (1 << 20) // 1024

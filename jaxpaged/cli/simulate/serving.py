@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from absl import app
+
 from jaxpaged.bench.simulator.serving import rate_sweep, trace_replay, trace_requests
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.engine_flags import EngineFlags
@@ -84,12 +86,17 @@ FLAGS.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
 
 
 def deployment(**extra) -> scenario.Deployment:
-    """The deployment the flags describe."""
-    return scenario.Deployment(
+    """The deployment the flags describe; a usage error (naming --kv_cache_gb) when its pool cannot be sized."""
+    base = scenario.Deployment(
         model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
         kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
         kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
         max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value, **extra)
+    try:
+        base.num_blocks()
+    except ValueError as error:
+        raise app.UsageError(f"{error} (--kv_cache_gb, --tensor_parallel_size)") from None
+    return base
 
 
 def main(argv):
