@@ -17,7 +17,8 @@ wrong one. A snapshot whose files cannot be read or parsed is a ValueError
 naming the file.
 
 It is written to a sibling temporary directory and renamed into place, so a
-crash mid-save leaves the previous snapshot intact.
+crash mid-save leaves the previous snapshot intact; a failed save removes its
+temporary directory, and the next save removes those of saves whose process died.
 """
 
 from __future__ import annotations
@@ -109,22 +110,54 @@ def write_snapshot(path: str | Path, identity: dict, records: list[BlockRecord],
     """Write a snapshot directory at `path`, replacing an earlier snapshot there (never other data).
 
     Row i of `kv` holds record i's block; the rows are stored under their hashes.
+    A save that fails removes its temporary directory (the earlier snapshot
+    stays); temporary directories of saves whose process died are removed first.
     """
     path = Path(path).absolute()  # Orbax requires absolute paths
     if path.exists() and not is_snapshot_dir(path):
         raise ValueError(f"{path} exists and is not a prefix-cache snapshot; refusing to overwrite it")
+    remove_dead_saves(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
-    if records:
-        hashes = np.frombuffer(b"".join(r.row_key for r in records), np.uint8).reshape(len(records), -1)
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / KV_DIR, {**kv, "hashes": hashes})
-            checkpointer.wait_until_finished()
-    meta = {"identity": identity, "num_rows": len(records), "blocks": [r.to_json() for r in records]}
-    (tmp / META_FILE).write_text(json.dumps(meta))
+    try:
+        if records:
+            hashes = np.frombuffer(b"".join(r.row_key for r in records), np.uint8).reshape(len(records), -1)
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(tmp / KV_DIR, {**kv, "hashes": hashes})
+                checkpointer.wait_until_finished()
+        meta = {"identity": identity, "num_rows": len(records), "blocks": [r.to_json() for r in records]}
+        (tmp / META_FILE).write_text(json.dumps(meta))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)
+
+
+def remove_dead_saves(path: Path) -> list[Path]:
+    """Remove the temporary directories that saves to `path` left when their process died; returns them.
+
+    A save writes `<name>.tmp-<pid>-<random>` beside `path`; one whose pid no
+    longer runs on this machine is garbage (a live process's save is kept).
+    """
+    removed = []
+    for tmp in path.parent.glob(f"{path.name}.tmp-*-*"):
+        pid = tmp.name[len(path.name) + len(".tmp-"):].split("-", 1)[0]
+        if tmp.is_dir() and pid.isdigit() and not _process_runs(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def read_meta(path: str | Path) -> tuple[dict, int, list[BlockRecord]]:
