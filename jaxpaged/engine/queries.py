@@ -53,8 +53,8 @@ class EngineQueries:
         return self._phases.seconds()
 
     def device_wait_s(self) -> float:
-        """Host seconds spent waiting for the device, for runners that count it (the simulated devices
-        of `jaxpaged.sim.sleeping_runner` and `realtime`); 0.0 for the others."""
+        """Host seconds spent waiting for the device, for runners that count it (the sleeping simulated
+        device, `jaxpaged.sim.sleeping_runner`, behind `serve --device=simulated`); 0.0 for the others."""
         return getattr(self.runner, "wait_s", 0.0)
 
     def kv_slot_usage(self) -> tuple[int, int]:
