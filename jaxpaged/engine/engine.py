@@ -59,13 +59,8 @@ class Engine(EngineQueries):
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """Build the parts with `EngineBuilder` (same arguments), then restore `prefix_cache_snapshot`.
-
-        `runner` replaces the device (e.g. a simulator), `clock` the time source.
-        A given runner must have the configured block size and block count
-        (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
-        config, the runner's block count is taken.
-        """
+        """Build the parts with `EngineBuilder` (same arguments, checked there), then restore
+        `prefix_cache_snapshot`. `runner` replaces the device (e.g. a simulator), `clock` the time source."""
         parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock).build()
         self._parts = parts  # what the engine's persistence (jaxpaged.snapshot) reads and writes
         self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
