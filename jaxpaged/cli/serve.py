@@ -43,6 +43,7 @@ import logging
 import os
 
 import uvicorn
+from absl import app
 
 from jaxpaged import distributed
 from jaxpaged.cli.engine_flags import EngineFlags
@@ -166,11 +167,14 @@ def serve_follower() -> None:
 
 def serve_engine_core_process() -> int:
     """--engine_core=process: one engine core process and --api_server_count API servers; returns the status."""
-    from jaxpaged.server.core.launcher import ApiSpec, serve_split
+    from jaxpaged.server.core.launcher import ApiSpec, ListenError, serve_split
     api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
                   drain_timeout_s=DRAIN.value)
-    return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
+    try:
+        return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
+    except ListenError as error:  # raised before any process starts
+        raise app.UsageError(f"--host/--port: {error.strerror}") from None
 
 
 def serve_data_parallel() -> None:

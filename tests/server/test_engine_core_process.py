@@ -11,6 +11,7 @@ over the split is `test_openai_server.py`'s, run against both.)
 import os
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -74,11 +75,20 @@ def _wait_listening(pids: list[int], port: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether any thread of `pid` has yet to exit. Not the leader's state alone: a killed process's leader turns
+    zombie at once while its other threads, still holding the process's sockets, take tens of ms to exit."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        threads = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+        except FileNotFoundError:
+            pass
+    return False
 
 
 def _wait_gone(pids: list[int]) -> None:
@@ -101,6 +111,7 @@ def test_api_server_death_then_sigterm_drains_and_saves(tmp_path):
     snapshot = tmp_path / "snapshot"
     proc, base, core, apis = _start(f"--prefix_cache_snapshot={snapshot}", "--save_prefix_cache_on_shutdown")
     try:
+        assert len(_listening_inodes(int(base.rsplit(":", 1)[1]))) == 1  # one accept queue, which outlives a server
         os.kill(apis[0], signal.SIGKILL)
         _wait_gone([apis[0]])
         client = _client(base)
@@ -120,6 +131,22 @@ def test_api_server_death_then_sigterm_drains_and_saves(tmp_path):
         assert snapshot.exists()
     finally:
         proc.kill()
+
+
+def test_a_port_in_use_is_a_usage_error_before_anything_starts():
+    """Another server's socket on the port, even one that allows sharing it (SO_REUSEPORT): the launcher fails
+    at once naming the address, and starts no core and no API server (it would otherwise split the port's
+    connections with a stranger)."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        proc = start_server(f"--port={port}", "--engine_core=process", "--api_server_count=2")
+        out, _ = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 1
+    assert f"FATAL usage error: --host/--port: cannot listen on 127.0.0.1:{port}: Address already in use" in out
+    assert "engine core pid" not in out
 
 
 def test_core_sigkill_fails_every_stream_then_nothing_is_left():

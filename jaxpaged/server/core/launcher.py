@@ -1,9 +1,12 @@
 """`serve_split`: one engine core process and N API server processes on one port (`--engine_core=process`).
 
-The launcher (the process `jaxpaged serve` runs in) starts the core, then the API
-servers, each listening on the same port with SO_REUSEPORT (the kernel
-spreads connections over them), each connected to the core over an `ipc://`
-socket. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG, set
+The launcher (the process `jaxpaged serve` runs in) binds the port first (a
+port in use fails at once, before a model is built), then starts the core,
+then the API servers, each accepting on that one listening socket, each
+connected to the core over an `ipc://` socket. One socket, not one per server
+with SO_REUSEPORT: its accept queue outlives any one server (a server that
+dies loses only the connections it had accepted, not those the kernel had
+queued for it), and no other process can bind the port beside it. Every child gets SIGTERM if the launcher dies (PR_SET_PDEATHSIG, set
 by `start_child`), so no process outlives it: a launcher killed with SIGKILL
 still has its children drain and exit. Multi-host: the core is the process
 that joins jax.distributed as process 0 (`CoreSpec.distributed`). What the launcher does when a child ends:
@@ -51,14 +54,17 @@ class ApiSpec:
 
 
 def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0) -> int:
-    """Run the processes until SIGTERM or the core's end; returns the exit status."""
+    """Run the processes until SIGTERM or the core's end; returns the exit status. Raises ListenError, before
+    starting anything, when the port cannot be listened on."""
     from jaxpaged.server.core.process import run_core
+    listener = listening_socket(api.host, api.port)
     ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
     socket_dir = tempfile.mkdtemp(prefix="jaxpaged-core-")
     address = f"ipc://{socket_dir}/core.sock"
     core = start_child(ctx, run_core, core_spec, address, name="jaxpaged-engine-core")
-    servers = [start_child(ctx, run_api_server, api, address, core.pid, name=f"jaxpaged-api-{i}")
-               for i in range(api_server_count)]
+    with listener:  # each server got its own descriptor of it when spawned
+        servers = [start_child(ctx, run_api_server, api, listener, address, core.pid, name=f"jaxpaged-api-{i}")
+                   for i in range(api_server_count)]
     log.info("engine core pid %d; API servers %s on %s:%d", core.pid, [s.pid for s in servers], api.host, api.port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,8 +118,8 @@ def _child(parent_pid: int, target, *args) -> None:
     target(*args)
 
 
-def run_api_server(api: ApiSpec, address: str, core_pid: int) -> None:
-    """An API server process: connect to the core, then serve the app on the shared port."""
+def run_api_server(api: ApiSpec, listener: socket.socket, address: str, core_pid: int) -> None:
+    """An API server process: connect to the core, then serve the app on the launcher's listening socket."""
     import asyncio
     import gc
 
@@ -135,7 +141,7 @@ def run_api_server(api: ApiSpec, address: str, core_pid: int) -> None:
         gc.collect()
         gc.freeze()  # startup's objects (app, tokenizer) live on: no collection walks them again
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)
-        await uvicorn.Server(config).serve(sockets=[reuseport_socket(api.host, api.port)])
+        await uvicorn.Server(config).serve(sockets=[listener])
 
     asyncio.run(main(), loop_factory=_event_loop_factory())
 
@@ -150,13 +156,20 @@ def _event_loop_factory():
     return uvloop.new_event_loop
 
 
-def reuseport_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket that other processes may bind to the same port (SO_REUSEPORT)."""
+class ListenError(OSError):
+    """host:port cannot be listened on (in use, or not an address of this machine)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port that the API servers share; ListenError naming the address when it
+    is in use or cannot be bound. SO_REUSEADDR only: a restart may bind over connections left in TIME_WAIT."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise ListenError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
     return sock
