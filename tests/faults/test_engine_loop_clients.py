@@ -51,7 +51,9 @@ def test_clients_cancelled_while_their_adds_wait_or_are_applied(engine):
     async def scenario():
         await async_engine.stall_for_test(1.0)  # the loop is busy (a compile) ...
         await asyncio.sleep(0.05)
-        await async_engine.stall_for_test(0.5)  # ... and will be again, right after taking the adds below
+        # ... and will be again, right after taking the adds below: 1 s, so the cancels 0.35 s after it took
+        # them land well before it applies them, however late a loaded machine wakes this coroutine
+        await async_engine.stall_for_test(1.0)
         waiting = [asyncio.ensure_future(async_engine.add_request(f"w{i}", [1, 2, 3 + i], LONG)) for i in range(4)]
         taken = [asyncio.ensure_future(async_engine.add_request(f"t{i}", [4, 5, 6 + i], LONG)) for i in range(4)]
         await asyncio.sleep(0.3)
