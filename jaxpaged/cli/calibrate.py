@@ -25,10 +25,11 @@ from jaxpaged.config import load_config
 from jaxpaged.sim.profiles import CPU_PROFILE_PATH
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "small", "model config to calibrate and validate on")
-ENGINE = EngineFlags(FLAGS, ["block_size", "compile_cache_dir"])
-BLOCK_SIZE, COMPILE_CACHE_DIR = ENGINE.holders["block_size"], ENGINE.holders["compile_cache_dir"]
-NUM_BLOCKS = FLAGS.DEFINE_integer("num_blocks", 4200, "KV pool blocks (covers 64 x 1K-token decodes)")
+# the model to calibrate and validate on; 4200 blocks cover 64 x 1K-token decodes
+ENGINE = EngineFlags(FLAGS, ["model", "block_size", "num_blocks", "compile_cache_dir"],
+                     defaults={"model": "small", "num_blocks": 4200})
+MODEL, BLOCK_SIZE, NUM_BLOCKS, COMPILE_CACHE_DIR = (
+    ENGINE.holders[n] for n in ("model", "block_size", "num_blocks", "compile_cache_dir"))
 REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed repeats per step, interleaved (median)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 32, "validation requests (mixed workload)")
 SAVE = FLAGS.DEFINE_bool("save", True, f"write the fitted profile to {CPU_PROFILE_PATH.name}")
@@ -39,8 +40,7 @@ REFIT_FROM = FLAGS.DEFINE_string("refit_from", None, "refit from the measurement
 OVERLAP = FLAGS.DEFINE_bool("phase_overlap", False, "fit the roofline max(compute, memory) per phase instead "
                             "of their sum")
 
-FLAGS.model_name("model")
-FLAGS.positive("num_blocks", "repeats", "num_requests")
+FLAGS.positive("repeats", "num_requests")
 
 
 def main(argv):

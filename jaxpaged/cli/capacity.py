@@ -19,20 +19,18 @@ from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "llama3-70b", "a shipped model config name or a config JSON")
 KV_DTYPE = FLAGS.DEFINE_string("kv_dtype", "float16", "KV cache dtype (float16, bfloat16, float32, fp8)")
 WEIGHT_DTYPE = FLAGS.DEFINE_string("weight_dtype", None, "weight dtype (default: the KV dtype)")
-BUDGET_GB = FLAGS.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes)")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+BUDGET_GB = FLAGS.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes), of each device "
+                               "with --tensor_parallel_size")
+ENGINE = EngineFlags(FLAGS, ["model", "block_size", "tensor_parallel_size"], defaults={"model": "llama3-70b"})
+MODEL, BLOCK_SIZE, TP = (ENGINE.holders[n] for n in ("model", "block_size", "tensor_parallel_size"))
 CONTEXT_LEN = FLAGS.DEFINE_integer("context_len", 2048, "tokens per sequence")
-TP = FLAGS.DEFINE_integer("tensor_parallel_size", 1, "devices the model is split over; --budget_gb is then "
-                          "each device's KV budget")
 CONTEXT_LENS = FLAGS.DEFINE_list("context_lens", [], "sliding-window models: contexts to compare the hybrid "
                                   "and all-full layouts at (default: --context_len)")
 OUT = OutputFlags(FLAGS)
 
 KV_DTYPE_NAMES = list(SUPPORTED_DTYPES) + list(DTYPE_ALIASES) + ["fp8"]
-FLAGS.model_name("model")
 FLAGS.one_of("kv_dtype", KV_DTYPE_NAMES)
 FLAGS.one_of("weight_dtype", KV_DTYPE_NAMES)
 FLAGS.at_least(1e-9, "budget_gb")

@@ -19,15 +19,17 @@ import shutil
 import sys
 
 from jaxpaged.bench.online.dashboard_check import DashboardCheck, dashboard_table, failed_queries, run_dashboard_check
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-_MODEL = FLAGS.DEFINE_string("model", "tiny", "model the server runs")
+# the server's model and eviction policy
+_SERVER = EngineFlags(FLAGS, ["model", "eviction_policy"], defaults={"model": "tiny"})
+_MODEL, _POLICY = _SERVER.holders["model"], _SERVER.holders["eviction_policy"]
 _PROMETHEUS = FLAGS.DEFINE_string("prometheus", "prometheus", "the Prometheus binary")
 _DURATION = FLAGS.DEFINE_float("traffic_s", 40.0, "seconds of traffic while Prometheus scrapes")
 _RATE_INTERVAL = FLAGS.DEFINE_string("rate_interval", "30s", "what Grafana's $__rate_interval becomes")
-_POLICY = FLAGS.DEFINE_string("eviction_policy", "lru", "the server's eviction policy")
 OUT = OutputFlags(FLAGS, json_out="out/check_dashboard.json", md_out="out/check_dashboard.md")
 
 FLAGS.at_least(1.0, "traffic_s")

@@ -27,10 +27,12 @@ class WorkloadFlags:
 
     def __init__(self, fs: FlagSet) -> None:
         """Define the flags on ``fs``."""
-        self.engine = EngineFlags(fs, ["model", "max_num_seqs", "max_num_batched_tokens"], defaults={"model": "small"})
+        self.engine = EngineFlags(fs, ["model", "max_num_seqs", "max_num_batched_tokens", "compile_cache_dir"],
+                                  defaults={"model": "small"})
         self.MODEL = self.engine.holders["model"]
         self.MAX_NUM_SEQS = self.engine.holders["max_num_seqs"]
         self.MAX_BATCHED = self.engine.holders["max_num_batched_tokens"]
+        self.COMPILE_CACHE = self.engine.holders["compile_cache_dir"]  # compile time is excluded anyway
         self.NUM_REQUESTS = fs.DEFINE_integer("num_requests", 16, "requests per workload")
         self.REQUEST_RATE = fs.DEFINE_float("request_rate", 0.0, "Poisson arrivals per second; 0 or inf = all at once")
         self.SEED = fs.DEFINE_integer("seed", 0, "workload and arrival seed")
@@ -38,11 +40,6 @@ class WorkloadFlags:
         self.MAX_MODEL_LEN = fs.DEFINE_integer("max_model_len", None,
                                              "longest sequence; the contiguous baseline reserves this per sequence "
                                              "(default: the workload's longest context, rounded up to a block)")
-        self.COMPILE_CACHE = fs.DEFINE_string("compile_cache_dir", compile_cache.AUTO,
-                                            "persistent XLA compile cache directory ('auto' = the per-user one, "
-                                            "see jaxpaged.compile_cache; '' = off); compile time is excluded anyway")
-        self.USE_COMPILE_CACHE = fs.DEFINE_bool("compile_cache", True, "use the persistent XLA compile cache "
-                                                "(--nocompile_cache: every start compiles afresh)")
         # workload scales: None keeps the workload's own default (see jaxpaged/workloads.py)
         self._SCALES = {
             "system_len": fs.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
@@ -66,7 +63,6 @@ class WorkloadFlags:
         fs.register_validator("request_rate", lambda v: v >= 0,  # inf (all at once, as vllm bench serve) is allowed
                               message="--request_rate must be >= 0 (0 or inf = all at once)")
 
-
     def workload_from_flags(self, name: str) -> list[WorkloadRequest]:
         """The workload ``name`` scaled by whichever scale flags were set and apply to it, with arrivals."""
         scales = {key: flag.value for key, flag in self._SCALES.items()
@@ -84,8 +80,8 @@ class WorkloadFlags:
                               time_scale=self.TRACE_SCALE.value, max_model_len=self.MAX_MODEL_LEN.value)
 
     def enable_compile_cache(self) -> str | None:
-        """Point the persistent XLA compile cache at ``--compile_cache_dir`` (off with ``--nocompile_cache``)."""
-        return compile_cache.configure(self.COMPILE_CACHE.value if self.USE_COMPILE_CACHE.value else None)
+        """Point the persistent XLA compile cache at ``--compile_cache_dir`` (``''``: off); the directory or None."""
+        return compile_cache.configure(self.COMPILE_CACHE.value)
 
     def setup_from_flags(self, block_size: int, requests: list[WorkloadRequest]) -> ServingSetup:
         """The shared KV budget and engine limits from the flags, in blocks of ``block_size`` tokens.

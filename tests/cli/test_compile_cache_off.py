@@ -3,7 +3,9 @@
 The bug: a command with a cache flag of its own (`bench throughput`, `bench replicas`) skipped an empty
 value, and the engines it built (`EngineConfig.compile_cache_dir="auto"`, in-process or in a server it
 starts) fell back to the per-user directory. Here the suite's own cache directory
-(`$JAXPAGED_CACHE_DIR`) plays the per-user one: "off" must not land there.
+(`$JAXPAGED_CACHE_DIR`) plays the per-user one: "off" must not land there. Every command's flag is now
+EngineFlags' one `compile_cache_dir` (tests/cli/test_engine_knob_flags.py keeps it so); each test here
+stops the command right after its cache choice, before any engine is built.
 """
 
 import os
@@ -12,6 +14,7 @@ import sys
 
 import jax
 import pytest
+from absl import flags
 
 from jaxpaged import compile_cache
 from jaxpaged.cli.commands import COMMANDS
@@ -87,3 +90,51 @@ def test_bench_replicas_hands_its_servers_the_cache_off(monkeypatch, tmp_path):
     child = subprocess.run([sys.executable, "-c", RESOLVE_AUTO], env=os.environ | off, capture_output=True,
                            text=True, timeout=120, check=True)
     assert child.stdout.strip().splitlines()[-1] == "None"
+
+
+def test_the_serving_benchmarks_turn_the_cache_off_and_have_no_second_switch():
+    module = _command("bench serving")
+    module.FLAGS.parse(["prog", "--compile_cache_dir="])
+    assert module.bench_flags.enable_compile_cache() is None
+    assert compile_cache.resolve_cache_dir(compile_cache.AUTO) is None
+    with pytest.raises(flags.UnrecognizedFlagError):  # '' is the one off switch
+        module.FLAGS.parse(["prog", "--nocompile_cache"])
+
+
+def test_bench_prompt_stall_hands_its_engine_the_flag(monkeypatch, tmp_path):
+    module = _command("bench prompt-stall")
+    configs = []
+
+    def capture(engine_config, **_):
+        configs.append(engine_config)
+        raise _Stop
+
+    monkeypatch.setattr(module, "measure_prompt_stall", capture)
+    for argv in (["--compile_cache_dir="], [f"--compile_cache_dir={tmp_path}"], []):
+        module.FLAGS.parse(["prog", *argv])
+        with pytest.raises(_Stop):
+            module.main([])
+    # the engine configures the process's cache from its config first (EngineBuilder), so '' is off there
+    assert [c.compile_cache_dir for c in configs] == ["", str(tmp_path), compile_cache.AUTO]
+
+
+@pytest.mark.parametrize("name, first_step, argv", [
+    ("bench offload", "capacity_table", ["--parts=capacity"]),
+    ("bench hybrid-kv", "compare_layouts", []),
+])
+def test_a_bench_turns_the_cache_off_before_building_its_engines(monkeypatch, tmp_path, name, first_step, argv):
+    module = _command(name)
+
+    def stop(*_, **__):
+        raise _Stop
+
+    monkeypatch.setattr(module, first_step, stop)  # the first step after the cache choice
+    module.FLAGS.parse(["prog", f"--compile_cache_dir={tmp_path}", *argv])
+    with pytest.raises(_Stop):
+        module.main([])
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path.resolve())
+    module.FLAGS.parse(["prog", "--compile_cache_dir=", *argv])
+    with pytest.raises(_Stop):
+        module.main([])
+    assert not jax.config.jax_enable_compilation_cache
+    assert compile_cache.resolve_cache_dir(compile_cache.AUTO) is None  # what its engines' "auto" resolves to

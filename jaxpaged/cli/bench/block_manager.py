@@ -19,8 +19,8 @@ from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-_NUM_BLOCKS = FLAGS.DEFINE_integer("num_blocks", 4096, "Physical blocks in the pool.")
-_BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["num_blocks", "block_size"], defaults={"num_blocks": 4096})
+_NUM_BLOCKS, _BLOCK_SIZE = ENGINE.holders["num_blocks"], ENGINE.holders["block_size"]
 _PROMPT_LEN = FLAGS.DEFINE_integer("prompt_len", 1024, "Prompt length in tokens.")
 _REPEATS = FLAGS.DEFINE_integer("repeats", 2000, "Timed calls per measurement (median reported).")
 _HASH_ALGO = FLAGS.DEFINE_list("hash_algo", ["sha256", "xxh3_128"], "Hash algorithms to compare.")
@@ -28,7 +28,7 @@ _POLICIES = FLAGS.DEFINE_list("eviction_policy", list(EVICTION_POLICIES),
                               "Eviction policies whose per-block cost is measured.")
 OUT = OutputFlags(FLAGS, json_out="out/bench_block_manager.json")
 
-FLAGS.positive("num_blocks", "prompt_len", "repeats")
+FLAGS.positive("prompt_len", "repeats")
 FLAGS.list_of("hash_algo", choices=HASH_ALGOS)
 FLAGS.list_of("eviction_policy", choices=EVICTION_POLICIES)
 

@@ -25,17 +25,16 @@ from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "small", "a shipped model config name or a config JSON")
 DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 64, "sequences in the decode step")
 CONTEXT = FLAGS.DEFINE_integer("decode_context", 320, "context length of each decoding sequence")
 PREFILL_LENS = FLAGS.DEFINE_list("prefill_lens", ["512", "4096"], "one-sequence prefill lengths to compare")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "small"})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
 REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed repeats per measurement (median reported)")
 OUT = OutputFlags(FLAGS)
 BREAKDOWN = FLAGS.DEFINE_boolean("breakdown", True,
                                  "trace the decode step and the longest prefill and split their time by part")
 
-FLAGS.model_name("model")
 FLAGS.positive("decode_batch", "decode_context", "repeats")
 FLAGS.list_of("prefill_lens", integer_at_least=1)
 

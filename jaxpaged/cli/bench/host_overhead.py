@@ -20,13 +20,14 @@ The work is `jaxpaged.bench.simulator.host_overhead_sweep`.
 from __future__ import annotations
 
 from jaxpaged.bench.simulator.host_overhead_sweep import HostOverheadSweep, host_overhead_tables, sweep_host_overhead
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.outputs import RequestOutputKind
 
 FLAGS = FlagSet()
 NUM_SEQS = FLAGS.DEFINE_list("num_seqs", ["64", "256", "512"], "running decode sequences per step")
-MODEL = FLAGS.DEFINE_string("model", "llama3-8b", "model config (shape only: nothing is computed)")
+MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "llama3-8b"}).holders["model"]  # shape only: no compute
 PROFILE = FLAGS.DEFINE_string("profile", "h200-141gb", "device profile whose step times the stand-in sleeps")
 CONTEXT = FLAGS.DEFINE_integer("context_len", 1200, "mean context length (prompts span +-1/8 of it)")
 STEPS = FLAGS.DEFINE_integer("steps", 64, "decode steps measured per run")
@@ -36,7 +37,6 @@ OUTPUT_KINDS = FLAGS.DEFINE_list("output_kinds", ["delta", "final_only"],
 DETOKENIZE = FLAGS.DEFINE_bool("detokenize", False, "stream text too (the stand-in's token is one fixed id)")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.model_name("model")
 FLAGS.device_profile("profile")
 FLAGS.positive("context_len", "steps", "repeats")
 FLAGS.list_of("num_seqs", integer_at_least=1)

@@ -11,6 +11,7 @@ warm-up pass of the same shapes (so compiles are not timed; the count is reporte
 
 from __future__ import annotations
 
+from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hybrid_kv import compare_layouts, layouts_table, summary_line
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
@@ -21,7 +22,8 @@ NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 8, "prompts served per layout"
 PROMPT_LEN = FLAGS.DEFINE_integer("prompt_len", 2048, "tokens per prompt")
 MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 32, "tokens generated per prompt")
 WINDOW = FLAGS.DEFINE_integer("window", 128, "sliding window of the local layers")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["block_size", "compile_cache_dir"])
+BLOCK_SIZE, COMPILE_CACHE = ENGINE.holders["block_size"], ENGINE.holders["compile_cache_dir"]
 REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed passes per layout, alternating")
 OUT = OutputFlags(FLAGS)
 FLAGS.positive("num_prompts", "prompt_len", "max_tokens", "window", "repeats")
@@ -30,6 +32,7 @@ FLAGS.positive("num_prompts", "prompt_len", "max_tokens", "window", "repeats")
 def main(argv):
     """Run both layouts on the same prompts and print a Markdown table."""
     del argv
+    compile_cache.configure(COMPILE_CACHE.value)  # '' = off: the engines' "auto" keeps it off
     results, ratios = compare_layouts(NUM_PROMPTS.value, PROMPT_LEN.value, MAX_TOKENS.value, WINDOW.value,
                                       BLOCK_SIZE.value, REPEATS.value)
     OUT.write(results, layouts_table(results))

@@ -13,16 +13,15 @@ from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "llama-100m", "a shipped model config name or a config JSON")
 DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step (all penalised)")
 CONTEXT = FLAGS.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
 PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step (all with prompt logprobs)")
 TOP_K = FLAGS.DEFINE_integer("prompt_top_logprobs", 5, "top ids per prompt position in the third variant")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "llama-100m"})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
 REPEATS = FLAGS.DEFINE_integer("repeats", 10, "alternating rounds (medians reported)")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.model_name("model")
 FLAGS.positive("decode_batch", "decode_context", "repeats", "prompt_top_logprobs")
 FLAGS.at_least(2, "prefill_len")
 

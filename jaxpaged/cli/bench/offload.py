@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-
+from jaxpaged import compile_cache
 from jaxpaged.bench.offline.offload import bench_budget, bench_ttft, capacity_table, markdown
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
@@ -13,10 +13,8 @@ from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import list_configs
 
 FLAGS = FlagSet()
-_MODEL = FLAGS.DEFINE_string("model", "small", "Model config for the timed runs.")
 _PREFIX_LEN = FLAGS.DEFINE_integer("prefix_len", 4000, "Shared prefix length for the TTFT comparison.")
 _REPEATS = FLAGS.DEFINE_integer("repeats", 3, "Timed rounds of the TTFT comparison (median reported).")
-_KV_BYTES = FLAGS.DEFINE_integer("kv_cache_bytes", 32 << 20, "KV budget of the fp8 vs default run.")
 _NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 64, "Requests in the fixed-budget run.")
 _PROMPT_LEN = FLAGS.DEFINE_integer("prompt_len", 256, "Prompt length in the fixed-budget run.")
 _MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 32, "Generated tokens per request in the fixed-budget run.")
@@ -24,11 +22,14 @@ _PLAN_MODELS = FLAGS.DEFINE_list("plan_models", ["small", "llama3-8b", "llama3-7
 _PLAN_BYTES = FLAGS.DEFINE_integer("plan_bytes", 16 << 30, "KV budget for the capacity planner table.")
 _PLAN_SEQ_LEN = FLAGS.DEFINE_integer("plan_seq_len", 4096, "Sequence length for the planner's concurrency.")
 _PARTS = FLAGS.DEFINE_list("parts", ["capacity", "ttft", "budget"], "Which benchmarks to run.")
-_BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+# the timed runs' engines; kv_cache_bytes is the budget of the fp8 vs default run
+ENGINE = EngineFlags(FLAGS, ["model", "block_size", "kv_cache_bytes", "compile_cache_dir"],
+                     defaults={"model": "small", "kv_cache_bytes": 32 << 20})
+_MODEL, _BLOCK_SIZE, _KV_BYTES, _COMPILE_CACHE = (
+    ENGINE.holders[n] for n in ("model", "block_size", "kv_cache_bytes", "compile_cache_dir"))
 OUT = OutputFlags(FLAGS, json_out="out/bench_offload.json")
 
-FLAGS.model_name("model")
-FLAGS.positive("prefix_len", "repeats", "kv_cache_bytes", "num_requests", "prompt_len", "max_tokens",
+FLAGS.positive("prefix_len", "repeats", "num_requests", "prompt_len", "max_tokens",
                      "plan_bytes", "plan_seq_len")
 FLAGS.list_of("parts", choices=["capacity", "ttft", "budget"])
 FLAGS.list_of("plan_models", choices=list_configs())
@@ -37,6 +38,7 @@ FLAGS.list_of("plan_models", choices=list_configs())
 def main(argv: list[str]) -> None:
     """Run the chosen parts; print and write the tables."""
     del argv
+    compile_cache.configure(_COMPILE_CACHE.value)  # '' = off: the engines' "auto" keeps it off
     results = {}
     if "capacity" in _PARTS.value:
         results["capacity"] = capacity_table(_PLAN_MODELS.value, _PLAN_BYTES.value, _BLOCK_SIZE.value,

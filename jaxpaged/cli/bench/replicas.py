@@ -20,11 +20,16 @@ import logging
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
 from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_replica_counts
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "tiny", "model for every replica (a shipped config name or a directory)")
+# every replica's engine: the model, its step's token budget, and the compile cache the replicas share
+ENGINE = EngineFlags(FLAGS, ["model", "max_num_batched_tokens", "compile_cache_dir"],
+                     defaults={"model": "tiny", "max_num_batched_tokens": 1024})
+MODEL, MAX_BATCHED = ENGINE.holders["model"], ENGINE.holders["max_num_batched_tokens"]
+COMPILE_CACHE = ENGINE.holders["compile_cache_dir"]
 REPLICAS = FLAGS.DEFINE_list("replicas", ["2", "4"], "replica counts, one cluster each")
 POLICIES = FLAGS.DEFINE_list("policies", list(POLICY_ORDER), "routing policies to compare")
 NUM_PREFIXES = FLAGS.DEFINE_integer("num_prefixes", 8, "shared prefixes")
@@ -34,21 +39,17 @@ OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 16, "tokens generated per reques
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 64, "requests per policy run")
 WARMUP_REQUESTS = FLAGS.DEFINE_integer("warmup_requests", 32,
                                        "untimed run per policy first on each cluster: the first N requests (compiles)")
-COMPILE_CACHE = FLAGS.DEFINE_string("compile_cache_dir", "/tmp/jaxpaged-bench-replicas-compile",
-                                    "JAX persistent compile cache shared by the replicas (empty: none)")
 RATE = FLAGS.DEFINE_float("request_rate", 2.0, "Poisson arrival rate (requests/s)")
 MAX_CONCURRENCY = FLAGS.DEFINE_integer("max_concurrency", None, "cap on requests in flight (default: none)")
 KV_TOKENS = FLAGS.DEFINE_integer("kv_budget_tokens", 3072, "KV pool of each replica, in tokens")
-MAX_BATCHED = FLAGS.DEFINE_integer("max_num_batched_tokens", 1024, "token budget of one step")
 SEED = FLAGS.DEFINE_integer("seed", 0, "workload and arrival seed")
 OUT = OutputFlags(FLAGS)
 
 FLAGS.positive("num_prefixes", "prefix_len", "suffix_len", "output_len", "num_requests", "request_rate",
-                     "max_concurrency", "kv_budget_tokens", "max_num_batched_tokens")
+                     "max_concurrency", "kv_budget_tokens")
 FLAGS.non_negative("warmup_requests", "seed")
 FLAGS.list_of("replicas", integer_at_least=1)
 FLAGS.list_of("policies", choices=POLICY_ORDER)
-FLAGS.model_name()
 
 
 def main(argv):

@@ -12,15 +12,14 @@ from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "small", "a shipped model config name or a config JSON")
 PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
 DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step")
 CONTEXT = FLAGS.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "small"})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
 REPEATS = FLAGS.DEFINE_integer("repeats", 10, "timed repeats per step (median reported)")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.model_name("model")
 FLAGS.positive("prefill_len", "decode_batch", "decode_context", "repeats")
 
 

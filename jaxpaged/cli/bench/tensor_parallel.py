@@ -21,12 +21,12 @@ from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
 FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
-MODEL = FLAGS.DEFINE_string("model", "small", "model config name or path")
 SIZES = FLAGS.DEFINE_list("sizes", ["1", "2", "4"], "tensor-parallel sizes, run side by side")
 DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step")
 CONTEXT = FLAGS.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
 PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
+ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "small"})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
 ROUNDS = FLAGS.DEFINE_integer("rounds", 10, "timed rounds (each runs every size once); medians reported")
 OUT = OutputFlags(FLAGS)
 FLAGS.register_validator("sizes", lambda sizes: all(s.isdigit() and int(s) >= 1 for s in sizes),

@@ -38,8 +38,8 @@ from jaxpaged.cli.output_flags import OutputFlags
 FLAGS = FlagSet()
 BACKEND = FLAGS.DEFINE_enum("backend", "both", list(BACKENDS),
                             "jaxpaged, hf (transformers on torch CPU), or both side by side")
-MODEL = FLAGS.DEFINE_string("model", "tiny", "a Hugging Face checkpoint directory, a jaxpaged checkpoint "
-                                            "directory, a config JSON or a shipped config name")
+SHARED = EngineFlags(FLAGS, ["model", "compile_cache_dir"], defaults={"model": "tiny"})
+MODEL, COMPILE_CACHE = SHARED.holders["model"], SHARED.holders["compile_cache_dir"]
 CHECKPOINT_DIR = FLAGS.DEFINE_string("checkpoint_dir", "out/hf-checkpoints",
                                      "where a config's random weights are saved as a Hugging Face checkpoint")
 NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 64, "prompts, all sent at once")
@@ -56,11 +56,8 @@ HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per sta
 HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
 GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
                                   "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput_floor.py)")
-COMPILE_CACHE = FLAGS.DEFINE_string("compile_cache_dir", "out/jax-compile-cache",
-                                    "persistent XLA compile cache ('' = off); compile time is reported apart")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.model_name("model")
 FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_size", "hf_threads")
 FLAGS.non_negative("prefix_len", "temperature", "seed")
 FLAGS.register_multi_flags_validator(

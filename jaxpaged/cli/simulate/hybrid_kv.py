@@ -15,18 +15,18 @@ from __future__ import annotations
 from absl import app
 
 from jaxpaged.bench.simulator.hybrid_kv import compare_layouts, layouts_table
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "gemma-3-27b", "a shipped model config with sliding-window layers")
+MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "gemma-3-27b"}).holders["model"]  # with sliding windows
 PROFILE = FLAGS.DEFINE_string("profile", "h200-141gb", "device profile")
 CONTEXT_LENS = FLAGS.DEFINE_list("context_lens", ["8192", "32768"], "tokens per sequence (prompt + output)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 0, "requests per run (0: 1.5 x what the hybrid pool holds)")
 MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 1024, "tokens generated per request (long enough that memory, "
                                   "not the prefill rate, bounds how many run at once)")
 OUT = OutputFlags(FLAGS)
-FLAGS.model_name("model")
 FLAGS.positive("max_tokens")
 
 

@@ -27,12 +27,12 @@ from jaxpaged.sim.scenario import Deployment
 from jaxpaged.workloads import WORKLOADS
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "llama3-8b", "model config name or path")
 PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
 KV_CACHE_GB = FLAGS.DEFINE_float("kv_cache_gb", 4.0, "KV cache per replica in GB (1e9); small, so caches evict")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
-MAX_SEQS = FLAGS.DEFINE_integer("max_num_seqs", 256, "most sequences per step")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_num_batched_tokens", 2048, "token budget per step (chunked prefill)")
+ENGINE = EngineFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"],
+                     defaults={"model": "llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 2048})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
+MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
 WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/workloads.py)")
 SCALES = FLAGS.DEFINE_list("scales", ["output_len=64"], "workload length overrides, key=value")
 REPLICAS = FLAGS.DEFINE_list("replicas", ["8", "16", "64"], "replica counts")
@@ -44,9 +44,8 @@ TPOT_SLO = FLAGS.DEFINE_float("tpot_slo_s", 0.05, "time-per-output-token objecti
 SEED = FLAGS.DEFINE_integer("seed", 0, "workload and arrival seed")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.model_name("model")
 FLAGS.device_profile("profile")
-FLAGS.positive("max_num_seqs", "max_num_batched_tokens", "requests_per_replica")
+FLAGS.positive("requests_per_replica")
 FLAGS.non_negative("seed")
 FLAGS.at_least(1e-6, "kv_cache_gb")
 FLAGS.at_least(1e-3, "rate_per_replica", "ttft_slo_s", "tpot_slo_s")

@@ -37,8 +37,9 @@ from jaxpaged.sim import scenario
 from jaxpaged.workloads import WORKLOADS, make_workload
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", "llama3-8b", "model config name or path")
-PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
+PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON "
+                              "(--tensor_parallel_size of these devices: weights and KV per device, two "
+                              "all-reduces per layer over the interconnect)")
 WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 1000, "requests per run")
 SCALES = FLAGS.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
@@ -46,11 +47,14 @@ WEIGHT_BYTES = FLAGS.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = 
 KV_BYTES = FLAGS.DEFINE_float("kv_bytes_per_element", 2.0, "2 = bf16/fp16 KV, 1 = fp8 KV")
 KV_CACHE_GB = FLAGS.DEFINE_float("kv_cache_gb", None, "KV cache size in GB (1e9) per device; default: 90% of "
                                   "memory - the device's weights")
-TP = FLAGS.DEFINE_integer("tensor_parallel_size", 1, "devices of --profile the model is split over "
-                          "(weights and KV per device, two all-reduces per layer over the interconnect)")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
-MAX_SEQS = FLAGS.DEFINE_integer("max_num_seqs", 256, "most sequences per step")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_num_batched_tokens", 2048, "token budget per step (chunked prefill)")
+# the simulated engine; kv_cache_metrics_sample is used with --trace (the residency numbers)
+ENGINE = EngineFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                             "kv_cache_metrics_sample"],
+                     defaults={"model": "llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 2048,
+                               "kv_cache_metrics_sample": 0.01})
+MODEL, BLOCK_SIZE, TP = ENGINE.holders["model"], ENGINE.holders["block_size"], ENGINE.holders["tensor_parallel_size"]
+MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
+METRICS_SAMPLE = ENGINE.holders["kv_cache_metrics_sample"]
 PREFIX = FLAGS.DEFINE_list("prefix_caching", ["off", "on"], "modes to run: off, on")
 RATES = FLAGS.DEFINE_list("rates", ["0", "1", "2", "4"], "offered request rates (req/s); 0 = all at once")
 BOUND = FLAGS.DEFINE_float("ttft_p99_bound_s", 2.0, "p99 TTFT bound defining the sustainable rate")
@@ -64,14 +68,11 @@ TRACE_SCALE = FLAGS.DEFINE_float("trace_time_scale", 1.0, "multiply the trace's 
 POLICIES = FLAGS.DEFINE_list("eviction_policies", ["lru"], "eviction policies to run (with --trace)")
 GOOD_TTFT = FLAGS.DEFINE_float("goodput_ttft_s", 2.0, "goodput SLO: time to first token (s)")
 GOOD_TPOT = FLAGS.DEFINE_float("goodput_tpot_ms", 100.0, "goodput SLO: time per output token (ms)")
-METRICS_SAMPLE = FLAGS.DEFINE_float("kv_cache_metrics_sample", 0.01, "fraction of cached blocks whose "
-                                    "residency (lifetime, idle before evict, reuse gaps) is measured")
 OUT = OutputFlags(FLAGS, plot_dir=None)
 PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_sweep.png", "file name of the rate sweep's PNG in --plot_dir")
 
-FLAGS.model_name("model")
 FLAGS.device_profile("profile")
-FLAGS.positive("num_requests", "max_num_seqs", "max_num_batched_tokens")
+FLAGS.positive("num_requests")
 FLAGS.non_negative("refine", "seed")
 FLAGS.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv_cache_gb", "ttft_p99_bound_s")
 FLAGS.list_of("prefix_caching", choices=["off", "on"])
@@ -81,8 +82,6 @@ FLAGS.positive("trace_limit")
 FLAGS.existing_file("trace")
 FLAGS.at_least(1e-6, "trace_time_scale", "goodput_ttft_s", "goodput_tpot_ms")
 FLAGS.list_of("eviction_policies", choices=EVICTION_POLICIES)
-FLAGS.register_validator("kv_cache_metrics_sample", lambda v: 0 <= v <= 1,
-                         message="--kv_cache_metrics_sample must be in [0, 1]")
 
 
 def deployment(**extra) -> scenario.Deployment:
