@@ -41,11 +41,16 @@ def _kind(field: dataclasses.Field) -> type:
     return args[0]
 
 
-def flag_help(field: dataclasses.Field) -> str:
-    """The help of ``field``'s flag: the field's own help text, naming the field."""
+def flag_help(field: dataclasses.Field, *, default_replaced: bool = False) -> str:
+    """The help of ``field``'s flag: the field's own help text, naming the field. With ``default_replaced`` (a
+    command's own default), the text's "(default ...)" note on EngineConfig's default is left out: absl
+    prints the command's."""
     if not field.metadata.get("help"):
         raise TypeError(f"EngineConfig.{field.name} has no help text: declare it with knob(default, help)")
-    return f"{field.metadata['help']} (EngineConfig.{field.name})"
+    text = field.metadata["help"]
+    if default_replaced:
+        text = re.sub(r"\s*\(default\b[^)]*\)", "", text)
+    return f"{text} (EngineConfig.{field.name})"
 
 
 class EngineFlags:
@@ -70,12 +75,13 @@ class EngineFlags:
             field = by_name[name]
             default = defaults.get(name, field.default)
             kind = _kind(field)
+            help_text = flag_help(field, default_replaced=default != field.default)
             if "choices" in field.metadata:
-                holder = fs.DEFINE_enum(name, default, list(field.metadata["choices"]), flag_help(field))
+                holder = fs.DEFINE_enum(name, default, list(field.metadata["choices"]), help_text)
             else:
                 define = {bool: fs.DEFINE_boolean, int: fs.DEFINE_integer, float: fs.DEFINE_float,
                           str: fs.DEFINE_string}[kind]
-                holder = define(name, default, flag_help(field))
+                holder = define(name, default, help_text)
             self.holders[name] = holder
         if "model" in self.holders:
             fs.model_name("model")

@@ -95,3 +95,14 @@ def test_a_command_may_change_a_default_but_not_the_block_sizes():
         EngineFlags(FlagSet(), ["block_size"], defaults={"block_size": 32})
     with pytest.raises(ValueError, match="not EngineConfig flag fields"):
         EngineFlags(FlagSet(), ["kv_scales"])
+
+
+def test_a_replaced_default_drops_the_fields_note_on_its_own_default():
+    """`kv_cache_bytes`' help explains its unset default ("default 256 MiB"); a command that sets 32 MiB must
+    not say so beside absl's own "(default: '33554432')"."""
+    fs = FlagSet()
+    EngineFlags(fs, ["kv_cache_bytes", "num_blocks"], defaults={"kv_cache_bytes": 32 << 20})
+    note = EngineConfig.__dataclass_fields__["kv_cache_bytes"].metadata["help"]
+    assert "(default 256 MiB)" in note
+    assert fs.values["kv_cache_bytes"].help == "KV pool size in bytes (EngineConfig.kv_cache_bytes)"
+    assert "(default: as many as kv_cache_bytes holds)" in fs.values["num_blocks"].help  # its default stands

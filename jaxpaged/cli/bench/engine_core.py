@@ -26,15 +26,15 @@ The work is `jaxpaged.bench.online.engine_core`.
 from __future__ import annotations
 
 from jaxpaged.bench.online.engine_core import CONFIGS, EngineCoreBench, engine_core_table, host_overhead_rows, run_configs
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
 
+# only what the run reads: it starts its own servers (their limits are the run's, see EngineCoreBench)
 FLAGS = FlagSet()
-bench_flags = WorkloadFlags(FLAGS)
-online = HttpBenchFlags(FLAGS, bench_flags)
-INPUT_LEN, OUTPUT_LEN = online.RANDOM_INPUT, online.RANDOM_OUTPUT
+MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "small"}).holders["model"]
+INPUT_LEN = FLAGS.DEFINE_integer("random_input_len", 1024, "prompt tokens (random) of each client's one request")
+OUTPUT_LEN = FLAGS.DEFINE_integer("random_output_len", 128, "generated tokens (ignore EOS) of each request")
 CONCURRENCY = FLAGS.DEFINE_list("concurrency", ["64", "256", "512"], "streaming clients at once, one run each")
 CONFIGS_FLAG = FLAGS.DEFINE_list("configs", list(CONFIGS),
                                  "thread: one process; process: the split; process2: split with two API servers")
@@ -43,6 +43,7 @@ HOST_SEQS = FLAGS.DEFINE_list("host_overhead_seqs", None, "also time the core's 
                               "at these sequence counts (e.g. 64,256,512)")
 HOST_REPEATS = FLAGS.DEFINE_integer("host_overhead_repeats", 3, "runs per --host_overhead_seqs count")
 OUT = OutputFlags(FLAGS)
+FLAGS.positive("random_input_len", "random_output_len")
 FLAGS.list_of("concurrency", integer_at_least=1)
 FLAGS.list_of("host_overhead_seqs", integer_at_least=1)
 FLAGS.positive("host_overhead_repeats")
@@ -53,7 +54,7 @@ FLAGS.device_profile("device_profile")
 def main(argv):
     """Run every configuration at every concurrency; print and write the table."""
     del argv
-    bench = EngineCoreBench(model=bench_flags.MODEL.value, device_profile=PROFILE.value, input_len=INPUT_LEN.value,
+    bench = EngineCoreBench(model=MODEL.value, device_profile=PROFILE.value, input_len=INPUT_LEN.value,
                             output_len=OUTPUT_LEN.value, concurrencies=tuple(int(c) for c in CONCURRENCY.value),
                             configs=tuple(CONFIGS_FLAG.value))
     rows = run_configs(bench)
