@@ -24,9 +24,10 @@ from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-# the server's model and eviction policy
-_SERVER = EngineFlags(FLAGS, ["model", "eviction_policy"], defaults={"model": "tiny"})
+# the server's model, eviction policy and compile cache
+_SERVER = EngineFlags(FLAGS, ["model", "eviction_policy", "compile_cache_dir"], defaults={"model": "tiny"})
 _MODEL, _POLICY = _SERVER.holders["model"], _SERVER.holders["eviction_policy"]
+_COMPILE_CACHE = _SERVER.holders["compile_cache_dir"]
 _PROMETHEUS = FLAGS.DEFINE_string("prometheus", "prometheus", "the Prometheus binary")
 _DURATION = FLAGS.DEFINE_float("traffic_s", 40.0, "seconds of traffic while Prometheus scrapes")
 _RATE_INTERVAL = FLAGS.DEFINE_string("rate_interval", "30s", "what Grafana's $__rate_interval becomes")
@@ -42,7 +43,8 @@ def main(argv):
         sys.exit(f"no {_PROMETHEUS.value} binary: apt-get install prometheus")
     result = run_dashboard_check(DashboardCheck(model=_MODEL.value, prometheus=_PROMETHEUS.value,
                                                 traffic_s=_DURATION.value, rate_interval=_RATE_INTERVAL.value,
-                                                eviction_policy=_POLICY.value))
+                                                eviction_policy=_POLICY.value,
+                                                compile_cache_dir=_COMPILE_CACHE.value))
     OUT.write(result, dashboard_table(result["queries"]))
     failed = failed_queries(result["queries"])
     if failed:

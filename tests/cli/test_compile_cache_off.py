@@ -138,3 +138,23 @@ def test_a_bench_turns_the_cache_off_before_building_its_engines(monkeypatch, tm
         module.main([])
     assert not jax.config.jax_enable_compilation_cache
     assert compile_cache.resolve_cache_dir(compile_cache.AUTO) is None  # what its engines' "auto" resolves to
+
+
+def test_check_dashboard_hands_its_server_the_flag(monkeypatch):
+    module = _command("check-dashboard")
+    started = []
+
+    class Capture:
+        def __init__(self, args, *_, **__):
+            started.append(args)
+            raise _Stop
+
+    from jaxpaged.bench.online import dashboard_check
+    monkeypatch.setattr(dashboard_check, "ServerProcess", Capture)
+    monkeypatch.setattr(module.shutil, "which", lambda _: "/bin/prometheus")  # no Prometheus needed to stop here
+    for value in ("", "/some/dir"):
+        module.FLAGS.parse(["prog", f"--compile_cache_dir={value}"])
+        with pytest.raises(_Stop):
+            module.main([])
+    assert [[a for a in args if a.startswith("--compile_cache_dir")] for args in started] == [
+        ["--compile_cache_dir="], ["--compile_cache_dir=/some/dir"]]

@@ -37,13 +37,15 @@ scrape_configs:
 
 @dataclasses.dataclass(frozen=True)
 class DashboardCheck:
-    """What to check: the server's model and eviction policy, the Prometheus binary, traffic and rate window."""
+    """What to check: the server's model, eviction policy and compile cache, the Prometheus binary, traffic and
+    rate window."""
 
     model: str = "tiny"
     prometheus: str = "prometheus"
     traffic_s: float = 40.0
     rate_interval: str = "30s"  # what Grafana's $__rate_interval becomes
     eviction_policy: str = "lru"
+    compile_cache_dir: str = "auto"  # the server's EngineConfig.compile_cache_dir ('' = off)
     dashboard: Path = DASHBOARD
 
 
@@ -114,7 +116,7 @@ def run_dashboard_check(check: DashboardCheck) -> dict:
     """
     workdir = Path(tempfile.mkdtemp(prefix="jaxpaged-prometheus-"))
     with ServerProcess([f"--model={check.model}", f"--eviction_policy={check.eviction_policy}",
-                        *SERVER_ARGS]) as server:
+                        f"--compile_cache_dir={check.compile_cache_dir}", *SERVER_ARGS]) as server:
         prometheus, url = start_prometheus(check.prometheus, f"{server.host}:{server.port}", workdir)
         try:
             num_requests = traffic(server.base_url, check.model, check.traffic_s)
