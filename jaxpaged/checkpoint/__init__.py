@@ -12,13 +12,27 @@ from jaxpaged.checkpoint.hf import (hf_config_to_model_config, is_hf_checkpoint_
                                     load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
 from jaxpaged.checkpoint.orbax_io import (is_orbax_checkpoint_dir, load_params, read_saved_config,
                                           save_params)
-from jaxpaged.config import load_config
+from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.model.llama import LlamaModel, init_model
 from jaxpaged.parallel import TensorParallel
 
 __all__ = ["convert_hf_to_orbax", "hf_config_to_model_config", "is_hf_checkpoint_dir",
-           "is_orbax_checkpoint_dir", "load_hf_checkpoint", "load_model", "load_params",
+           "is_orbax_checkpoint_dir", "load_hf_checkpoint", "load_model", "load_params", "model_config",
            "save_hf_checkpoint", "save_params"]
+
+
+def model_config(path_or_name: str | Path) -> ModelConfig:
+    """The `ModelConfig` of what `load_model(path_or_name)` loads, without reading any weights: a checkpoint
+    directory's own config (jaxpaged Orbax or Hugging Face), else a shipped config name or a config JSON path."""
+    path = Path(path_or_name)
+    if not path.is_dir():
+        return load_config(path_or_name)
+    if is_orbax_checkpoint_dir(path):
+        return read_saved_config(path)
+    if is_hf_checkpoint_dir(path):
+        return read_hf_config(path)
+    raise ValueError(f"{path} is neither a jaxpaged Orbax checkpoint nor a Hugging Face "
+                     f"checkpoint (config.json + safetensors)")
 
 
 def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
@@ -34,16 +48,10 @@ def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
     does not split that way), ready for `ModelRunner(tensor_parallel_size=...)`.
     """
     path = Path(path_or_name)
+    config = model_config(path_or_name)
     if path.is_dir():
-        if is_orbax_checkpoint_dir(path):
-            return load_params(path, dtype=dtype,
-                               sharding_of=_sharding_of(read_saved_config(path), tensor_parallel_size))
-        if is_hf_checkpoint_dir(path):
-            return load_hf_checkpoint(path, dtype=dtype,
-                                      sharding_of=_sharding_of(read_hf_config(path), tensor_parallel_size))
-        raise ValueError(f"{path} is neither a jaxpaged Orbax checkpoint nor a Hugging Face "
-                         f"checkpoint (config.json + safetensors)")
-    config = load_config(path_or_name)
+        load = load_params if is_orbax_checkpoint_dir(path) else load_hf_checkpoint
+        return load(path, dtype=dtype, sharding_of=_sharding_of(config, tensor_parallel_size))
     if dtype is not None:
         config = config.replace(dtype=jnp.dtype(dtype).name)
     if tensor_parallel_size > 1:

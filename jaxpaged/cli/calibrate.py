@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.simulator.calibration import run_calibration
+from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import load_config
 from jaxpaged.sim.profiles import CPU_PROFILE_PATH
 
 FLAGS = FlagSet()
@@ -47,7 +47,7 @@ def main(argv):
     """Measure (or refit), fit, validate; write the profile, the results and the predicted-vs-measured plot."""
     del argv
     compile_cache.configure(COMPILE_CACHE_DIR.value)  # reruns skip XLA compiles
-    config = load_config(MODEL.value)
+    config = model_config(MODEL.value)
     measured, cal = run_calibration(MODEL.value, config, block_size=BLOCK_SIZE.value, num_blocks=NUM_BLOCKS.value,
                                     num_requests=NUM_REQUESTS.value, repeats=REPEATS.value,
                                     phase_overlap=OVERLAP.value, refit_from=REFIT_FROM.value, save=SAVE.value)

@@ -13,10 +13,11 @@ sequence and concurrent sequences, hybrid vs every layer treated as full.
 from __future__ import annotations
 
 from jaxpaged.bench.offline.capacity_report import capacity_report
+from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES, load_config
+from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES
 
 FLAGS = FlagSet()
 KV_DTYPE = FLAGS.DEFINE_string("kv_dtype", "float16", "KV cache dtype (float16, bfloat16, float32, fp8)")
@@ -40,7 +41,7 @@ FLAGS.positive("context_len")
 def main(argv):
     """Print the capacity figures (and write JSON if asked)."""
     del argv
-    result, text = capacity_report(load_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
+    result, text = capacity_report(model_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
                                    context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
                                    weight_dtype=WEIGHT_DTYPE.value, block_size=BLOCK_SIZE.value,
                                    tensor_parallel_size=TP.value, hybrid_context_lens=[int(n) for n in CONTEXT_LENS.value])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxpaged.checkpoint import (convert_hf_to_orbax, is_orbax_checkpoint_dir, load_model,
-                                 load_params, save_hf_checkpoint, save_params)
+                                 load_params, model_config, save_hf_checkpoint, save_params)
 from jaxpaged.cli import main as cli
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
@@ -53,6 +53,27 @@ def test_load_model_dispatch(tmp_path, tiny_model):
         load_model(tmp_path)
     with pytest.raises(ValueError, match="unknown model config"):
         load_model("no-such-config")
+
+
+def test_model_config_reads_a_checkpoints_own_config_and_capacity_takes_a_directory(tmp_path, capsys):
+    """Three layers and two KV heads, shapes no shipped config has: each checkpoint kind's own config comes back
+    without its weights, and `jaxpaged capacity --model=DIR` (whose flag check accepts a directory) sizes
+    the KV of those shapes."""
+    config = load_config("tiny").replace(num_layers=3, num_kv_heads=2)
+    model = init_model(config, seed=0)
+    save_hf_checkpoint(model, tmp_path / "hf")
+    save_params(model, tmp_path / "orbax")
+    shapes = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "vocab_size")
+    for kind in ("hf", "orbax"):
+        got = model_config(tmp_path / kind)
+        assert [getattr(got, f) for f in shapes] == [getattr(config, f) for f in shapes]
+    assert model_config("tiny") == load_config("tiny")
+    with pytest.raises(ValueError, match="neither"):
+        model_config(tmp_path)
+    assert cli.run(["jaxpaged", "capacity", f"--model={tmp_path / 'hf'}", "--budget_gb=1",
+                    f"--json_out={tmp_path}/c.json"]) == 0, capsys.readouterr().err[-2000:]
+    kv_bytes_per_token = 2 * 3 * 2 * config.head_dim * 2  # K and V, 3 layers, 2 KV heads, float16
+    assert json.loads((tmp_path / "c.json").read_text())["bytes_per_token"] == kv_bytes_per_token
 
 
 def test_convert_command_end_to_end(tmp_path, tiny_model):

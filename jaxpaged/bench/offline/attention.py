@@ -21,7 +21,7 @@ import numpy as np
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.config import load_config
+from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -323,7 +323,7 @@ def time_attention(inputs: dict, query_len: int, repeats: int) -> dict[str, floa
 
 def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
     """xla_reference vs xla: attention alone and the whole model, prefill lengths and one decode batch."""
-    config = load_config(cfg.sweep_model)
+    config = model_config(cfg.sweep_model)
     model_heads = (config.num_heads, config.num_kv_heads, config.head_dim)
     lens = [int(n) for n in cfg.sweep_prefill_lens]
     batch, context, repeats, bs = (cfg.sweep_decode_batch, cfg.sweep_decode_context, cfg.sweep_repeats,

@@ -13,7 +13,7 @@ from jaxpaged.bench.offline.matmul_floor import matmul_flops, time_matmul_floor
 from jaxpaged.bench.offline.step_profile import profile_step
 from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.config import load_config
+from jaxpaged.checkpoint import model_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
@@ -23,7 +23,7 @@ from jaxpaged.step_input import ScheduledSeq, build_step_input
 def measure(config_name: str, decode_batch: int, decode_context: int, prefill_lens: list[int],
             block_size: int, repeats: int, breakdown: bool = False) -> dict:
     """Run both measurements on one model and runner; times in ms (with `breakdown`, ms per part)."""
-    config = load_config(config_name)
+    config = model_config(config_name)
     if max(prefill_lens + [decode_context + 1]) > config.max_position_embeddings:
         raise ValueError(f"lengths must fit max_position_embeddings={config.max_position_embeddings}")
     model = init_model(config)

@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxpaged.bench.output import markdown_table
 from jaxpaged.capacity import kv_capacity
-from jaxpaged.config import load_config
+from jaxpaged.checkpoint import model_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
@@ -41,7 +41,7 @@ def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int =
     length evicts the prefix into the host tier between the device hit and the host hit.
     The host-hit step also offloads that unrelated prompt's blocks (one transfer each way).
     """
-    config = load_config(model_name)
+    config = model_config(model_name)
     tail = 16
     engine = Engine(EngineConfig(model=model_name, block_size=block_size,
                                  num_blocks=cdiv(prefix_len + tail, block_size) + 8,
@@ -74,7 +74,7 @@ def capacity_table(model_names: list[str], kv_cache_bytes: int, block_size: int,
     """The planner's blocks, tokens and concurrent sequences per model and KV dtype at one budget."""
     rows = []
     for name in model_names:
-        config = load_config(name)
+        config = model_config(name)
         for dtype_name in ("float32", "bfloat16", "fp8_e4m3"):
             cap = kv_capacity(config, budget_bytes=kv_cache_bytes, block_size=block_size, context_len=seq_len,
                               kv_dtype=dtype_name)
@@ -89,7 +89,7 @@ def bench_budget(model_name: str, kv_cache_bytes: int, num_requests: int, prompt
 
     The first request of each run (which compiles shapes and calibrates fp8) is run alone and not timed.
     """
-    config = load_config(model_name)
+    config = model_config(model_name)
     model = init_model(config)
     rng = np.random.default_rng(1)
     vocab = min(config.vocab_size, 250)

@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-from jaxpaged.config import DEFAULT_BLOCK_SIZE, load_config
+from jaxpaged.checkpoint import model_config
+from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutputKind
@@ -67,7 +68,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                           output_kind: RequestOutputKind = RequestOutputKind.DELTA, detokenize: bool = False,
                           seed: int = 0, engine_core: bool = False) -> HostOverhead:
     """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
-    config = load_config(model)
+    config = model_config(model)
     block_size = DEFAULT_BLOCK_SIZE
     budget = 16384  # prompts go in fast; the measured steps are pure decodes whatever the budget
     cost_model = CostModel(config, get_profile(profile), block_size=block_size)

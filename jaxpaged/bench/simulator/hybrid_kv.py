@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.config import load_config
+from jaxpaged.checkpoint import model_config
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.workloads import WorkloadRequest
@@ -45,7 +45,7 @@ def compare_layouts(model: str, profile: str, context_lens: Sequence[int], *, nu
     ``num_requests`` 0 serves 1.5 x what the hybrid pool holds (at least 4). Raises ValueError for a model
     with no sliding-window layer.
     """
-    config = load_config(model)
+    config = model_config(model)
     if all(w is None for w in config.layer_windows):
         raise ValueError(f"{model} has no sliding-window layers")
     with tempfile.TemporaryDirectory() as tmp:

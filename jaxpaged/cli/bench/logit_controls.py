@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 from jaxpaged.bench.offline.logit_controls import compare_logit_controls
+from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
 DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step (all penalised)")
@@ -29,7 +29,7 @@ FLAGS.at_least(2, "prefill_len")
 def main(argv):
     """Time each variant side by side; print and write the table."""
     del argv
-    result, table = compare_logit_controls(load_config(MODEL.value), decode_batch=DECODE_BATCH.value,
+    result, table = compare_logit_controls(model_config(MODEL.value), decode_batch=DECODE_BATCH.value,
                                            context=CONTEXT.value, prefill_len=PREFILL.value, top_k=TOP_K.value,
                                            block_size=BLOCK_SIZE.value, repeats=REPEATS.value)
     OUT.write(result, table)

@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 from jaxpaged.bench.offline.step_timing import step_table, time_prefill_and_decode
+from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
 PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
@@ -26,7 +26,7 @@ FLAGS.positive("prefill_len", "decode_batch", "decode_context", "repeats")
 def main(argv):
     """Time one prefill step and one decode step; print and write the table."""
     del argv
-    result = time_prefill_and_decode(load_config(MODEL.value), prefill_len=PREFILL.value,
+    result = time_prefill_and_decode(model_config(MODEL.value), prefill_len=PREFILL.value,
                                      decode_batch=DECODE_BATCH.value, decode_context=CONTEXT.value,
                                      block_size=BLOCK_SIZE.value, repeats=REPEATS.value)
     OUT.write(result, step_table(result))

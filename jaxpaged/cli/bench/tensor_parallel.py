@@ -14,10 +14,10 @@ import os
 
 from jaxpaged import distributed
 from jaxpaged.bench.offline.tensor_parallel import tensor_parallel_report
+from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.config import load_config
 
 FLAGS = FlagSet()
 FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
@@ -40,7 +40,7 @@ def main(argv):
     # CPU: four host devices unless XLA_FLAGS says otherwise (read when JAX first starts its backend)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
     distributed.initialize_from_flags()
-    result, table = tensor_parallel_report(load_config(MODEL.value), [int(s) for s in SIZES.value],
+    result, table = tensor_parallel_report(model_config(MODEL.value), [int(s) for s in SIZES.value],
                                            decode_batch=DECODE_BATCH.value, context=CONTEXT.value,
                                            prefill_len=PREFILL.value, block_size=BLOCK_SIZE.value,
                                            rounds=ROUNDS.value)
