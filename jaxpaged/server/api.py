@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxpaged.server.async_engine import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from jaxpaged.server.async_engine import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict:

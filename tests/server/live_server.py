@@ -79,6 +79,31 @@ def wait_idle(base: str, settle_s: float = 0.3) -> dict[str, float]:
         time.sleep(settle_s)
 
 
+def listening_pids(port: int) -> list[int]:
+    """The processes holding a socket that listens on ``port`` (from /proc/net/tcp* and each process's fds)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{entry}/fd")):
+                found.append(int(entry))
+        except (FileNotFoundError, PermissionError):
+            pass
+    return sorted(found)
+
+
+def maps_jaxlib(pid: int) -> bool:
+    """Whether process ``pid`` has jaxlib's shared objects mapped (it imported JAX)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return "jaxlib" in f.read()
+
+
 def children_of(pid: int) -> list[int]:
     """The processes whose parent is `pid`."""
     found = []

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.chat import ChatTemplate
-from tests.server.live_server import WAIT_S, read_metrics, serving
+from tests.server.live_server import WAIT_S, listening_pids, maps_jaxlib, read_metrics, serving
 
 KV_TOKENS = 4096
 
@@ -196,6 +196,17 @@ def test_tokenize_detokenize_and_models(server, client):
     assert httpx.post(server + "/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "abc"
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert httpx.post(server + "/reset_prefix_cache").status_code == 200
+
+
+def test_only_a_process_running_the_engine_loads_jax(server, request):
+    """After every request above (completions, chat, streams, logprobs, tokenize, metrics): the split's API
+    servers never imported JAX (on a GPU host, a process that starts a JAX backend takes GPU memory); the
+    one-process server, which runs the engine, did (so the check sees JAX where it is)."""
+    listening = listening_pids(int(server.rsplit(":", 1)[1]))
+    if request.node.callspec.id == "process":
+        assert len(listening) == 2 and not any(maps_jaxlib(pid) for pid in listening)
+    else:
+        assert len(listening) == 1 and maps_jaxlib(listening[0])
 
 
 def test_health_turns_503_when_the_engine_loop_dies(server):  # last: it kills the module's server

@@ -13,7 +13,7 @@ import pytest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import CompletionOutput, RequestOutput, RequestOutputKind, merge_outputs
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import RequestStream
+from jaxpaged.server.request_stream import RequestStream
 
 D, C = RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE
 PROMPT = [5, 6, 7, 8, 9, 10, 11]

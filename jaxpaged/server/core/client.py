@@ -23,8 +23,8 @@ import zmq
 import zmq.asyncio
 
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
-                                          refuse_overlong)
+from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
+                                            refuse_overlong)
 from jaxpaged.server.core import messages as M
 from jaxpaged.server.core.frontend_outputs import FrontendOutputs, core_params
 from jaxpaged.server.engine_client import ModelInfo

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from jaxpaged.cache.events import KVEvent
 from jaxpaged.router import ReplicaLoad
-from jaxpaged.server.async_engine import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 from jaxpaged.server.engine_client import ModelInfo  # noqa: F401 - the replicas send it to the ingress
 
 

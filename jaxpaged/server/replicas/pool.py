@@ -27,7 +27,7 @@ from jaxpaged.cache.events import DEVICE_TIER, KVEvent
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import EngineDeadError, refuse_overlong
+from jaxpaged.server.request_stream import EngineDeadError, refuse_overlong
 from jaxpaged.server.engine_client import ModelInfo
 from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 from jaxpaged.server.replicas.metrics import merge_replica_metrics

@@ -32,7 +32,8 @@ from jaxpaged.cache.events import AllBlocksCleared, KVEvent
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from jaxpaged.server.async_engine import AsyncEngine
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 from jaxpaged.server.engine_client import ModelInfo
 from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server import responses as R
-from jaxpaged.server.async_engine import refuse_overlong
+from jaxpaged.server.request_stream import refuse_overlong
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.routes.completions import prompt_logprobs_field
 from jaxpaged.server.routes.state import ServerState
