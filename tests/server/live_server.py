@@ -79,15 +79,21 @@ def wait_idle(base: str, settle_s: float = 0.3) -> dict[str, float]:
         time.sleep(settle_s)
 
 
-def listening_pids(port: int) -> list[int]:
-    """The processes holding a socket that listens on ``port`` (from /proc/net/tcp* and each process's fds)."""
+def listening_inodes(port: int) -> set[str]:
+    """Socket inodes in LISTEN state on ``port`` (from /proc/net/tcp and tcp6)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
                 if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
-                    inodes.add(f"socket:[{fields[9]}]")
+                    inodes.add(fields[9])
+    return inodes
+
+
+def listening_pids(port: int) -> list[int]:
+    """The processes holding a socket that listens on ``port`` (each process's fds against `listening_inodes`)."""
+    inodes = {f"socket:[{inode}]" for inode in listening_inodes(port)}
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -19,7 +19,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server.live_server import WAIT_S, children_of, free_port, start_server, wait_healthy
+from tests.server.live_server import (WAIT_S, children_of, free_port, listening_inodes, start_server,
+                                     wait_healthy)
 
 
 def _start(*flags):
@@ -40,18 +41,6 @@ def _start(*flags):
     return proc, base, core, apis
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """Socket inodes in LISTEN state on `port` (from /proc/net/tcp and tcp6)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
-                    inodes.add(fields[9])
-    return inodes
-
-
 def _fd_targets(pid: int) -> set[str]:
     """What the open file descriptors of `pid` point at (fds closing meanwhile are skipped)."""
     targets = set()
@@ -67,7 +56,7 @@ def _wait_listening(pids: list[int], port: int) -> None:
     """Until every process in `pids` holds a listening socket on `port`."""
     deadline = time.monotonic() + WAIT_S
     while True:
-        listening = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+        listening = {f"socket:[{inode}]" for inode in listening_inodes(port)}
         if all(_fd_targets(pid) & listening for pid in pids):
             return
         assert time.monotonic() < deadline, f"API servers not listening on {port}: {pids}"
@@ -111,7 +100,7 @@ def test_api_server_death_then_sigterm_drains_and_saves(tmp_path):
     snapshot = tmp_path / "snapshot"
     proc, base, core, apis = _start(f"--prefix_cache_snapshot={snapshot}", "--save_prefix_cache_on_shutdown")
     try:
-        assert len(_listening_inodes(int(base.rsplit(":", 1)[1]))) == 1  # one accept queue, which outlives a server
+        assert len(listening_inodes(int(base.rsplit(":", 1)[1]))) == 1  # one accept queue, which outlives a server
         os.kill(apis[0], signal.SIGKILL)
         _wait_gone([apis[0]])
         client = _client(base)
