@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -136,6 +138,28 @@ def test_a_port_in_use_is_a_usage_error_before_anything_starts():
     assert proc.returncode == 1
     assert f"FATAL usage error: --host/--port: cannot listen on 127.0.0.1:{port}: Address already in use" in out
     assert "engine core pid" not in out
+
+
+LAUNCHER_BACKENDS = """
+import os, sys
+from jax._src import xla_bridge
+from jaxpaged.cli import main as cli
+from jaxpaged.cli import serve
+from jaxpaged.server.core import launcher
+seen = []
+launcher.serve_split = lambda core_spec, api, **_: seen.append(dict(xla_bridge._backends)) or 0
+serve.os._exit = lambda status: None  # main's fast exit after the launcher returns
+assert cli.run(["jaxpaged", "serve", *sys.argv[1:]]) == 0 and len(seen) == 1
+print("backends", sorted(seen[0]))
+"""
+
+
+def test_the_launcher_starts_no_jax_backend_before_its_children():
+    """Up to starting the core, `jaxpaged serve`'s own process initializes no JAX backend: on a GPU host one
+    would take the GPU memory the engine core is about to claim. (A fresh process: this one has backends.)"""
+    out = subprocess.run([sys.executable, "-c", LAUNCHER_BACKENDS, "--model=tiny", "--kv_cache_dtype=fp8",
+                          "--tensor_parallel_size=1"], capture_output=True, text=True, timeout=WAIT_S, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "backends []"
 
 
 def test_core_sigkill_fails_every_stream_then_nothing_is_left():
