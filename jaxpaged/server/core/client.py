@@ -54,13 +54,14 @@ class CoreClient:
         self._outputs: FrontendOutputs | None = None
         self._reader: asyncio.Task | None = None
         self._pidfd: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one that connected: the socket lives on it
         self._stopped = False
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Connect, introduce this process and learn the model; raises EngineDeadError if the core dies first."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.address)
@@ -80,8 +81,36 @@ class CoreClient:
         return self.error is None and not self._stopped and self.model_info is not None
 
     def shutdown(self, timeout_s: float | None = None) -> None:
-        """Stop serving through the core (the core itself is stopped by whoever started it)."""
+        """Stop serving through the core, then close the connection on its event loop (callable from any
+        thread): open streams end with EngineDeadError, and the socket and its ZeroMQ context close (a context
+        left open can hang the interpreter's exit in its `term()`). The core is stopped by whoever started it."""
         self._stopped = True
+        if self._loop is None or self._loop.is_closed():
+            self._close()
+        else:
+            self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        if self._ctx.closed:
+            return
+        err = EngineDeadError("the API server is shutting down")
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(err)
+        for stream in self._streams.values():
+            stream.put(err)
+        self._streams.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._pidfd is not None:
+            if self.error is None and not self._loop.is_closed():  # `_fail` removed its reader already
+                self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        self._ctx.term()
 
     def dead_reason(self) -> str:
         """Why no request can be served."""
