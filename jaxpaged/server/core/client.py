@@ -93,13 +93,7 @@ class CoreClient:
     def _close(self) -> None:
         if self._ctx.closed:
             return
-        err = EngineDeadError("the API server is shutting down")
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(err)
-        for stream in self._streams.values():
-            stream.put(err)
-        self._streams.clear()
+        self._fail_open(EngineDeadError("the API server is shutting down"))
         if self._reader is not None:
             self._reader.cancel()
         if self._pidfd is not None:
@@ -245,6 +239,10 @@ class CoreClient:
         log.error("engine core gone: %s", err)
         if self._pidfd is not None:
             asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._fail_open(err)
+
+    def _fail_open(self, err: EngineDeadError) -> None:
+        """End every pending call and open stream with ``err``."""
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(err)
