@@ -12,7 +12,8 @@ belongs to one group at a time and a sliding-window group that frees blocks
 really returns bytes to the pool.
 
 A model whose layers are all full attention is one group of every layer: the
-pool and tables are exactly the single-group layout (no new code path).
+pool and tables are exactly the single-group layout, and ``KVCacheManager``
+takes its unitary path (the plain chained hashes as keys, one table).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def blocks_for_context(window: int | None, context_len: int, block_size: int) ->
 
     A full group holds every block; a sliding group only those holding the last
     ``window - 1`` tokens before the next query plus the newest one (what
-    ``HybridKVCacheManager`` keeps after freeing the blocks that slid out).
+    ``KVCacheManager`` keeps after freeing the blocks that slid out).
     """
     total = cdiv(context_len, block_size)
     if window is None:

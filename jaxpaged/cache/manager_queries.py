@@ -1,11 +1,10 @@
-"""What both KV cache managers do the same way: token counts, pool statistics and hooks, events, cache listing.
+"""The KV cache manager's read-only side: token counts, pool statistics and hooks, events, cache listing.
 
-`KVCacheManager` (one table per sequence) and `HybridKVCacheManager` (one
-table per KV cache group) keep their sequences in `_seqs` (looked up by
-`_seq`, which raises for an unknown id), their blocks in a `BlockPool`
-(`_pool`), the same prefix-cache counters and an `InFlightHashes`
-(`_in_flight`), and the lower tiers' event hooks (`_event_sources`); this mixin
-answers from them.
+`KVCacheManager` keeps its sequences in `_seqs` (looked up by `_seq`, which
+raises for an unknown id), its blocks in a `BlockPool` (`_pool`), the
+prefix-cache counters and an `InFlightHashes` (`_in_flight`), and the lower
+tiers' event hooks (`_event_sources`); this mixin answers from them, so the
+manager's own file holds only the allocation rules.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from jaxpaged.cache.residency import ResidencyTracker
 
 
 class ManagerQueries:
-    """Queries and pool hooks over `_seqs`, `_pool` and the prefix-cache counters of a KV cache manager."""
+    """Queries and pool hooks over `_seqs`, `_pool` and the prefix-cache counters of `KVCacheManager`."""
 
     @property
     def num_free_blocks(self) -> int:

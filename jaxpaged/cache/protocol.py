@@ -9,8 +9,8 @@ from jaxpaged.cache.records import BlockTableUpdate, CacheStats, PrefixMatch
 
 
 class KVManager(Protocol):
-    """Block tables and their lifecycle, on the host; implemented by `KVCacheManager` and
-    `ContiguousKVCacheManager`. The manager never touches device arrays."""
+    """Block tables and their lifecycle, on the host; implemented by `KVCacheManager` (paged, any KV
+    cache groups) and `ContiguousKVCacheManager`. The manager never touches device arrays."""
 
     num_blocks: int
     block_size: int

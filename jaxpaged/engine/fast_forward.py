@@ -75,7 +75,7 @@ def run_plain_decodes(scheduler: Scheduler, kv: KVCacheManager, runner: Runner, 
 
 def can_run_plain_decodes(scheduler: Scheduler, kv, runner: Runner) -> bool:
     """Whether every running sequence is a plain decode of a predictable runner's token (and can be a lane)."""
-    if not getattr(runner, "predictable_steps", False) or type(kv) is not KVCacheManager:
+    if not getattr(runner, "predictable_steps", False) or type(kv) is not KVCacheManager or not kv.unitary:
         return False
     if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
         return False  # nothing to run, or the budget would leave some sequences out of a step

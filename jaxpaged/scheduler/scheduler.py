@@ -32,7 +32,6 @@ from typing import Callable
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.logit_controls import RowControls
-from jaxpaged.mathutils import cdiv
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
@@ -247,9 +246,7 @@ class Scheduler:
             if seq.status is SeqStatus.RUNNING:
                 self.running.remove(seq)
                 if self.config.preemption_mode == "swap":
-                    num_blocks = cdiv(seq.num_computed_tokens, self.kv.block_size)
-                    self.tiers.swap_out(seq.seq_id, self.kv.block_table(seq.seq_id)[:num_blocks],
-                                        seq.num_computed_tokens)
+                    self.tiers.swap_out(seq.seq_id, seq.num_computed_tokens)
                 self._free_blocks(seq)
                 seq.num_computed_tokens = 0
                 seq.status = SeqStatus.WAITING
