@@ -54,12 +54,11 @@ from jaxpaged.cache.hashing import chain_block_hashes, digest_fn, next_block_has
 from jaxpaged.cache.in_flight import InFlightHashes
 from jaxpaged.cache.invariants import check_manager
 from jaxpaged.cache.kv_cache_coordinator import FROM_TIER, KVCacheCoordinator, MatchExtension
-from jaxpaged.cache.kv_groups import NULL_BLOCK, KVCacheLayout, kv_cache_layout
+from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, KVCacheLayout, interleave_tables, kv_cache_layout
 from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
 from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, PrefixMatch, SequenceState
 from jaxpaged.mathutils import cdiv
 
-PAD_BLOCK = 0  # what a null entry reads as in the flat table the runner gets
 _ONE_FULL_GROUP = kv_cache_layout((None,))  # a plain model: one full-attention group
 
 
@@ -111,47 +110,6 @@ class KVCacheManager(ManagerQueries):
 
     # ----------------------------------------------------------------- queries
 
-    @property
-    def eviction_policy(self) -> str:
-        """The name of the policy choosing among cached blocks at ref count 0."""
-        return self._pool.policy.name
-
-    @property
-    def unitary(self) -> bool:
-        """One full-attention KV cache group (a plain model): one table per sequence, keyed by the plain hashes."""
-        return self._unitary
-
-    @property
-    def num_slid_out_blocks(self) -> int:
-        """Block references sliding groups have dropped so far because they fell out of the window."""
-        return self._num_slid_out
-
-    def max_blocks_for(self, num_tokens: int) -> int:
-        """The most blocks (all groups) a sequence of ``num_tokens`` tokens holds at once."""
-        return self._coordinator.max_blocks_for(num_tokens)
-
-    def can_fit(self, num_tokens: int) -> bool:
-        """Whether a sequence of ``num_tokens`` tokens could ever fit the pool."""
-        return self._coordinator.max_blocks_for(num_tokens) <= self.num_blocks
-
-    def block_table(self, seq_id: Hashable) -> list[int]:
-        """The sequence's flat table: entry ``j * G + g`` is group ``g``'s ``j``-th block (slid out: 0)."""
-        tables = self._seq(seq_id).tables
-        return list(tables[0]) if self._unitary else _flat(tables, PAD_BLOCK)
-
-    def held_blocks(self, seq_id: Hashable) -> list[int]:
-        """The block ids the sequence holds, every group, slid-out entries left out."""
-        return [b for b in _flat(self._seq(seq_id).tables, NULL_BLOCK) if b != NULL_BLOCK]
-
-    def group_block_tables(self, seq_id: Hashable) -> list[list[int]]:
-        """A copy of each group's table (``NULL_BLOCK`` where a block slid out)."""
-        return [list(table) for table in self._seq(seq_id).tables]
-
-    def num_blocks_held(self, seq_id: Hashable) -> int:
-        """Blocks the sequence holds over all groups (no copy: cheap enough for every step)."""
-        seq = self._seq(seq_id)
-        return sum(len(table) - skipped for table, skipped in zip(seq.tables, seq.skipped))
-
     def _seq(self, seq_id: Hashable) -> SequenceState:
         seq = self._seqs.get(seq_id)
         if seq is None:
@@ -192,7 +150,7 @@ class KVCacheManager(ManagerQueries):
             flat = [block.block_id for block in matched]
         else:
             matched = [b for blocks in group_blocks for b in blocks if b is not None]
-            flat = _flat([[PAD_BLOCK if b is None else b.block_id for b in blocks] for blocks in group_blocks],
+            flat = interleave_tables([[PAD_BLOCK if b is None else b.block_id for b in blocks] for blocks in group_blocks],
                          PAD_BLOCK)
         return PrefixMatch(
             blocks=flat, num_cached_tokens=length * self.block_size, block_hashes=hashes,
@@ -419,7 +377,7 @@ class KVCacheManager(ManagerQueries):
                 self._sync_in_flight(seq)
         if self._unitary:
             return BlockTableUpdate(first_changed, tables[0][first_changed:], tuple(copies))
-        flat = _flat([table[first_changed:] for table in tables], PAD_BLOCK)
+        flat = interleave_tables([table[first_changed:] for table in tables], PAD_BLOCK)
         return BlockTableUpdate(first_changed * num_groups, flat, tuple(copies))
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
@@ -553,7 +511,7 @@ class KVCacheManager(ManagerQueries):
         if self._unitary:
             self._pool.release([blocks[b] for b in reversed(seq.tables[0])])
         else:
-            self._pool.release([blocks[b] for b in reversed(_flat(seq.tables, NULL_BLOCK)) if b != NULL_BLOCK])
+            self._pool.release([blocks[b] for b in reversed(interleave_tables(seq.tables, NULL_BLOCK)) if b != NULL_BLOCK])
 
     def cache_restored_blocks(self, entries: Sequence[tuple[bytes, bytes | None, tuple[int, ...], tuple]]
                               ) -> list[int | None]:
@@ -636,7 +594,3 @@ class KVCacheManager(ManagerQueries):
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""
         check_manager(self)
 
-
-def _flat(tables: Sequence[Sequence[int]], null: int) -> list[int]:
-    """Interleave per-group tables of equal length: entry ``j * G + g`` is ``tables[g][j]``."""
-    return [null if b == NULL_BLOCK else b for column in zip(*tables) for b in column]

@@ -19,6 +19,7 @@ takes its unitary path (the plain chained hashes as keys, one table).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from jaxpaged.mathutils import cdiv
 
@@ -98,6 +99,13 @@ def blocks_for_context(window: int | None, context_len: int, block_size: int) ->
 
 
 NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the window
+PAD_BLOCK = 0  # what a null entry reads as in the flat table the runner gets
+
+
+def interleave_tables(tables: Sequence[Sequence[int]], null: int) -> list[int]:
+    """One flat table from per-group tables of equal length: entry ``j * G + g`` is ``tables[g][j]``
+    (``null`` where it is ``NULL_BLOCK``)."""
+    return [null if b == NULL_BLOCK else b for column in zip(*tables) for b in column]
 
 
 def group_key(block_hash: bytes, group: int) -> bytes:
