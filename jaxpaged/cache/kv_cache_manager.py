@@ -98,6 +98,7 @@ class KVCacheManager(ManagerQueries):
         self.max_chunk_tokens = max_chunk_tokens
         self._coordinator = KVCacheCoordinator(self.layout, block_size, max_chunk_tokens)
         self._unitary = self._coordinator.unitary
+        self._sliding = self._coordinator.sliding
         self._hash_next_block = next_block_hasher(block_size, hash_algo)
         self._pool = BlockPool(num_blocks, eviction_policy=eviction_policy, clock=clock)
         self._seqs: dict[Hashable, SequenceState] = {}
@@ -150,8 +151,8 @@ class KVCacheManager(ManagerQueries):
             flat = [block.block_id for block in matched]
         else:
             matched = [b for blocks in group_blocks for b in blocks if b is not None]
-            flat = interleave_tables([[PAD_BLOCK if b is None else b.block_id for b in blocks] for blocks in group_blocks],
-                         PAD_BLOCK)
+            ids = [[PAD_BLOCK if b is None else b.block_id for b in blocks] for blocks in group_blocks]
+            flat = interleave_tables(ids, PAD_BLOCK)
         return PrefixMatch(
             blocks=flat, num_cached_tokens=length * self.block_size, block_hashes=hashes,
             num_pending_tokens=num_pending * self.block_size, num_tokens=num_tokens,
@@ -219,24 +220,29 @@ class KVCacheManager(ManagerQueries):
         request_keys = request_extra_keys(cache_salt, extra_keys)
         if match is not None:
             self._check_match(match, num_tokens, request_keys)
-        if match is None or not match.group_blocks:
-            match = self._no_match(token_ids, request_keys)
-        num_cached = match.num_cached_tokens
+        if match is None or not match.group_blocks:  # no lookup: every block is fresh
+            match = None
+            hashes = []
+            if self.enable_prefix_caching:
+                hashes = chain_block_hashes(None, token_ids, self.block_size, request_keys, self.hash_algo)
+            num_cached = num_known = num_extended = 0
+            matched = ()
+        else:
+            hashes = list(match.block_hashes)
+            num_cached, num_known = match.num_cached_tokens, len(match.group_blocks[0])
+            num_extended, matched = match.num_extended_tokens, match.matched
         if not 0 <= num_new_tokens <= num_tokens - num_cached:
             raise ValueError(f"num_new_tokens must be in [0, {num_tokens - num_cached}] "
                              f"({num_tokens} tokens, {num_cached} cached), got {num_new_tokens}")
-        bs, num_groups = self.block_size, self.num_groups
+        bs = self.block_size
         num_matched = num_cached // bs
-        num_known = len(match.group_blocks[0])  # past num_matched: positions an extension filled
         total = cdiv(num_cached + num_new_tokens, bs)
-        if total < num_known:
+        if total < num_known:  # past num_matched: positions an extension filled
             raise ValueError(f"num_new_tokens ({num_new_tokens}) must cover the {num_known - num_matched} "
                              "blocks the lower tier restores")
-        num_restored = 0
-        if match.num_extended_tokens:
-            num_restored = sum(1 for blocks in match.group_blocks for b in blocks if b is FROM_TIER)
-        num_fresh = (total - num_known) * num_groups + num_restored
-        matched = match.matched
+        num_fresh = (total - num_known) * self.num_groups
+        if num_extended:
+            num_fresh += sum(1 for blocks in match.group_blocks for b in blocks if b is FROM_TIER)
         # Reviving a cached free block takes it out of the free count too. Most of
         # the time the worst case (every match revived) fits and counting is skipped.
         if num_fresh > self._pool.num_free - len(matched):
@@ -244,40 +250,43 @@ class KVCacheManager(ManagerQueries):
             if num_fresh > self._pool.num_free - num_revived:
                 return False
         self._pool.take(matched)  # first, so allocating can't evict them
-        fresh = self._pool.allocate(num_fresh)
-        if self._unitary and not match.num_extended_tokens:  # matched blocks, then fresh ones
-            tables = [match.blocks + [block.block_id for block in fresh]]
-            skipped = [0]
-        else:
-            fresh_ids = iter([block.block_id for block in fresh])
-            tables, skipped = [], []
-            for blocks in match.group_blocks:
-                table = [NULL_BLOCK if b is None else next(fresh_ids) if b is FROM_TIER else b.block_id
-                         for b in blocks]
-                table += [next(fresh_ids) for _ in range(total - num_known)]
-                tables.append(table)
-                skipped.append(sum(1 for b in blocks if b is None))
+        fresh = [block.block_id for block in self._pool.allocate(num_fresh)]
+        tables, skipped = self._admitted_tables(match, fresh, total - num_known)
         seq = SequenceState(
             tables=tables, skipped=skipped, num_computed=num_cached, num_cached_tokens=num_cached,
-            block_hashes=list(match.block_hashes), num_hashed_blocks=num_matched,
+            block_hashes=hashes, num_hashed_blocks=num_matched,
             request_keys=request_keys, pending=(num_matched, num_matched))
         self._seqs[seq_id] = seq
         if num_known > num_matched:  # restored (their K/V land before the step) and device-adopted blocks
-            seq.num_computed = match.num_extended_tokens
+            seq.num_computed = num_extended
             if self.enable_prefix_caching:
-                self._publish_full_blocks(seq, token_ids, seq.num_computed // bs)
+                self._publish_full_blocks(seq, token_ids, num_extended // bs)
         self._sync_in_flight(seq)
         if self.enable_prefix_caching and count_query:
             self._queries_tokens += num_tokens
             self._hits_tokens += num_cached
         return True
 
-    def _no_match(self, token_ids: Sequence[int], request_keys: tuple) -> PrefixMatch:
-        hashes = []
-        if self.enable_prefix_caching:
-            hashes = chain_block_hashes(None, token_ids, self.block_size, request_keys, self.hash_algo)
-        return PrefixMatch([], 0, hashes, num_tokens=len(token_ids), request_keys=request_keys,
-                           group_blocks=[[] for _ in range(self.num_groups)])
+    def _admitted_tables(self, match: PrefixMatch | None, fresh: list[int],
+                         num_after: int) -> tuple[list[list[int]], list[int]]:
+        """A new sequence's tables and null-run lengths: each group's matched entries (``FROM_TIER`` ones
+        take fresh blocks), then ``num_after`` fresh blocks; ``fresh`` is used group after group."""
+        num_groups = self.num_groups
+        if match is None:
+            if num_groups == 1:
+                return [fresh], [0]
+            return [fresh[g * num_after:(g + 1) * num_after] for g in range(num_groups)], [0] * num_groups
+        if self._unitary and not match.num_extended_tokens:  # matched blocks, then fresh ones
+            return [match.blocks + fresh], [0]
+        fresh_ids = iter(fresh)
+        tables, skipped = [], []
+        for blocks in match.group_blocks:
+            table = [NULL_BLOCK if b is None else next(fresh_ids) if b is FROM_TIER else b.block_id
+                     for b in blocks]
+            table += [next(fresh_ids) for _ in range(num_after)]
+            tables.append(table)
+            skipped.append(sum(1 for b in blocks if b is None))
+        return tables, skipped
 
     def _check_match(self, match: PrefixMatch, num_tokens: int, request_keys: tuple) -> None:
         if match.num_tokens != num_tokens or match.request_keys != request_keys:
@@ -298,7 +307,7 @@ class KVCacheManager(ManagerQueries):
     def _slide(self, seq: SequenceState) -> None:
         """Drops each sliding group's references to blocks no future query of the sequence can see."""
         blocks = self._pool.blocks
-        for manager in self._coordinator.sliding:
+        for manager in self._sliding:
             g = manager.group
             first = manager.first_needed(seq.num_computed)
             old = seq.skipped[g]
@@ -335,7 +344,7 @@ class KVCacheManager(ManagerQueries):
         length = len(tables[0])
         if num_new_tokens < 0 or not seq.num_computed <= start <= length * bs:
             raise growth_error(seq_id, num_new_tokens, start, seq.num_computed, length * bs)
-        if self._coordinator.sliding:
+        if self._sliding:
             self._slide(seq)
         end = start + num_new_tokens
         num_fresh = cdiv(end, bs) - length if end > length * bs else 0
@@ -347,24 +356,20 @@ class KVCacheManager(ManagerQueries):
             # Only a partly written block can be shared and written: fork shares
             # blocks that hold computed tokens, and full blocks are never written.
             index = start // bs
-            cow_groups = [g for g, table in enumerate(tables) if blocks[table[index]].ref_count > 1]
+            if self._unitary:
+                cow_groups = (0,) if blocks[tables[0][index]].ref_count > 1 else ()
+            else:
+                cow_groups = [g for g, table in enumerate(tables) if blocks[table[index]].ref_count > 1]
         if num_fresh <= 0 and not cow_groups:
             return NO_CHANGE  # the common decode step: room left in the last block
         num_fresh = max(num_fresh, 0)
         num_groups = self.num_groups
         if num_fresh * num_groups + len(cow_groups) > self._pool.num_free:
             return None
-        first_changed = length
-        copies = []
-        for g in cow_groups:
-            index = start // bs
-            shared = blocks[tables[g][index]]
-            (private,) = self._pool.allocate(1)
-            self._pool.release([shared])
-            tables[g][index] = private.block_id
-            copies.append((shared.block_id, private.block_id))
-            first_changed = index
-        self._cow_copies += len(copies)
+        first_changed, copies = length, ()
+        if cow_groups:
+            first_changed = start // bs
+            copies = self._copy_on_write(tables, cow_groups, first_changed)
         if num_fresh:
             fresh = self._pool.allocate(num_fresh * num_groups)
             if num_groups == 1:
@@ -376,9 +381,23 @@ class KVCacheManager(ManagerQueries):
             if len(seq.block_hashes) > length:  # prompt blocks with known hashes just got slots
                 self._sync_in_flight(seq)
         if self._unitary:
-            return BlockTableUpdate(first_changed, tables[0][first_changed:], tuple(copies))
+            return BlockTableUpdate(first_changed, tables[0][first_changed:], copies)
         flat = interleave_tables([table[first_changed:] for table in tables], PAD_BLOCK)
-        return BlockTableUpdate(first_changed * num_groups, flat, tuple(copies))
+        return BlockTableUpdate(first_changed * num_groups, flat, copies)
+
+    def _copy_on_write(self, tables: list[list[int]], groups: Sequence[int],
+                       index: int) -> tuple[tuple[int, int], ...]:
+        """Replaces block ``index`` of each of these groups' tables (shared, about to be written) by a private
+        block; returns the ``(src, dst)`` copies the device makes before the step."""
+        blocks, copies = self._pool.blocks, []
+        for g in groups:
+            shared = blocks[tables[g][index]]
+            (private,) = self._pool.allocate(1)
+            self._pool.release([shared])
+            tables[g][index] = private.block_id
+            copies.append((shared.block_id, private.block_id))
+        self._cow_copies += len(copies)
+        return tuple(copies)
 
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Records that the first ``num_computed_tokens`` of ``token_ids`` now have K/V in every group.
@@ -394,21 +413,24 @@ class KVCacheManager(ManagerQueries):
         """
         seq = self._seqs.get(seq_id) or self._seq(seq_id)  # once per sequence per step: no extra call
         old, new = seq.num_computed, num_computed_tokens
-        bs, length = self.block_size, len(seq.tables[0])
-        if not old <= new <= len(token_ids) or new > length * bs:
-            limit = min(len(token_ids), length * bs)
+        bs, tables = self.block_size, seq.tables
+        table = tables[0]
+        if not old <= new <= len(token_ids) or new > len(table) * bs:
+            limit = min(len(token_ids), len(table) * bs)
             per_group = " per group" if self.num_groups > 1 else ""
             raise ValueError(
                 f"num_computed_tokens for {seq_id!r} must be in [{old}, {limit}] "
-                f"({len(token_ids)} tokens, {length} blocks{per_group} allocated), got {new}")
+                f"({len(token_ids)} tokens, {len(table)} blocks{per_group} allocated), got {new}")
         if new > old:
             blocks = self._pool.blocks
-            for table in seq.tables:
-                for index in range(old // bs, (new - 1) // bs + 1):
-                    if blocks[table[index]].ref_count > 1:
-                        raise ValueError(
-                            f"sequence {seq_id!r} wrote into shared block {table[index]}; "
-                            "call allocate_slots before the step so it is copied on write")
+            for index in range(old // bs, (new - 1) // bs + 1):
+                if blocks[table[index]].ref_count > 1:
+                    raise _shared_write_error(seq_id, table[index])
+            if len(tables) > 1:  # the other groups' blocks too (a slid-out block is never written)
+                for table in tables[1:]:
+                    for index in range(old // bs, (new - 1) // bs + 1):
+                        if blocks[table[index]].ref_count > 1:
+                            raise _shared_write_error(seq_id, table[index])
         seq.num_computed = new
         if self.enable_prefix_caching and new // bs > seq.num_hashed_blocks:
             self._publish_full_blocks(seq, token_ids, new // bs)
@@ -439,12 +461,13 @@ class KVCacheManager(ManagerQueries):
         """``_publish_full_blocks``' caching loop over every group, recording (when events are on) one
         ``BlockStored`` per run of group 0's stored blocks.
 
-        A group-0 block whose hash was cached already (or slid out) stays
-        private and breaks the run; other groups' keys make no event.
+        Group 0 keys by the plain hash. A group-0 block whose hash was cached
+        already (or slid out) stays private and breaks the run; other groups'
+        keys make no event.
         """
         bs, hashes, log = self.block_size, seq.block_hashes, self._pool.events
-        blocks, cache_block = self._pool.blocks, self._pool.cache_block
-        keyed = [(manager.key, table) for manager, table in zip(self._coordinator.managers, seq.tables)]
+        blocks, cache_block, table = self._pool.blocks, self._pool.cache_block, seq.tables[0]
+        others = list(zip(self._coordinator.managers[1:], seq.tables[1:]))
         run: list[int] = []
 
         def flush() -> None:
@@ -459,14 +482,17 @@ class KVCacheManager(ManagerQueries):
             block_tokens = tuple(token_ids[index * bs : (index + 1) * bs])
             parent = hashes[index - 1] if index else None
             keys = seq.request_keys if index == 0 else ()
-            for g, (key, table) in enumerate(keyed):
-                stored = table[index] != NULL_BLOCK and cache_block(
-                    blocks[table[index]], key(hashes[index]), parent, block_tokens, keys)
-                if g == 0 and log is not None:
-                    if stored:
-                        run.append(index)
-                    else:
-                        flush()
+            stored = table[index] != NULL_BLOCK and cache_block(
+                blocks[table[index]], hashes[index], parent, block_tokens, keys)
+            for manager, other in others:
+                if other[index] != NULL_BLOCK:
+                    cache_block(blocks[other[index]], manager.key(hashes[index]), parent, block_tokens, keys)
+            if log is None:
+                continue
+            if stored:
+                run.append(index)
+            else:
+                flush()
         if log is not None:
             flush()
 
@@ -511,7 +537,8 @@ class KVCacheManager(ManagerQueries):
         if self._unitary:
             self._pool.release([blocks[b] for b in reversed(seq.tables[0])])
         else:
-            self._pool.release([blocks[b] for b in reversed(interleave_tables(seq.tables, NULL_BLOCK)) if b != NULL_BLOCK])
+            held = interleave_tables(seq.tables, NULL_BLOCK)
+            self._pool.release([blocks[b] for b in reversed(held) if b != NULL_BLOCK])
 
     def cache_restored_blocks(self, entries: Sequence[tuple[bytes, bytes | None, tuple[int, ...], tuple]]
                               ) -> list[int | None]:
@@ -594,3 +621,8 @@ class KVCacheManager(ManagerQueries):
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""
         check_manager(self)
 
+
+def _shared_write_error(seq_id: Hashable, block_id: int) -> ValueError:
+    """The error of a commit that wrote into a block still shared with another sequence."""
+    return ValueError(f"sequence {seq_id!r} wrote into shared block {block_id}; "
+                      "call allocate_slots before the step so it is copied on write")

@@ -18,6 +18,7 @@ from jaxpaged.cache.events import KVEvent, KVEventLog
 from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, interleave_tables
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
 from jaxpaged.cache.residency import ResidencyTracker
+from jaxpaged.mathutils import cdiv
 
 
 class ManagerQueries:
@@ -44,6 +45,8 @@ class ManagerQueries:
 
     def can_fit(self, num_tokens: int) -> bool:
         """Whether a sequence of ``num_tokens`` tokens could ever fit the pool."""
+        if self._unitary:
+            return cdiv(num_tokens, self.block_size) <= self.num_blocks
         return self._coordinator.max_blocks_for(num_tokens) <= self.num_blocks
 
     def block_table(self, seq_id: Hashable) -> list[int]:
