@@ -88,9 +88,10 @@ class KVCacheCoordinator:
         ``get`` looks a key up in the device prefix cache. A group's list holds
         None where it needs no block (before a sliding window).
         """
+        if self.unitary:  # the run of leading cached blocks
+            hits = self.managers[0].lookup(get, hashes, max_blocks)
+            return len(hits), [hits]
         hits = [m.lookup(get, hashes, max_blocks) for m in self.managers]
-        if self.unitary:
-            return len(hits[0]), hits
         length = self.longest_hit(hits, max_blocks)
         return length, self._window_of(hits, length)
 

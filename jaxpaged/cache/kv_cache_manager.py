@@ -341,25 +341,26 @@ class KVCacheManager(ManagerQueries):
         """
         seq = self._seqs.get(seq_id) or self._seq(seq_id)  # once per sequence per step: no extra call
         start, bs, tables = num_computed_tokens, self.block_size, seq.tables
-        length = len(tables[0])
+        table = tables[0]
+        length = len(table)
         if num_new_tokens < 0 or not seq.num_computed <= start <= length * bs:
             raise growth_error(seq_id, num_new_tokens, start, seq.num_computed, length * bs)
-        if self._sliding:
-            self._slide(seq)
         end = start + num_new_tokens
         num_fresh = cdiv(end, bs) - length if end > length * bs else 0
+        # Only a partly written block can be shared and written: fork shares
+        # blocks that hold computed tokens, and full blocks are never written.
+        writes_partial_block = num_new_tokens > 0 and start % bs
+        blocks = self._pool.blocks
+        if self._unitary:
+            cow_groups = (0,) if writes_partial_block and blocks[table[start // bs]].ref_count > 1 else ()
+        else:
+            if self._sliding:
+                self._slide(seq)
+            index = start // bs
+            cow_groups = [g for g, t in enumerate(tables)
+                          if writes_partial_block and blocks[t[index]].ref_count > 1]
         if num_fresh > 0:
             self._check_fits(end, f"sequence {seq_id!r} grown")
-        blocks = self._pool.blocks
-        cow_groups = ()
-        if num_new_tokens > 0 and start % bs:
-            # Only a partly written block can be shared and written: fork shares
-            # blocks that hold computed tokens, and full blocks are never written.
-            index = start // bs
-            if self._unitary:
-                cow_groups = (0,) if blocks[tables[0][index]].ref_count > 1 else ()
-            else:
-                cow_groups = [g for g, table in enumerate(tables) if blocks[table[index]].ref_count > 1]
         if num_fresh <= 0 and not cow_groups:
             return NO_CHANGE  # the common decode step: room left in the last block
         num_fresh = max(num_fresh, 0)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from jaxpaged.cache.block_pool import KVBlock
 
 
-@dataclass
+@dataclass(slots=True)
 class PrefixMatch:
     """Result of :meth:`KVCacheManager.match_prefix`; pass it to ``allocate_new``.
 
@@ -91,7 +91,7 @@ class BlockTableUpdate(NamedTuple):
 NO_CHANGE = BlockTableUpdate(0, ())
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceState:
     """What the manager knows about one live sequence.
 
