@@ -23,7 +23,7 @@ import numpy as np
 from jaxpaged import compile_cache
 from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
-from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.cache.kv_groups import KVCacheLayout, kv_cache_layout
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
@@ -91,7 +91,8 @@ class EngineBuilder:
         self._check_runner(runner)
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
-        self.kv: KVManager = self._make_kv_manager()
+        layout = kv_cache_layout(self.model_config.layer_windows)
+        self.kv: KVManager = self._make_kv_manager(layout)
         tiers = build_tiers(config, self.kv, runner)
         scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode),
@@ -99,7 +100,8 @@ class EngineBuilder:
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,
-            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None),
+            # KV cache groups: a sliding group's blocks slide out, so none are counted as shared between forks
+            blocks_for_tokens=self.kv.max_blocks_for if layout.is_hybrid and config.kv_layout == "paged" else None,
             computes_logits=getattr(runner, "computes_logits", True))
         parts = EngineParts(
             config=config, clock=self.clock, model_config=self.model_config, num_blocks=self.num_blocks,
@@ -128,8 +130,7 @@ class EngineBuilder:
             raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
-    def _make_kv_manager(self) -> KVManager:
-        layout = kv_cache_layout(self.model_config.layer_windows)
+    def _make_kv_manager(self, layout: KVCacheLayout) -> KVManager:
         if self.config.kv_layout == "contiguous":  # the all-layers-full baseline, one region per group
             from jaxpaged.cache.contiguous import ContiguousKVCacheManager
             region_len = (self.num_blocks // layout.num_groups) * self.block_size
