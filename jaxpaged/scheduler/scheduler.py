@@ -459,7 +459,7 @@ class Scheduler:
             request.peak_blocks_shared = max(request.peak_blocks_shared, held)
             request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
             return
-        held = getattr(kv, "held_blocks", kv.block_table)  # KV cache groups: slid-out entries are not held
+        held = kv.held_blocks  # KV cache groups: slid-out entries are not held
         tables = [held(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
