@@ -228,10 +228,11 @@ class Engine(EngineQueries):
     def _overlapped_step(self) -> list[Request]:
         """Dispatch this step before reading the previous one's tokens: the requests that step advanced.
 
-        Beam search needs each step's tokens before the next is scheduled, so
-        while a beam request is live the step in flight is finished first.
+        Beam search needs each step's tokens before the next is scheduled, and
+        so does a grammar (its mask follows from the last token): while such a
+        request is live the step in flight is finished first.
         """
-        if self.scheduler.num_beam_requests:
+        if self.scheduler.num_beam_requests or self.scheduler.num_grammar_requests:
             return self._finish_in_flight() + self._sync_step()
         with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()

@@ -48,6 +48,7 @@ from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_c
 from jaxpaged.sampling import SamplingBatch, sample
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.structured.bitmask import TokenMasks, apply_token_bitmask, empty_token_masks
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class DeviceStepInput(NamedTuple):
     sampling: SamplingBatch
     sample_rows: jax.Array
     controls: LogitControls
+    token_masks: TokenMasks
     prompt_logprob_rows: jax.Array
     prompt_logprob_targets: jax.Array
 
@@ -224,6 +226,9 @@ class ModelRunner:
         if inputs.controls.bias_rows.shape[0] or inputs.controls.penalty_rows.shape[0]:
             processed = apply_logit_controls(logits.astype(jnp.float32), inputs.controls,
                                              token_ids[inputs.logits_indices])
+        if inputs.token_masks.rows.shape[0]:  # structured output: only the constrained rows are touched
+            processed = apply_token_bitmask(logits.astype(jnp.float32) if processed is None else processed,
+                                            inputs.token_masks)
         tokens, logprobs = sample(logits, inputs.sampling, processed)
         keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
         last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
@@ -296,9 +301,11 @@ class ModelRunner:
             attention=AttentionBatch(step.slot_mapping, step.block_tables, step.context_lens,
                                      step.query_start, step.query_lens),
             logits_indices=step.logits_indices,
-            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters),
+            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters,
+                                   step.min_p),
             sample_rows=step.sample_rows,
             controls=step.logit_controls if step.logit_controls is not None else empty_controls(),
+            token_masks=step.token_masks if step.token_masks is not None else empty_token_masks(),
             prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
             prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
         )

@@ -1,0 +1,141 @@
+"""Constraints compiled for a sequence: an llguidance matcher plus a static allowed-token mask.
+
+`compile_constraint` turns a request's `structured_outputs` and
+`allowed_token_ids` into a `SequenceConstraint` (ValueError naming the problem
+when the schema, regex or grammar does not compile). The scheduler feeds it
+every token it appends to the sequence (`accept`), and the host fills the
+sequence's packed bitmask row before a step samples (`fill_bitmask`). Tokens
+only ever enter through `accept`, so a prefix-cache hit, a preemption
+(recompute keeps the tokens) or a dropped surplus token changes nothing;
+`rollback` undoes accepted tokens (rejected speculative tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+
+from jaxpaged.structured.params import StructuredOutputsParams
+from jaxpaged.structured.tokenizer_bridge import ll_tokenizer
+
+logger = logging.getLogger(__name__)
+
+BITS = 32  # tokens per packed bitmask word
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """int32 words per bitmask row: ceil(vocab / 32)."""
+    return (vocab_size + BITS - 1) // BITS
+
+
+def pack_token_ids(token_ids, vocab_size: int) -> np.ndarray:
+    """The packed `[ceil(vocab / 32)]` int32 row with exactly `token_ids`' bits set."""
+    bits = np.zeros(bitmask_width(vocab_size) * BITS, bool)
+    bits[list(token_ids)] = True
+    return np.packbits(bits.reshape(-1, BITS)[:, ::-1], axis=1).view(">u4").astype(np.uint32).view(np.int32)[:, 0]
+
+
+def grammar_text(params: StructuredOutputsParams) -> str:
+    """llguidance's grammar for the constraint (not yet checked: the matcher compiles it)."""
+    import llguidance
+
+    options = {"whitespace_flexible": not params.disable_any_whitespace}
+    if params.kind == "json":
+        schema = params.json
+        if params.disable_additional_properties and isinstance(schema, dict):
+            schema = _closed_objects(schema)
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
+    if params.kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)
+    if params.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(params.regex)
+    if params.kind == "choice":
+        return llguidance.grammar_from("choice", list(params.choice))
+    try:
+        return llguidance.grammar_from("grammar", params.grammar)  # Lark, or GBNF converted to Lark
+    except ValueError as err:
+        raise ValueError(f"structured_outputs.grammar does not compile: {err}") from None
+
+
+def _closed_objects(schema):
+    """The schema with `additionalProperties: false` on every object schema that does not say otherwise."""
+    if isinstance(schema, list):
+        return [_closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed_objects(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+class SequenceConstraint:
+    """One sequence's constraint: a matcher (None: `allowed_token_ids` only) and a static mask (None: none)."""
+
+    def __init__(self, matcher, allowed: np.ndarray | None, width: int):
+        self.matcher = matcher
+        self.allowed = allowed
+        self.width = width  # int32 words per mask row
+
+    def accept(self, token: int) -> bool:
+        """Advance past a sampled token; False if the grammar rejects it (the matcher is then in error)."""
+        if self.matcher is None:
+            return True
+        ok = self.matcher.consume_token(token)
+        if not ok:
+            logger.warning("structured output: token %d rejected: %s", token, self.matcher.get_error())
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        if self.matcher is not None and num_tokens:
+            self.matcher.rollback(num_tokens)
+
+    @property
+    def is_terminated(self) -> bool:
+        """Whether the grammar is finished and admits no more tokens (EOS aside)."""
+        return self.matcher is not None and self.matcher.is_stopped()
+
+    def fill_bitmask(self, row: np.ndarray) -> None:
+        """Write the tokens allowed next into the packed int32 `row` (contiguous, `[ceil(vocab / 32)]`)."""
+        if self.matcher is not None:
+            self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if self.allowed is not None:
+                row &= self.allowed
+        else:
+            row[:] = self.allowed
+
+    def fork(self) -> "SequenceConstraint":
+        """An independent copy at the same state (a forked sequence of n > 1)."""
+        return SequenceConstraint(None if self.matcher is None else self.matcher.deep_copy(), self.allowed,
+                                  self.width)
+
+
+def compile_constraint(structured: StructuredOutputsParams | None, allowed_token_ids, tokenizer,
+                       vocab_size: int) -> SequenceConstraint | None:
+    """The sequence constraint for a request (None without one); ValueError naming what does not compile."""
+    if structured is None and allowed_token_ids is None:
+        return None
+    allowed = None
+    if allowed_token_ids is not None:
+        bad = [t for t in allowed_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"allowed_token_ids entry {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        allowed = pack_token_ids(allowed_token_ids, vocab_size)
+    matcher = None
+    if structured is not None:
+        import llguidance
+
+        grammar = grammar_text(structured)
+        matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer, vocab_size), grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs.{structured.kind} does not compile: "
+                             f"{_first_line(matcher.get_error())}")
+    return SequenceConstraint(matcher, allowed, bitmask_width(vocab_size))
+
+
+def _first_line(message: str) -> str:
+    lines = [line for line in message.strip().splitlines() if line.strip()]
+    return " ".join(lines[:3])[:500] if lines else "unknown error"
