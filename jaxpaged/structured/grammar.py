@@ -137,5 +137,6 @@ def compile_constraint(structured: StructuredOutputsParams | None, allowed_token
 
 
 def _first_line(message: str) -> str:
-    lines = [line for line in message.strip().splitlines() if line.strip()]
-    return " ".join(lines[:3])[:500] if lines else "unknown error"
+    """The compiler's message on one line, at most 500 characters."""
+    text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+    return text[:500] or "unknown error"

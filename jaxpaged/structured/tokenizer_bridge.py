@@ -49,8 +49,8 @@ def _build(tokenizer, vocab_size: int):
         wrapper = _Wrapper(tokens, special, tokenizer, lambda data: list(data))
     elif isinstance(tokenizer, SentencePieceTokenizer):
         tokens, special = _sentencepiece_tokens(tokenizer._sp, vocab_size)
-        wrapper = _Wrapper(tokens, special, tokenizer,
-                           lambda data: tokenizer._sp.encode(data.decode("utf-8", errors="replace")))
+        # not sentencepiece's own encoder: it adds a leading space ("dummy prefix") that the bytes lack
+        wrapper = _Wrapper(tokens, special, tokenizer, _GreedyEncoder(tokens, special))
     elif isinstance(tokenizer, IdsOnlyTokenizer):
         raise ValueError("structured output needs a tokenizer: this model has none "
                          "(no tokenizer.json or tokenizer.model)")
@@ -71,6 +71,31 @@ class _Wrapper:
 
     def __call__(self, data: bytes) -> list[int]:
         return self._encode(data)
+
+
+class _GreedyEncoder:
+    """Bytes to token ids, longest known token first: llguidance tokenizes forced text (e.g. `{"`) with it."""
+
+    def __init__(self, tokens: list[bytes], special: list[int]):
+        skip = set(special)
+        self._ids = {}
+        for i, t in enumerate(tokens):
+            if t and i not in skip:
+                self._ids.setdefault(t, i)
+        self._longest = max(map(len, self._ids), default=1)
+
+    def __call__(self, data: bytes) -> list[int]:
+        out, at = [], 0
+        while at < len(data):
+            for end in range(min(len(data), at + self._longest), at, -1):
+                token = self._ids.get(data[at:end])
+                if token is not None:
+                    out.append(token)
+                    at = end
+                    break
+            else:
+                at += 1  # a byte no token holds (no byte fallback): llguidance never forces it
+        return out
 
 
 def _sentencepiece_tokens(sp, vocab_size: int) -> tuple[list[bytes], list[int]]:
