@@ -64,7 +64,7 @@ SCHEMAS = [
      "additionalProperties": False, "properties": {"p": I, "q": {"type": "boolean"}}},
 ]
 
-REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no|maybe)", r"[A-Z][a-z]{0,6}", r"\d+\.\d{2}", r"(ab|cd){1,3}e?",
+REGEXES = [r"[0-9]{3}-[0-9]{4}", r"(yes|no|maybe)", r"[A-Z][a-z]{0,6}", r"[0-9]{1,4}\.[0-9]{2}", r"(ab|cd){1,3}e?",
            r"[a-f0-9]{8}"]
 
 CHOICES = [["yes", "no"], ["alpha", "beta", "gamma"], ["ü", "ß", "世界"]]
