@@ -21,7 +21,7 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.structured import StructuredOutputsParams
 
-from structured_cases import CHOICES, REGEXES, SCHEMAS
+from tests.structured.structured_cases import CHOICES, REGEXES, SCHEMAS
 
 FORMATS = jsonschema.FormatChecker()
 MAX_TOKENS = 96

@@ -1,0 +1,114 @@
+"""Structured output over HTTP: one live server (engine core in its own process), the official `openai` client.
+
+Every constrained output is checked against an independent reference
+(jsonschema, `re.fullmatch`, pydantic through `beta.chat.completions.parse`).
+Constraints that do not compile, or two at once, are 400s in the OpenAI error
+shape before anything streams, and the next request is served.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.server.live_server import WAIT_S, serving
+from tests.structured.structured_cases import SCHEMAS
+
+MAX_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serving("--kv_budget_tokens=4096", "--max_model_len=512")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+
+
+class Pet(BaseModel):
+    kind: str = Field(pattern="^(cat|dog|fish)$")
+    legs: int = Field(ge=0, le=4)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+    pets: list[Pet] = Field(max_length=2)
+
+
+def test_beta_parse_with_a_pydantic_model(client):
+    for seed in range(3):
+        completion = client.beta.chat.completions.parse(
+            model="tiny", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            response_format=Person, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed,
+            )
+        message = completion.choices[0].message
+        assert completion.choices[0].finish_reason == "stop", message.content
+        assert isinstance(message.parsed, Person)
+        assert Person.model_validate_json(message.content) == message.parsed
+
+
+@pytest.mark.parametrize("field, value, check", [
+    ("guided_json", SCHEMAS[23], lambda text: jsonschema.validate(json.loads(text), SCHEMAS[23])),
+    ("guided_regex", r"[0-9]{3}-[a-z]{2}", lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2}", text) or 1 / 0),
+    ("guided_choice", ["left", "right"], lambda text: text in ("left", "right") or 1 / 0),
+    ("guided_grammar", 'root ::= "<" [xy]{1,4} ">"', lambda text: re.fullmatch(r"<[xy]{1,4}>", text) or 1 / 0),
+    ("structured_outputs", {"json": SCHEMAS[29], "disable_any_whitespace": True},
+     lambda text: jsonschema.validate(json.loads(text), SCHEMAS[29])),
+    ("response_format", {"type": "json_object"}, lambda text: json.loads(text).keys()),
+])
+def test_each_field_constrains_completions_streamed_and_not(client, field, value, check):
+    for stream in (False, True):
+        kwargs = dict(model="tiny", prompt="x", max_tokens=MAX_TOKENS, temperature=0.8, seed=5)
+        body = {field: value}
+        if field == "response_format":
+            # any JSON object: keys and strings are unbounded, so a random model is nudged to close them
+            bias = {str(ord(c)): 8 for c in '}"'}
+            response = client.chat.completions.create(messages=[{"role": "user", "content": "json"}],
+                                                      response_format=value, stream=stream, logit_bias=bias, **{
+                                                          k: v for k, v in kwargs.items() if k != "prompt"})
+            text = "".join(c.choices[0].delta.content or "" for c in response) if stream \
+                else response.choices[0].message.content
+        else:
+            response = client.completions.create(stream=stream, extra_body=body, **kwargs)
+            text = "".join(c.choices[0].text for c in response) if stream else response.choices[0].text
+        check(text)
+
+
+def test_min_p_and_allowed_token_ids(client):
+    allowed = [ord(c) for c in "ab"]
+    out = client.completions.create(model="tiny", prompt="x", max_tokens=12, temperature=1.0, seed=1,
+                                    extra_body={"allowed_token_ids": allowed, "min_p": 0.05, "ignore_eos": True})
+    assert set(out.choices[0].text) <= {"a", "b"} and len(out.choices[0].text) == 12
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"guided_regex": "(unclosed"}, "regex does not compile"),
+    ({"guided_json": {"type": "object", "properties": {"a": {"type": "wrong"}}}}, "json does not compile"),
+    ({"guided_grammar": "root ::= nowhere"}, "grammar does not compile"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "only one kind of structured output"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"structured_outputs": {"regex": "a", "backend": "x"}}, "unsupported field 'backend'"),
+    ({"guided_choice": []}, "at least one"),
+    ({"allowed_token_ids": [99999]}, "allowed_token_ids entry 99999"),
+    ({"min_p": 2}, "min_p"),
+])
+def test_bad_constraints_are_400s_before_anything_streams(server, body, message):
+    for stream in (False, True):
+        response = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 4,
+                                                                "stream": stream, **body}, timeout=WAIT_S)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == 400 and message in error["message"], error
+    ok = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "ok", "max_tokens": 2},
+                    timeout=WAIT_S)
+    assert ok.status_code == 200
