@@ -65,6 +65,9 @@ class SchedulerOutput:
     # their packed masks [C, ceil(vocab / 32)] int32; filled by `Scheduler.fill_token_masks`
     token_mask_indices: list[int] = dataclasses.field(default_factory=list)
     token_masks: np.ndarray | None = None
+    # the masks are filled after the previous step's tokens are read, while this step's forward pass runs
+    # (asynchronous scheduling with a grammar row): the runner dispatches the sampling half then
+    token_masks_deferred: bool = False
 
     @property
     def num_seqs(self) -> int:

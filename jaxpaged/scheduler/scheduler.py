@@ -69,6 +69,9 @@ class Scheduler:
         self.num_constrained_requests = 0  # unfinished requests with a token mask (structured output)
         # ... of which with a grammar: their mask depends on the last token, so steps are synchronous
         self.num_grammar_requests = 0
+        # asynchronous scheduling: a grammar row's mask waits for the previous step's tokens (the engine
+        # fills it while the step's forward pass runs); else masks are filled when the step is scheduled
+        self.defer_token_masks = False
         self.stats = SchedulerStats()
         self._freed: list[int] = []  # resident sequences that left the running set since the last schedule
         self._finished: list[Request] = []  # finished since the last take_finished_requests()
@@ -149,15 +152,19 @@ class Scheduler:
             self._admit_waiting(out, budget, now)
         self._finish_schedule(out)
         if self.num_constrained_requests:
-            self.fill_token_masks(out)
+            if self.defer_token_masks and self.num_grammar_requests and out.seqs:
+                out.token_masks_deferred = True
+            else:
+                self.fill_token_masks(out)
         return out
 
     def fill_token_masks(self, out: SchedulerOutput) -> None:
         """Fill the packed token masks of the step's constrained sequences that sample.
 
-        Every token of those sequences must be known to the host (the engine
-        steps synchronously while a grammar request is live), since a grammar's
-        mask follows from the tokens it accepted.
+        Every token of those sequences must be known to the host, since a
+        grammar's mask follows from the tokens it accepted: at schedule time
+        when steps are synchronous, else after the previous step's results
+        were applied (`token_masks_deferred`).
         """
         indices = [i for i, (seq, samples) in enumerate(zip(out.seqs, out.samples))
                    if samples and seq.constraint is not None]

@@ -188,3 +188,23 @@ def test_bad_constraints_are_value_errors_and_change_nothing():
         SamplingParams(beam_width=2, structured_outputs=StructuredOutputsParams(regex="a"))
     with pytest.raises(ValueError, match="min_p"):
         SamplingParams(min_p=1.5)
+
+
+def test_overlapped_steps_fill_masks_during_the_forward_pass_and_match_synchronous_steps():
+    """With a grammar row the overlapped engine dispatches the forward pass, applies the previous step's
+    tokens, fills the masks, then samples; outputs equal the synchronous engine's, seeded sampling included."""
+    params = [_json(s, 1.0, seed=i, disable_any_whitespace=True) for i, s in enumerate(SCHEMAS[:12])]
+    params += [SamplingParams(max_tokens=12, temperature=1.0, seed=2, ignore_eos=True)]  # unconstrained row
+    texts = {}
+    for overlapped in (False, True):
+        engine = Engine(EngineConfig(model="tiny", block_size=16, num_blocks=128, async_scheduling=overlapped))
+        forward_only = []
+        dispatch_forward = engine.runner.dispatch_forward
+        engine.runner.dispatch_forward = lambda *a, **k: forward_only.append(1) or dispatch_forward(*a, **k)
+        for i, p in enumerate(params):
+            engine.add_request(str(i), f"q{i}", p)
+        texts[overlapped] = {k: v.outputs[0].text for k, v in _drain(engine).items()}
+        assert bool(forward_only) == overlapped
+    assert texts[True] == texts[False]
+    for i, schema in enumerate(SCHEMAS[:12]):
+        _check_json(texts[True][str(i)], schema)
