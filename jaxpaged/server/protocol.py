@@ -65,8 +65,12 @@ class _SamplingFields(BaseModel):
     pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
 
     def sampling_params(self, *, default_max_tokens: int, logprobs: int | None,
-                        max_tokens: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
-        """The engine's SamplingParams (ValueError naming the field when a value is out of range or refused)."""
+                        max_tokens: int | None = None, prompt_logprobs: int | None = None,
+                        constraint=None) -> SamplingParams:
+        """The engine's SamplingParams (ValueError naming the field when a value is out of range or refused).
+
+        `constraint` (a tool choice's schema) replaces the request's own structured-output fields.
+        """
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if max_tokens is None:
             max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
@@ -79,7 +83,7 @@ class _SamplingFields(BaseModel):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias, min_tokens=self.min_tokens,
             bad_words=list(self.bad_words or []), min_p=self.min_p, allowed_token_ids=self.allowed_token_ids,
-            structured_outputs=self.structured_outputs_params(),
+            structured_outputs=constraint if constraint is not None else self.structured_outputs_params(),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
     def structured_outputs_params(self):
@@ -138,6 +142,9 @@ class ChatMessage(BaseModel):
 
     role: StrictStr
     content: StrictStr | list[dict] | None = None
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a `tool` message: the call it answers
+    name: StrictStr | None = None
 
     def text(self) -> str:
         """The message's text (the text parts of a list content)."""
@@ -161,6 +168,9 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None
+    parallel_tool_calls: StrictBool = True
 
     def logprobs_k(self) -> int | None:
         if not self.logprobs:

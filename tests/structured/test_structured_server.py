@@ -112,3 +112,77 @@ def test_bad_constraints_are_400s_before_anything_streams(server, body, message)
     ok = httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": "ok", "max_tokens": 2},
                     timeout=WAIT_S)
     assert ok.status_code == 200
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                     "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _check_calls(calls, allowed=("get_weather", "get_time")):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id and call.function.name in allowed
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_and_required_tool_choice_are_enforced(client, stream):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, parallel, reason in ((named, True, "stop"), ("required", False, "tool_calls"),
+                                     ("required", True, "tool_calls")):
+        kwargs = dict(model="tiny", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice,
+                      parallel_tool_calls=parallel, max_tokens=MAX_TOKENS, temperature=1.0, seed=3)
+        if stream:
+            with client.beta.chat.completions.stream(**kwargs) as events:
+                completion = events.get_final_completion()
+        else:
+            completion = client.chat.completions.create(**kwargs)
+        first = completion.choices[0]
+        assert first.finish_reason == reason
+        _check_calls(first.message.tool_calls, ("get_weather",) if choice is named else ("get_weather", "get_time"))
+        if not parallel:
+            assert len(first.message.tool_calls) == 1
+
+
+def test_auto_parses_hermes_calls_and_leaves_plain_text_as_content(client):
+    plain = client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=8,
+                                           temperature=0.0, extra_body={"guided_regex": "[a-z ]{1,8}"})
+    assert plain.choices[0].message.tool_calls == [] and plain.choices[0].message.content
+    assert plain.choices[0].finish_reason in ("stop", "length")
+    # a random model writes a call only when made to: the regex forces the Hermes format, auto parses it
+    forced = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,5}", "unit": "c"\}\}</tool_call>'
+    for stream in (False, True):
+        kwargs = dict(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=MAX_TOKENS,
+                      temperature=1.0, seed=1, extra_body={"guided_regex": forced})
+        if stream:
+            with client.beta.chat.completions.stream(**kwargs) as events:
+                completion = events.get_final_completion()
+        else:
+            completion = client.chat.completions.create(**kwargs)
+        assert completion.choices[0].finish_reason == "tool_calls"
+        _check_calls(completion.choices[0].message.tool_calls, ("get_weather",))
+        assert not completion.choices[0].message.content
+
+
+def test_the_openai_tool_calling_loop(client, server):
+    """Call, run the tool, send its result back as a `tool` message, get the answer."""
+    messages = list(ASK)
+    # one call: a greedy random model would otherwise keep appending calls up to max_tokens
+    first = client.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=MAX_TOKENS, temperature=0.0)
+    call = first.choices[0].message.tool_calls[0]
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"})
+    answer = client.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=8, temperature=0.0)
+    assert answer.choices[0].message.content is not None and not answer.choices[0].message.tool_calls
+    rendered = httpx.post(server + "/tokenize", json={"model": "tiny", "messages": messages}).json()
+    text = httpx.post(server + "/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
+    assert "<|tool|>\nsunny, 21 C\n" in text  # the tool's result went through the chat template

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.streams import close_streams
+from jaxpaged.server.tools import template_messages
 
 
 class ModelNotFound(Exception):
@@ -30,9 +31,9 @@ class ServerState:
         if name is not None and name != self.served_model_name:
             raise ModelNotFound(name)
 
-    def render_chat(self, body) -> str:
-        """The body's `messages` as one prompt text, by the chat template."""
-        return self.chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
+    def render_chat(self, body, tools: list[dict] | None = None) -> str:
+        """The body's `messages` (and `tools`) as one prompt text, by the chat template."""
+        return self.chat_template.render(template_messages(body.messages), tools=tools,
                                          add_generation_prompt=body.add_generation_prompt)
 
     def prompt_or_messages(self, body, what: str):
