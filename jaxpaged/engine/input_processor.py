@@ -28,7 +28,8 @@ class InputProcessor:
 
     def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
                  load_tokenizer: Callable[[], object], seed: int = 0,
-                 blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True):
+                 blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True,
+                 samples_under_token_masks: bool = True):
         """`load_tokenizer()` is called once, when the first string prompt or text output needs it.
 
         `computes_logits=False` (a simulated device, which samples a fixed token) refuses what needs
@@ -39,6 +40,8 @@ class InputProcessor:
         """
         self.blocks_for_tokens = blocks_for_tokens
         self.computes_logits = computes_logits
+        # a simulated device that draws constrained rows' tokens from their masks serves structured output
+        self.samples_under_token_masks = samples_under_token_masks
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.num_blocks = num_blocks
@@ -164,8 +167,10 @@ class InputProcessor:
         if not self.computes_logits:
             for field, asked in (("prompt_logprobs", params.prompt_logprobs is not None),
                                  ("beam_width", params.beam_width > 1),
-                                 ("structured_outputs", params.structured_outputs is not None),
-                                 ("allowed_token_ids", params.allowed_token_ids is not None)):
+                                 ("structured_outputs", params.structured_outputs is not None
+                                  and not self.samples_under_token_masks),
+                                 ("allowed_token_ids", params.allowed_token_ids is not None
+                                  and not self.samples_under_token_masks)):
                 if asked:
                     raise ValueError(f"{field} needs a device that computes logits; this engine's simulated "
                                      "device samples a fixed token")
