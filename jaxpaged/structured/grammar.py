@@ -12,8 +12,10 @@ only ever enter through `accept`, so a prefix-cache hit, a preemption
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from jaxpaged.structured.tokenizer_bridge import ll_tokenizer
 logger = logging.getLogger(__name__)
 
 BITS = 32  # tokens per packed bitmask word
+COMPILED_CACHE_SIZE = 256  # compiled grammars kept (each request starts from a copy of its grammar's matcher)
+_compiled: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+_compiled_lock = threading.Lock()
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -115,7 +120,12 @@ class SequenceConstraint:
 
 def compile_constraint(structured: StructuredOutputsParams | None, allowed_token_ids, tokenizer,
                        vocab_size: int) -> SequenceConstraint | None:
-    """The sequence constraint for a request (None without one); ValueError naming what does not compile."""
+    """The sequence constraint for a request (None without one); ValueError naming what does not compile.
+
+    Compiled grammars are cached (LRU, per tokenizer bridge and grammar), so
+    the server's check on a worker thread compiles and the engine's add
+    copies, as do repeated schemas.
+    """
     if structured is None and allowed_token_ids is None:
         return None
     allowed = None
@@ -128,11 +138,23 @@ def compile_constraint(structured: StructuredOutputsParams | None, allowed_token
     if structured is not None:
         import llguidance
 
+        ll_tok = ll_tokenizer(tokenizer, vocab_size)
         grammar = grammar_text(structured)
-        matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer, vocab_size), grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(f"structured_outputs.{structured.kind} does not compile: "
-                             f"{_first_line(matcher.get_error())}")
+        key = (ll_tok, grammar)  # the tokenizer object itself: an id could be reused once it is freed
+        with _compiled_lock:
+            compiled = _compiled.get(key)
+            if compiled is not None:
+                _compiled.move_to_end(key)
+        if compiled is None:
+            compiled = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
+            if compiled.is_error():
+                raise ValueError(f"structured_outputs.{structured.kind} does not compile: "
+                                 f"{_first_line(compiled.get_error())}")
+            with _compiled_lock:
+                _compiled[key] = compiled
+                if len(_compiled) > COMPILED_CACHE_SIZE:
+                    _compiled.popitem(last=False)
+        matcher = compiled.deep_copy()  # the cached matcher stays at the grammar's start
     return SequenceConstraint(matcher, allowed, bitmask_width(vocab_size))
 
 
