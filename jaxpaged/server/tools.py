@@ -213,6 +213,30 @@ def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
 
 
 PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json, "mistral": parse_mistral}
+_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>"}
+
+
+def streamable_content(parser: str, text: str) -> int:
+    """How many leading characters of a partial `auto` output are surely content (no call starts in them).
+
+    Text before a call marker is content; a tail that could still become the
+    marker is held back, and so is everything once the output may be a bare
+    JSON call (Llama 3's `{...}`, Mistral's `[{...}]` without its marker).
+    """
+    marker = _MARKERS[parser]
+    stripped = text.lstrip()
+    if parser == "llama3_json" and (stripped.startswith("{") or marker.startswith(stripped[:len(marker)])):
+        return 0
+    if parser == "mistral" and stripped.startswith("["):
+        at = stripped.find(marker)
+        return 0 if at <= 0 else len(text) - len(stripped) + at  # "[TOOL_CALLS]" itself starts with "["
+    at = text.find(marker)
+    if at >= 0:
+        return at
+    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-keep:]):
+            return len(text) - keep
+    return len(text)
 
 
 def template_messages(messages) -> list[dict]:

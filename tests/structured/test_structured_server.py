@@ -186,3 +186,17 @@ def test_the_openai_tool_calling_loop(client, server):
     rendered = httpx.post(server + "/tokenize", json={"model": "tiny", "messages": messages}).json()
     text = httpx.post(server + "/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
     assert "<|tool|>\nsunny, 21 C\n" in text  # the tool's result went through the chat template
+
+
+def test_auto_streams_content_before_a_call(client):
+    forced = r'Sure, one moment\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,5}", "unit": "f"\}\}</tool_call>'
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=MAX_TOKENS,
+                                                 temperature=1.0, seed=2, stream=True,
+                                                 extra_body={"guided_regex": forced}))
+    content_chunks = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) > 1  # streamed as generated, not held to the end
+    assert "".join(content_chunks).strip() == "Sure, one moment."
+    calls = [t for c in chunks if c.choices and c.choices[0].delta.tool_calls for t in c.choices[0].delta.tool_calls]
+    assert [t.function.name for t in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), PARAMETERS["get_weather"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

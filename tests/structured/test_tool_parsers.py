@@ -102,3 +102,20 @@ def test_tool_messages_reach_the_template():
                 ChatMessage(role="tool", content="sunny", tool_call_id="c1")]
     text = ChatTemplate(source).render(template_messages(messages), tools=[WEATHER], add_generation_prompt=False)
     assert text == "TOOL get_weather\nuser:weather?\nassistant:CALL get_weather Paris\ntool:[c1]sunny\n"
+
+
+@pytest.mark.parametrize("parser, text, ready", [
+    ("hermes", "Hello there", 11),
+    ("hermes", "Hello <tool", 6),  # "<tool" may become "<tool_call>": held back
+    ("hermes", "Hi <tool_call>{", 3),
+    ("hermes", "a < b", 5),
+    ("llama3_json", '{"name', 0),
+    ("llama3_json", "<|python", 0),
+    ("llama3_json", "The answer", 10),
+    ("mistral", "[{", 0),
+    ("mistral", "Sure [TOOL_CALLS] [", 5),
+    ("mistral", "Sure [TOOL", 5),
+])
+def test_streamable_content_holds_back_what_may_start_a_call(parser, text, ready):
+    from jaxpaged.server.tools import streamable_content
+    assert streamable_content(parser, text) == ready

@@ -15,7 +15,7 @@ from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.routes.completions import prompt_logprobs_field
 from jaxpaged.server.routes.state import ServerState
 from jaxpaged.server.streams import final_outputs, sse_response, unless_disconnected
-from jaxpaged.server.tools import ToolCall, ToolPlan, parse_output, plan_tools
+from jaxpaged.server.tools import ToolCall, ToolPlan, parse_output, plan_tools, streamable_content
 
 
 def router(state: ServerState) -> APIRouter:
@@ -75,6 +75,11 @@ def router(state: ServerState) -> APIRouter:
     return routes
 
 
+def _content_end(plan: ToolPlan, text: str) -> int:
+    """Where the content before an `auto` output's first call ends (the whole text when it has no marker)."""
+    return streamable_content(plan.parser, text) if plan.mode == "auto" else 0
+
+
 def _message_and_finish(plan: ToolPlan | None, c) -> dict:
     """A finished choice's `message` (content and tool calls) and `finish_reason`."""
     if plan is None:
@@ -96,14 +101,16 @@ class _ToolDeltas:
     """Streamed tool calls in the OpenAI delta shape.
 
     A named function streams its arguments as they are generated (the first
-    delta carries the call's id and name). `auto` and `required` hold the
-    text back and send content and calls when the choice finishes (the
-    text is parsed whole).
+    delta carries the call's id and name). `auto` streams the content that
+    surely precedes any call (`streamable_content`) and, when the choice
+    finishes, parses the whole text and sends the rest of the content and
+    the calls; `required` sends its calls when the choice finishes.
     """
 
     def __init__(self, plan: ToolPlan | None):
         self.plan = plan
         self._texts: dict[int, str] = {}
+        self._sent: dict[int, int] = {}  # characters of each choice's text already sent as content
         self._ids: dict[int, str] = {}
         self._calls: dict[int, list[ToolCall]] = {}
 
@@ -118,11 +125,18 @@ class _ToolDeltas:
                          "function": {"name": plan.named, "arguments": c.text}}
             return {"tool_calls": [entry]}
         text = self._texts[c.index] = self._texts.get(c.index, "") + c.text
+        sent = self._sent.get(c.index, 0)
         if c.finish_reason is None:
-            return None
+            ready = streamable_content(plan.parser, text) if plan.mode == "auto" else 0
+            if ready <= sent:
+                return None
+            self._sent[c.index] = ready
+            return {"content": text[sent:ready]}
         content, calls = parse_output(plan, text)
         self._calls[c.index] = calls
-        delta: dict = {"content": content} if content else {}
+        # content is the text before the first call; what was streamed of it is not sent again
+        rest = text[sent:] if not calls else text[sent:max(sent, _content_end(plan, text))]
+        delta: dict = {"content": rest.rstrip() if calls else rest} if rest.strip() or not calls else {}
         if calls:
             delta["tool_calls"] = [{"index": k} | call.to_dict() for k, call in enumerate(calls)]
         return delta or {"content": ""}
