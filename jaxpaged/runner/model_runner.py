@@ -120,6 +120,14 @@ class MaskPendingStep(PendingStep):
         return super().result()
 
 
+def _sample_and_keep(last_tokens: jax.Array, logits: jax.Array, processed: jax.Array | None,
+                     sampling: SamplingBatch, sample_rows: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Sample each row from `processed` (raw `logits` when None) and keep each sample in its persistent row."""
+    tokens, logprobs = _sample_tokens(logits, sampling, processed)
+    keep = jnp.where(sample_rows >= 0, sample_rows, last_tokens.shape[0])  # -1: dropped
+    return {"token_ids": tokens, "logprobs": logprobs}, last_tokens.at[keep].set(tokens, mode="drop")
+
+
 def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str, jax.Array]:
     """Each listed token row's log-probability of the prompt token after it (and its top k), raw logits."""
     logprobs = jax.nn.log_softmax(model.logits(hidden[inputs.prompt_logprob_rows]).astype(jnp.float32), axis=-1)
@@ -272,9 +280,7 @@ class ModelRunner:
         raw, processed = logits
         if token_masks.rows.shape[0]:
             processed = apply_token_bitmask(processed, token_masks)
-        tokens, logprobs = _sample_tokens(raw, sampling, processed)
-        keep = jnp.where(sample_rows >= 0, sample_rows, last_tokens.shape[0])  # -1: dropped
-        return {"token_ids": tokens, "logprobs": logprobs}, last_tokens.at[keep].set(tokens, mode="drop")
+        return _sample_and_keep(last_tokens, raw, processed, sampling, sample_rows)
 
     def _run(self, params, pool, last_tokens, inputs: DeviceStepInput, layout: StepLayout, return_logits: bool,
              num_top_logprobs: int, num_prompt_top_logprobs: int, *, sample: bool):
@@ -309,10 +315,8 @@ class ModelRunner:
         if not sample:
             out["raw_logits"] = logits
             return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed
-        tokens, logprobs = _sample_tokens(logits, inputs.sampling, processed)
-        keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
-        last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
-        return out | {"token_ids": tokens, "logprobs": logprobs}, pool, last_tokens, processed
+        sampled, last_tokens = _sample_and_keep(last_tokens, logits, processed, inputs.sampling, inputs.sample_rows)
+        return out | sampled, pool, last_tokens, processed
 
     # ---- the engine's entry point -------------------------------------------------------------
 
