@@ -67,7 +67,7 @@ class Scheduler:
         self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
         self.num_top_logprob_requests = 0  # unfinished requests with logprobs > 0 (the step returns top-k)
         self.num_constrained_requests = 0  # unfinished requests with a token mask (structured output)
-        # ... of which with a grammar: their mask depends on the last token, so steps are synchronous
+        # ... of which with a grammar: their mask depends on the last token (see `defer_token_masks`)
         self.num_grammar_requests = 0
         # asynchronous scheduling: a grammar row's mask waits for the previous step's tokens (the engine
         # fills it while the step's forward pass runs); else masks are filled when the step is scheduled
