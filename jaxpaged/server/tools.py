@@ -58,13 +58,13 @@ class ToolPlan:
 
 def plan_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool, *, template_source: str,
                structured_outputs_requested: bool) -> ToolPlan | None:
-    """The request's tool plan (None without tools); ValueError naming the field when malformed."""
-    if tools is None:
-        if tool_choice not in (None, "none"):
+    """The request's tool plan (None without tools, an empty list included); ValueError naming the field."""
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("tools must be a list of {'type': 'function', 'function': {...}} objects")
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
             raise ValueError("tool_choice needs tools")
         return None
-    if not isinstance(tools, list):
-        raise ValueError("tools must be a list of {'type': 'function', 'function': {...}} objects")
     functions = {}
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" \

@@ -60,6 +60,7 @@ def test_parser_follows_the_chat_template():
 def test_plans_of_each_tool_choice():
     kw = dict(template_source="", structured_outputs_requested=False)
     assert plan_tools(None, None, True, **kw) is None
+    assert plan_tools([], "auto", True, **kw) is None  # an empty list is no tools (vLLM)
     assert plan_tools([WEATHER], None, True, **kw).mode == "auto"
     assert plan_tools([WEATHER], "none", True, **kw).constraint is None
     named = plan_tools([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}, True, **kw)
