@@ -40,9 +40,11 @@ def _build(tokenizer, vocab_size: int):
     import llguidance
 
     eos = sorted(tokenizer.stop_token_ids) or None
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(f"structured output needs the tokenizer's vocabulary ({tokenizer.vocab_size} ids) to fit "
+                         f"the model's ({vocab_size} logits)")
     if isinstance(tokenizer, HFTokenizer):
-        text = tokenizer._tok.to_str()
-        return llguidance.LLTokenizer(text, n_vocab=max(vocab_size, tokenizer.vocab_size), eos_token=eos)
+        return llguidance.LLTokenizer(tokenizer._tok.to_str(), n_vocab=vocab_size, eos_token=eos)
     if isinstance(tokenizer, ByteTokenizer):
         tokens = [bytes([i]) for i in range(256)] + [b""] * (vocab_size - 256)
         special = list(range(256, vocab_size))

@@ -120,6 +120,8 @@ def test_bridge_is_built_once_per_tokenizer_and_vocabulary():
     assert ll_tokenizer(tokenizer, 288) is not ll_tokenizer(tokenizer, 272)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         ll_tokenizer(IdsOnlyTokenizer(1, 2, 100), 100)
+    with pytest.raises(ValueError, match=r"vocabulary \(300 ids\) to fit the model's \(272 logits\)"):
+        ll_tokenizer(ByteTokenizer(vocab_size=300), 272)
 
 
 def test_fill_bitmasks_combines_grammar_and_allowed_ids():
