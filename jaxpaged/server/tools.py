@@ -13,7 +13,9 @@
   without `parallel_tool_calls`), and every element becomes a call.
 - a named function (`{"type": "function", "function": {"name": ...}}`): the
   output is constrained to that function's `parameters` schema and is the
-  call's `arguments`. Both constraints write compact JSON (no free whitespace).
+  call's `arguments`. Both constraints write compact JSON (no free whitespace),
+  and a function with `strict: true` gets its objects closed
+  (`additionalProperties: false` where the schema does not say otherwise).
 
 A call comes back as `{"id", "type": "function", "function": {"name",
 "arguments": <JSON text>}}`; the finish reason is "tool_calls" when `auto` or
@@ -30,6 +32,7 @@ import uuid
 from typing import Any
 
 from jaxpaged.structured import StructuredOutputsParams
+from jaxpaged.structured.params import closed_objects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,11 @@ def plan_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool, 
         parameters = tool["function"].get("parameters", {"type": "object"})
         if not isinstance(parameters, dict):
             raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
-        functions[name] = parameters
+        strict = tool["function"].get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ValueError(f"tools[{i}].function.strict must be a boolean, got {strict!r}")
+        # strict (OpenAI's structured function calling): objects that do not say otherwise are closed
+        functions[name] = closed_objects(parameters) if strict else parameters
     choice = "auto" if tool_choice is None else tool_choice
     parser = parser_for_template(template_source)
     if isinstance(choice, dict):

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from jaxpaged.structured.params import StructuredOutputsParams
+from jaxpaged.structured.params import StructuredOutputsParams, closed_objects
 from jaxpaged.structured.tokenizer_bridge import ll_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def grammar_text(params: StructuredOutputsParams) -> str:
     if params.kind == "json":
         schema = params.json
         if params.disable_additional_properties and isinstance(schema, dict):
-            schema = _closed_objects(schema)
+            schema = closed_objects(schema)
         return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
     if params.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)
@@ -62,18 +62,6 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         return llguidance.grammar_from("grammar", params.grammar)  # Lark, or GBNF converted to Lark
     except ValueError as err:
         raise ValueError(f"structured_outputs.grammar does not compile: {err}") from None
-
-
-def _closed_objects(schema):
-    """The schema with `additionalProperties: false` on every object schema that does not say otherwise."""
-    if isinstance(schema, list):
-        return [_closed_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed_objects(v) for k, v in schema.items()}
-    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
 
 
 class SequenceConstraint:

@@ -99,3 +99,15 @@ def _choices(choices: Any) -> tuple[str, ...]:
         if not isinstance(c, str) or not c:
             raise ValueError(f"structured_outputs.choice must hold non-empty strings, got {c!r}")
     return tuple(choices)
+
+
+def closed_objects(schema):
+    """The schema with `additionalProperties: false` on every object schema that does not say otherwise."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out

@@ -120,3 +120,17 @@ def test_tool_messages_reach_the_template():
 def test_streamable_content_holds_back_what_may_start_a_call(parser, text, ready):
     from jaxpaged.server.tools import streamable_content
     assert streamable_content(parser, text) == ready
+
+
+def test_strict_functions_close_their_objects():
+    loose = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}}}}}
+    strict = {"type": "function", "function": {**loose["function"], "strict": True}}
+    kw = dict(template_source="", structured_outputs_requested=False)
+    named = {"type": "function", "function": {"name": "f"}}
+    jsonschema.validate({"a": {"b": 1}, "extra": 1}, plan_tools([loose], named, True, **kw).constraint.json)
+    closed = plan_tools([strict], named, True, **kw).constraint.json
+    jsonschema.validate({"a": {"b": 1}}, closed)
+    for extra in ({"a": {"b": 1}, "extra": 1}, {"a": {"b": 1, "c": 2}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(extra, closed)
