@@ -208,3 +208,25 @@ def test_overlapped_steps_fill_masks_during_the_forward_pass_and_match_synchrono
     assert texts[True] == texts[False]
     for i, schema in enumerate(SCHEMAS[:12]):
         _check_json(texts[True][str(i)], schema)
+
+
+def test_abort_mid_grammar_and_logprobs_under_a_grammar():
+    """An aborted constrained request frees everything; logprobs under a grammar are the raw logits' (vLLM's
+    default), so the chosen token's logprob is that of the unconstrained distribution."""
+    engine = Engine(EngineConfig(model="tiny", block_size=16, num_blocks=64))
+    constrained = StructuredOutputsParams(json=SCHEMAS[23], disable_any_whitespace=True)
+    engine.add_request("gone", "x", SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=1,
+                                                   structured_outputs=constrained))
+    engine.add_request("kept", "x", SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=3,
+                                                   structured_outputs=StructuredOutputsParams(choice=["zz"])))
+    for _ in range(3):
+        engine.step()
+    engine.abort("gone")
+    finals = _drain(engine)
+    assert finals["gone"].outputs[0].finish_reason == "abort"
+    kept = finals["kept"].outputs[0]
+    assert kept.text == "zz" and kept.finish_reason == "stop"
+    first = kept.logprobs[0]
+    assert len(first) in (3, 4) and ord("z") in first  # top 3 of the raw distribution, and the forced token
+    assert first[ord("z")] <= max(first.values())
+    assert engine.kv_stats().num_used_blocks == 0 and engine.scheduler.num_grammar_requests == 0
