@@ -51,6 +51,7 @@ class ApiSpec:
     enable_debug_endpoints: bool = False
     max_request_body_bytes: int | None = None
     drain_timeout_s: float = 30.0
+    max_prompts_per_request: int | None = None
 
 
 def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0) -> int:
@@ -137,7 +138,8 @@ def run_api_server(api: ApiSpec, listener: socket.socket, address: str, core_pid
         app = build_app(client, served_model_name=api.served_model_name,
                         chat_template=ChatTemplate.for_model(api.model),
                         enable_debug_endpoints=api.enable_debug_endpoints,
-                        max_request_body_bytes=api.max_request_body_bytes)
+                        max_request_body_bytes=api.max_request_body_bytes,
+                        max_prompts_per_request=api.max_prompts_per_request)
         gc.collect()
         gc.freeze()  # startup's objects (app, tokenizer) live on: no collection walks them again
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)
