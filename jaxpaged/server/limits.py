@@ -14,7 +14,12 @@ own where it has one:
   (an id of any size is a 400, never an overflow further on);
 - stop strings, stop token ids, bad words and logit-bias entries: at most the
   counts and lengths below (the core and the front end look at each of them
-  at every step of the request).
+  at every step of the request);
+- the body as a whole: at most `max_json_values` JSON values, counted on its
+  bytes before it is parsed (`BodyLimit`), room for the largest request the
+  limits above allow. Parsing and validating a body costs memory per value
+  (a Python object each, ~100 bytes), not per byte: 32 MiB of `[[1],[1],...]`
+  took 5.7 GB to parse and validate before this bound.
 
 A request over a limit is a `ValueError` whose message starts with the
 field's name and says the limit (a 400 over HTTP). Load is not shape: a full
@@ -32,6 +37,7 @@ MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_BAD_WORDS = 1024
 MAX_BAD_WORD_CHARS = 1024
+JSON_VALUES_SLACK = 16384  # values a body may hold beyond its prompts (the other fields, chat messages' keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,12 @@ class RequestLimits:
             max_prompts_per_request = max(1, model_info.max_waiting_requests // 4)
         return cls(model_info.max_num_seqs, max_prompts_per_request, model_info.max_model_len,
                    model_info.model_config.vocab_size)
+
+    @property
+    def max_json_values(self) -> int:
+        """The most JSON values a request body may hold: its largest prompts (`max_prompts` of `max_model_len`
+        ids), room for as many tokens again in chat messages, and `JSON_VALUES_SLACK` for the other fields."""
+        return (self.max_prompts + 4) * (self.max_model_len + 1) + JSON_VALUES_SLACK
 
     def check_sampling(self, body) -> None:
         """The sampling fields of a completion or chat body (`protocol._SamplingFields`)."""

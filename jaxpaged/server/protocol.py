@@ -8,6 +8,11 @@ whose silent absence would change the tokens a client gets:
 are refused with a 400 naming the field. The engine's own checks (ranges,
 finiteness, lengths) run when the request is added and come back as 400s
 naming the field.
+
+Every list stops at its first bad item (`fail_fast`): validating a body costs
+one error, not one per item (a list of 11M wrong items took 12 GB of errors).
+The request's size limits (limits.py) are checked after this, before anything
+is built for it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 
 Number = Annotated[float, Field(strict=False)]
-TokenIds = list[StrictInt]
+TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
+Strings = Annotated[list[StrictStr], Field(fail_fast=True)]
 
 
 class StreamOptions(BaseModel):
@@ -37,8 +43,8 @@ class _SamplingFields(BaseModel):
     top_k: StrictInt = -1
     n: StrictInt = 1
     seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop: StrictStr | Strings | None = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: StrictBool = False
     include_stop_str_in_output: StrictBool = False
     stream: StrictBool = False
@@ -47,16 +53,16 @@ class _SamplingFields(BaseModel):
     presence_penalty: Number = 0.0
     frequency_penalty: Number = 0.0
     repetition_penalty: Number = 1.0
-    logit_bias: dict[StrictStr, Number] | None = None
+    logit_bias: dict[StrictStr, object] | None = None  # values checked by SamplingParams, after its size
     min_tokens: StrictInt = 0
     prompt_logprobs: StrictInt | None = None  # vLLM's extension
-    bad_words: list[StrictStr] | None = None
+    bad_words: Strings | None = None
     # refused: accepting and ignoring them would hand back different tokens than asked for
-    allowed_token_ids: list[StrictInt] | None = None
+    allowed_token_ids: TokenIds | None = None
     min_p: Number = 0.0
     guided_json: object = None
     guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
+    guided_choice: Strings | None = None
     guided_grammar: StrictStr | None = None
     response_format: dict | None = None
     pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
@@ -97,7 +103,7 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(_SamplingFields):
     """`POST /v1/completions`."""
 
-    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+    prompt: StrictStr | TokenIds | Strings | Annotated[list[TokenIds], Field(fail_fast=True)]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
@@ -138,7 +144,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: StrictStr
-    content: StrictStr | list[dict] | None = None
+    content: StrictStr | Annotated[list[dict], Field(fail_fast=True)] | None = None
 
     def text(self) -> str:
         """The message's text (the text parts of a list content)."""
@@ -157,7 +163,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
@@ -175,7 +181,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
 
 
@@ -185,7 +191,7 @@ class PinRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | TokenIds | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
     cache_salt: StrictStr | None = None
     ttl_s: Number
@@ -196,7 +202,7 @@ class DetokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
-    tokens: list[StrictInt]
+    tokens: TokenIds
 
 
 ObjectName = Literal["text_completion", "chat.completion"]
