@@ -91,10 +91,14 @@ ENGINE_CORE = FLAGS.DEFINE_enum("engine_core", "process", ["process", "thread"],
                                 "(or the replica actor's) process")
 API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
                                    "(with --engine_core=process)")
+API_RESTARTS = FLAGS.DEFINE_integer("api_server_restarts", 5,
+                                    "an API server that dies is restarted on the same socket, at most this many "
+                                    "times a minute; one more is a crash loop: the server exits 1 "
+                                    "(0: the first death stops the server)")
 
 FLAGS.positive("api_server_count", "port", "kv_budget_tokens", "max_waiting_requests", "data_parallel_size",
                "max_request_body_bytes", "max_prompts_per_request")
-FLAGS.non_negative("drain_timeout_s")
+FLAGS.non_negative("drain_timeout_s", "api_server_restarts")
 FLAGS.register_multi_flags_validator(
     ["data_parallel_size", "tensor_parallel_size", "num_processes"],
     lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
@@ -176,7 +180,8 @@ def serve_engine_core_process() -> int:
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
                   drain_timeout_s=DRAIN.value, max_prompts_per_request=MAX_PROMPTS.value)
     try:
-        return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
+        return serve_split(core_spec(), api, api_server_count=API_SERVERS.value,
+                           api_server_restarts=API_RESTARTS.value)
     except ListenError as error:  # raised before any process starts
         raise app.UsageError(f"--host/--port: {error.strerror}") from None
 
