@@ -12,7 +12,6 @@ budget of one restart, the launcher calls it a crash loop and exits 1.
 import os
 import re
 import signal
-import threading
 import time
 
 import httpx
@@ -20,7 +19,8 @@ import pytest
 
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
-from tests.server.live_server import WAIT_S, free_port, listening_inodes, start_server, wait_healthy, wait_idle
+from tests.server.live_server import (WAIT_S, free_port, keep_draining, listening_inodes, start_server,
+                                     wait_healthy, wait_idle)
 
 KV_TOKENS = 2048
 MAX_MODEL_LEN = 512
@@ -35,13 +35,8 @@ class _Launcher:
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = start_server("--host=127.0.0.1", f"--port={self.port}", "--engine_core=process",
                                  f"--kv_budget_tokens={KV_TOKENS}", f"--max_model_len={MAX_MODEL_LEN}", *flags)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.lines = keep_draining(self.proc)
         wait_healthy(self.base, [self.proc])
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
 
     def wait_line(self, pattern: str, after: int = 0) -> re.Match:
         """The first log line from index `after` on that matches `pattern` (waits for it)."""

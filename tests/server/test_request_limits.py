@@ -16,7 +16,8 @@ import pytest
 
 from jaxpaged.server import limits as L
 from jaxpaged.server.body_limit import json_values_at_most
-from tests.server.live_server import WAIT_S, free_port, listening_pids, start_server, wait_healthy, wait_idle
+from tests.server.live_server import (WAIT_S, free_port, keep_draining, listening_pids, start_server, wait_healthy,
+                                     wait_idle)
 
 MAX_NUM_SEQS = 4
 MAX_WAITING = 16
@@ -37,6 +38,7 @@ def server():
     proc = start_server("--host=127.0.0.1", f"--port={port}", "--engine_core=process", "--kv_budget_tokens=2048",
                         f"--max_model_len={MAX_MODEL_LEN}", f"--max_num_seqs={MAX_NUM_SEQS}",
                         f"--max_waiting_requests={MAX_WAITING}", f"--max_request_body_bytes={BODY_LIMIT}")
+    keep_draining(proc)
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, [proc])
     api_pids = [pid for pid in listening_pids(port) if pid != proc.pid]  # the launcher holds the socket too
