@@ -59,8 +59,8 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
     _count_requests(app, state.registry)
-    # outermost: before anything reads the body
-    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes, max_json_values=lambda: state.limits.max_json_values)
+    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # outermost: before anything reads the body
+                       max_json_values=lambda: state.limits.max_json_values)
     _handle_errors(app)
     for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ()):
         app.include_router(module.router(state))
