@@ -48,7 +48,7 @@ json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=
 
 @st.composite
 def deeply_nested(draw):
-    """A list or object nested hundreds to thousands of levels deep (past Python's recursion limit)."""
+    """A list or object nested 200 to 5,000 levels deep (the deep end past Python's default recursion limit)."""
     depth = draw(st.integers(200, 5000))
     opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
     return _Raw(opener * depth + "0" + closer * depth)
