@@ -79,7 +79,7 @@ class AsyncEngine:
     @functools.cached_property
     def model_info(self) -> ModelInfo:
         """The engine's tokenizer, model and limits (fixed, so read from any thread)."""
-        return ModelInfo.of(self.engine)
+        return ModelInfo.of(self.engine, self.max_waiting_requests)
 
     async def engine_metrics(self) -> str:
         """Nothing: in one process the server's registry already holds the engine's metrics (`attach_metrics`)."""

@@ -9,6 +9,11 @@ refused with a 400 naming the field. Structured output (`response_format`,
 `allowed_token_ids` and `min_p` are served. The engine's own checks (ranges,
 finiteness, lengths, whether a constraint compiles) run when the request is
 added and come back as 400s naming the field.
+
+Every list stops at its first bad item (`fail_fast`): validating a body costs
+one error, not one per item (a list of 11M wrong items took 12 GB of errors).
+The request's size limits (limits.py) are checked after this, before anything
+is built for it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.structured_fields import structured_outputs_of
 
 Number = Annotated[float, Field(strict=False)]
-TokenIds = list[StrictInt]
+TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
+Strings = Annotated[list[StrictStr], Field(fail_fast=True)]
 
 
 class StreamOptions(BaseModel):
@@ -39,8 +45,8 @@ class _SamplingFields(BaseModel):
     top_k: StrictInt = -1
     n: StrictInt = 1
     seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop: StrictStr | Strings | None = None
+    stop_token_ids: TokenIds | None = None
     ignore_eos: StrictBool = False
     include_stop_str_in_output: StrictBool = False
     stream: StrictBool = False
@@ -49,16 +55,16 @@ class _SamplingFields(BaseModel):
     presence_penalty: Number = 0.0
     frequency_penalty: Number = 0.0
     repetition_penalty: Number = 1.0
-    logit_bias: dict[StrictStr, Number] | None = None
+    logit_bias: dict[StrictStr, object] | None = None  # values checked by SamplingParams, after its size
     min_tokens: StrictInt = 0
     prompt_logprobs: StrictInt | None = None  # vLLM's extension
-    bad_words: list[StrictStr] | None = None
-    allowed_token_ids: list[StrictInt] | None = None
+    bad_words: Strings | None = None
+    allowed_token_ids: TokenIds | None = None
     min_p: Number = 0.0
     # structured output (jaxpaged.server.structured_fields): at most one of these
     guided_json: object = None
     guided_regex: StrictStr | None = None
-    guided_choice: list[StrictStr] | None = None
+    guided_choice: Strings | None = None
     guided_grammar: StrictStr | None = None
     response_format: dict | None = None
     structured_outputs: dict | None = None
@@ -100,7 +106,7 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(_SamplingFields):
     """`POST /v1/completions`."""
 
-    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+    prompt: StrictStr | TokenIds | Strings | Annotated[list[TokenIds], Field(fail_fast=True)]
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
@@ -141,8 +147,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: StrictStr
-    content: StrictStr | list[dict] | None = None
-    tool_calls: list[dict] | None = None  # an assistant's earlier calls
+    content: StrictStr | Annotated[list[dict], Field(fail_fast=True)] | None = None
+    tool_calls: Annotated[list[dict], Field(fail_fast=True)] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None  # a `tool` message: the call it answers
     name: StrictStr | None = None
 
@@ -163,12 +169,12 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     add_generation_prompt: StrictBool = True
-    tools: list[dict] | None = None
+    tools: Annotated[list[dict], Field(fail_fast=True)] | None = None
     tool_choice: StrictStr | dict | None = None
     parallel_tool_calls: StrictBool = True
 
@@ -184,7 +190,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
 
 
@@ -194,7 +200,7 @@ class PinRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | TokenIds | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
     cache_salt: StrictStr | None = None
     ttl_s: Number
@@ -205,7 +211,7 @@ class DetokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
-    tokens: list[StrictInt]
+    tokens: TokenIds
 
 
 ObjectName = Literal["text_completion", "chat.completion"]

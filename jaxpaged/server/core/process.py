@@ -267,7 +267,7 @@ class EngineCore:
             self._clients[identity] = pidfd
             self._poller.register(pidfd, zmq.POLLIN)
         import pickle  # the tokenizer is a Python object; both ends are this same program
-        return pickle.dumps(ModelInfo.of(self.engine))
+        return pickle.dumps(ModelInfo.of(self.engine, self.max_waiting_requests))
 
     def _call(self, name: str, args: list):
         if name == "query":

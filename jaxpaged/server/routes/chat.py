@@ -30,6 +30,7 @@ def router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
+        state.check_request(body, [])  # the one prompt is the rendered messages, checked by length below
         top_k = body.logprobs_k()
         info = state.client.model_info
         plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,

@@ -4,11 +4,13 @@ and the request-level steps the generating routes share (model check, prompt ren
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from prometheus_client import CollectorRegistry
 
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
+from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
 from jaxpaged.server.tools import template_messages
 
@@ -25,6 +27,18 @@ class ServerState:
     served_model_name: str
     chat_template: ChatTemplate
     registry: CollectorRegistry
+    max_prompts_per_request: int | None = None  # None: derived from the engine's waiting queue (limits.py)
+
+    @functools.cached_property
+    def limits(self) -> RequestLimits:
+        """What one request may ask for, from the engine's sizes (read once the client knows its model)."""
+        return RequestLimits.of(self.client.model_info, self.max_prompts_per_request)
+
+    def check_request(self, body, prompts) -> None:
+        """ValueError naming the field and its limit when the request asks for more than one request may;
+        runs before anything is built, pinned or queued for it."""
+        self.limits.check_sampling(body)
+        self.limits.check_prompts(prompts)
 
     def check_model(self, name: str | None) -> None:
         """ModelNotFound (a 404) unless `name` is absent or the served model's."""
