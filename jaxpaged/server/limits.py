@@ -13,8 +13,9 @@ own where it has one:
 - a token-id prompt: at most `max_model_len` ids, each inside the vocabulary
   (an id of any size is a 400, never an overflow further on);
 - stop strings, stop token ids, bad words and logit-bias entries: at most the
-  counts and lengths below (`allowed_token_ids`: at most the vocabulary's size) (the core and the front end look at each of them
-  at every step of the request);
+  counts and lengths below (the core and the front end look at each of them
+  at every step of the request); `allowed_token_ids`: at most the
+  vocabulary's size;
 - the body as a whole: at most `max_json_values` JSON values, counted on its
   bytes before it is parsed (`BodyLimit`), room for the largest request the
   limits above allow. Parsing and validating a body costs memory per value

@@ -87,7 +87,8 @@ def plan_tools(tools: list | None, tool_choice: Any, parallel_tool_calls: bool, 
     choice = "auto" if tool_choice is None else tool_choice
     parser = parser_for_template(template_source)
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str):
             raise ValueError("tool_choice must be 'none', 'auto', 'required' or "
                              "{'type': 'function', 'function': {'name': ...}}")
@@ -255,7 +256,10 @@ def template_messages(messages) -> list[dict]:
         if m.tool_calls:
             calls = []
             for call in m.tool_calls:
-                function = dict(call.get("function") or {})
+                function = call.get("function")
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise ValueError("messages: a tool call needs a 'function' object with a 'name'")
+                function = dict(function)
                 if isinstance(function.get("arguments"), str):
                     try:
                         function["arguments"] = json.loads(function["arguments"])

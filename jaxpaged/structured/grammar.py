@@ -127,7 +127,11 @@ def compile_constraint(structured: StructuredOutputsParams | None, allowed_token
         import llguidance
 
         ll_tok = ll_tokenizer(tokenizer, vocab_size)
-        grammar = grammar_text(structured)
+        try:
+            grammar = grammar_text(structured)
+        except Exception as err:  # noqa: BLE001 - whatever the compiler raises is the request's fault
+            raise ValueError(f"structured_outputs.{structured.kind} does not compile: {_first_line(str(err))}") \
+                from None
         key = (ll_tok, grammar)  # the tokenizer object itself: an id could be reused once it is freed
         with _compiled_lock:
             compiled = _compiled.get(key)

@@ -134,3 +134,16 @@ def test_strict_functions_close_their_objects():
     for extra in ({"a": {"b": 1}, "extra": 1}, {"a": {"b": 1, "c": 2}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(extra, closed)
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": ["f"]}, {"type": "function"},
+                                    {"function": {"name": "get_weather"}}])
+def test_malformed_named_choices_are_value_errors(choice):
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        plan_tools([WEATHER], choice, True, template_source="", structured_outputs_requested=False)
+
+
+@pytest.mark.parametrize("call", [{"function": ["x"]}, {"function": {"arguments": "{}"}}, {}])
+def test_malformed_tool_calls_in_messages_are_value_errors(call):
+    with pytest.raises(ValueError, match="a tool call needs a 'function' object"):
+        template_messages([ChatMessage(role="assistant", content=None, tool_calls=[call])])
