@@ -102,7 +102,9 @@ class EngineBuilder:
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,
             # KV cache groups: a sliding group's blocks slide out, so none are counted as shared between forks
             blocks_for_tokens=self.kv.max_blocks_for if layout.is_hybrid and config.kv_layout == "paged" else None,
-            computes_logits=getattr(runner, "computes_logits", True))
+            computes_logits=getattr(runner, "computes_logits", True),
+            samples_under_token_masks=getattr(runner, "samples_under_token_masks",
+                                              getattr(runner, "computes_logits", True)))
         parts = EngineParts(
             config=config, clock=self.clock, model_config=self.model_config, num_blocks=self.num_blocks,
             block_size=self.block_size, max_model_len=self.max_model_len, runner=runner, kv=self.kv,
