@@ -83,15 +83,20 @@ class GGUFTensors:
 
     def get(self, name: str) -> np.ndarray:
         """Tensor `name` dequantized to float32, q/k rows back in Hugging Face order."""
-        from gguf import dequantize
-
-        data, qtype = self._gguf.raw_tensor(self._by_hf_name[name])
-        tensor = np.asarray(dequantize(data, qtype), dtype=np.float32).reshape(self.shape(name))
+        tensor = dequantized(self._gguf, self._by_hf_name[name])
         if self._permuted and ".self_attn.q_proj." in name:
             tensor = unpermute_rope_rows(tensor, self._config.num_heads)
         elif self._permuted and ".self_attn.k_proj." in name:
             tensor = unpermute_rope_rows(tensor, self._config.num_kv_heads)
         return tensor
+
+
+def dequantized(gguf: GGUFFile, name: str) -> np.ndarray:
+    """GGUF tensor `name` as float32 in numpy order, dequantized by llama.cpp's `gguf` package."""
+    from gguf import dequantize
+
+    data, qtype = gguf.raw_tensor(name)
+    return np.asarray(dequantize(data, qtype), dtype=np.float32).reshape(gguf.tensor_shape(name))
 
 
 def unpermute_rope_rows(tensor: np.ndarray, num_heads: int) -> np.ndarray:

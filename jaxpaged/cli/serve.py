@@ -86,6 +86,9 @@ ENGINE_CORE = FLAGS.DEFINE_enum("engine_core", "process", ["process", "thread"],
                                 "detokenize and match stop strings (jaxpaged/server/core/); with replicas, one "
                                 "core process per replica; thread: the engine loop runs in the HTTP server's "
                                 "(or the replica actor's) process")
+CHAT_TEMPLATE = FLAGS.DEFINE_string("chat_template", None,
+                                   "a chat template file (jinja text, or JSON with \"chat_template\") that replaces "
+                                   "the model's own (chat_template.jinja, tokenizer_config.json, a GGUF's metadata)")
 API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
                                    "(with --engine_core=process)")
 
@@ -108,6 +111,7 @@ FLAGS.register_multi_flags_validator(
     lambda v: v["api_server_count"] == 1 or (v["engine_core"] == "process" and v["data_parallel_size"] == 1),
     message="--api_server_count > 1 needs --engine_core=process and one engine (replicas have one ingress)")
 FLAGS.device_profile("device_profile")
+FLAGS.existing_file("chat_template")
 
 
 def engine_config() -> EngineConfig:
@@ -152,7 +156,7 @@ def serve_in_process() -> None:
     async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value,
                                multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
-                    chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
+                    chat_template=ChatTemplate.for_model(MODEL.value, CHAT_TEMPLATE.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
 
@@ -170,7 +174,7 @@ def serve_engine_core_process() -> int:
     from jaxpaged.server.core.launcher import ApiSpec, ListenError, serve_split
     api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
-                  drain_timeout_s=DRAIN.value)
+                  drain_timeout_s=DRAIN.value, chat_template=CHAT_TEMPLATE.value)
     try:
         return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
     except ListenError as error:  # raised before any process starts
@@ -184,6 +188,7 @@ def serve_data_parallel() -> None:
     api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
                             policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
                             enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
-                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value)
+                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value,
+                            chat_template=CHAT_TEMPLATE.value)
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
