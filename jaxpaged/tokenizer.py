@@ -106,6 +106,11 @@ class HFTokenizer:
         bos, eos, stops = read_special_ids(model_dir, tok.token_to_id)
         return cls(tok, bos, eos, stops)
 
+    @property
+    def backend(self) -> Any:
+        """The wrapped `tokenizers.Tokenizer`."""
+        return self._tok
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; the tokenizer's post-processor adds BOS when it is configured to."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids

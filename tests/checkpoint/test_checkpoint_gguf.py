@@ -164,3 +164,23 @@ def test_not_a_gguf_file_is_not_taken_for_one(tmp_path):
     fake.write_bytes(b"not a gguf")
     with pytest.raises(ValueError):
         model_config(fake)
+
+
+def test_convert_command_reads_a_gguf_file(tmp_path):
+    from jaxpaged.cli import main as cli
+    from jaxpaged.server.chat import ChatTemplate
+    from jaxpaged.tokenizer import load_tokenizer
+
+    hf = BASE_HF_CONFIG
+    weights = random_hf_weights(hf, seed=8)
+    template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    path = write_gguf(tmp_path / "tiny.gguf", hf, weights, chat_template=template)
+    out = tmp_path / "orbax"
+    assert cli.run(["jaxpaged", "convert", f"--model={path}", f"--out_dir={out}"]) == 0
+    np.testing.assert_array_equal(model_logits(load_model(out)), model_logits(load_model(path)))
+    converted, original = load_tokenizer(out, model_config(out)), load_tokenizer(path, model_config(path))
+    text = "<|im_start|>AB!(<|im_end|>"  # the vocabulary's pieces are "!" (id 3), '"', ... in byte order
+    piece = lambda ch: 3 + ord(ch) - ord("!")
+    assert converted.encode(text) == original.encode(text) == [1, piece("A"), piece("B"), 3, piece("("), 2]
+    assert converted.stop_token_ids == original.stop_token_ids == {2}
+    assert ChatTemplate.for_model(str(out)).render([{"role": "user", "content": "x"}]) == "<|im_start|>x<|im_end|>"
