@@ -132,7 +132,8 @@ class FlagSet:
                 value.endswith(".json") and Path(value).is_file())
 
         self.register_validator(name, ok, message=f"--{name} must be a shipped config ({', '.join(list_configs())}), "
-                                                  "a config JSON file, a checkpoint directory or a GGUF file")
+                                                  "a config JSON file, a checkpoint directory or a GGUF file (the default "
+                                                  "pretrained GGUF: `make model` fetches it)")
 
     def device_profile(self, name: str = "profile") -> None:
         """``--profile`` must name a known device profile, "cpu", or an existing profile JSON."""

@@ -1,8 +1,13 @@
 """OpenAI-compatible HTTP server (FastAPI + uvicorn) over one jaxpaged engine.
 
-    jaxpaged serve --model=tiny --host=127.0.0.1 --port=8000
-    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-        -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 16}'
+    jaxpaged serve --host=127.0.0.1 --port=8000
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+
+Without --model it serves the pretrained SmolLM2-135M-Instruct GGUF that
+`make model` unpacks into data/models/ (jaxpaged/pretrained.py); --model
+takes a GGUF file, a checkpoint directory or a shipped random-weight config
+(tiny, small, ...).
 
 Endpoints: /v1/completions, /v1/chat/completions (both with `"stream": true`
 as server-sent events), /v1/models, /health, /metrics (Prometheus),
@@ -50,6 +55,7 @@ from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.engine import EngineConfig
 from jaxpaged.metrics import attach_metrics
+from jaxpaged.pretrained import default_model_path
 from jaxpaged.server.api import build_app
 from jaxpaged.server.async_engine import AsyncEngine, run_follower
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -60,7 +66,7 @@ from jaxpaged.sim.profiles import GPU_PROFILES
 FLAGS = FlagSet()
 FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
 # every EngineConfig field is a flag (jaxpaged/cli/engine_flags.py); the server samples KV residency by default
-ENGINE = EngineFlags(FLAGS, defaults={"kv_cache_metrics_sample": 0.01})
+ENGINE = EngineFlags(FLAGS, defaults={"kv_cache_metrics_sample": 0.01, "model": str(default_model_path())})
 MODEL = ENGINE.holders["model"]
 SERVED_NAME = FLAGS.DEFINE_string("served_model_name", None, "the model name clients use (default: --model)")
 HOST = FLAGS.DEFINE_string("host", "127.0.0.1", "address to listen on")
