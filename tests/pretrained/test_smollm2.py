@@ -1,0 +1,180 @@
+"""The pretrained SmolLM2-135M-Instruct GGUF (`make model`) against transformers' own GGUF loader on the same file.
+
+In float32: per-token logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this
+project) within 1e-4; greedy chat answers token for token, through the engine under block sizes 16 and 32,
+prefix caching on and off, chunked prefill and preemption, and through a live `jaxpaged serve` with the
+official `openai` client, streamed and not. transformers' `generate` always gets an explicit attention mask:
+SmolLM2's pad token is `<|im_end|>`, the chat template's turn separator, and without a mask it is masked
+out of the prompt. The model is loaded once per engine; the server loads it while the engine tests run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxpaged.pretrained import default_model_path
+from tests.server.live_server import free_port, start_server, wait_healthy
+
+MODEL = default_model_path()
+PASSAGE = (Path(__file__).parent / "passage.txt").read_text()
+SYSTEM = "You are a concise assistant. Answer in one short sentence."
+QUESTIONS = ["What is the capital of France?", "What is the capital of the United States?",
+             "How many legs does a spider have?", "What color is the sky on a clear day?",
+             "Name a planet in our solar system.", "What do bees make?"]
+MAX_TOKENS = 24
+ENGINE_VARIANTS = {  # each must give transformers' tokens
+    "block16-prefix-caching-chunked-prefill": dict(block_size=16, enable_prefix_caching=True,
+                                                   max_num_batched_tokens=64, num_blocks=128),
+    "block32-no-caching-preemption": dict(block_size=32, enable_prefix_caching=False, num_blocks=8,
+                                          max_num_batched_tokens=256),
+}
+
+if not MODEL.is_file():
+    pytest.fail(f"{MODEL} is missing: run `make model` (python -m jaxpaged.pretrained)", pytrace=False)
+
+
+def _messages(question: str, index: int) -> list[dict[str, str]]:
+    """Half the conversations share a system prompt (prefix hits); the others get the template's default."""
+    system = [{"role": "system", "content": SYSTEM}] if index % 2 == 0 else []
+    return system + [{"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server():
+    """`jaxpaged serve` on the GGUF, started first so it loads and compiles while the engine tests run."""
+    port = free_port()
+    proc = start_server(f"--model={MODEL}", "--served_model_name=smollm2", "--host=127.0.0.1", f"--port={port}",
+                        "--kv_budget_tokens=4096", "--max_model_len=1024", "--dtype=float32")
+    yield proc, f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(MODEL.parent, gguf_file=MODEL.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def jax_model():
+    from jaxpaged.checkpoint import load_model
+    return load_model(MODEL, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from jaxpaged.checkpoint import model_config
+    from jaxpaged.tokenizer import load_tokenizer
+    return load_tokenizer(MODEL, model_config(MODEL))
+
+
+@pytest.fixture(scope="module")
+def chat_ids(tokenizer) -> list[list[int]]:
+    from jaxpaged.server.chat import ChatTemplate
+    template = ChatTemplate.for_model(str(MODEL))
+    return [tokenizer.encode(template.render(_messages(q, i)), add_special_tokens=False)
+            for i, q in enumerate(QUESTIONS)]
+
+
+@pytest.fixture(scope="module")
+def hf_answers(hf_model, chat_ids, tokenizer) -> list[list[int]]:
+    """transformers' greedy tokens for each chat prompt, up to and without the stop token."""
+    import torch
+
+    answers = []
+    for ids in chat_ids:
+        prompt = torch.tensor([ids])
+        with torch.no_grad():
+            out = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_TOKENS,
+                                    do_sample=False, eos_token_id=sorted(tokenizer.stop_token_ids))
+        answers.append(_until_stop(out[0, len(ids):].tolist(), tokenizer))
+    return answers
+
+
+def _until_stop(tokens: list[int], tokenizer) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in tokenizer.stop_token_ids:
+            return tokens[:i]
+    return tokens
+
+
+def _run(engine, prompts, params) -> list:
+    """Every prompt to completion on `engine`; outputs in prompt order."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {out.request_id: out for out in engine.step() if out.finished}
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def _engine(jax_model, **kwargs):
+    from jaxpaged.engine import Engine, EngineConfig
+    return Engine(EngineConfig(model=str(MODEL), max_model_len=256, **kwargs), model=jax_model)
+
+
+def test_the_gguf_reads_as_transformers_reads_it(jax_model, hf_model):
+    config = jax_model.config
+    assert (config.model_type, config.num_layers, config.num_heads, config.num_kv_heads, config.vocab_size,
+            config.tie_embeddings) == ("llama", 30, 9, 3, 49152, True)
+    assert config.rope_theta == hf_model.config.rope_parameters["rope_theta"]
+
+
+def test_passage_logprobs_equal_transformers(jax_model, hf_model, tokenizer):
+    import torch
+
+    from jaxpaged.outputs import RequestOutputKind
+    from jaxpaged.sampling_params import SamplingParams
+
+    ids = tokenizer.encode(PASSAGE)
+    assert len(ids) >= 512
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long)).logits[0]
+    expected = torch.log_softmax(logits.double(), -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    engine = _engine(jax_model, block_size=16, num_blocks=64, max_model_len=1024, max_num_batched_tokens=256)
+    out, = _run(engine, [ids], SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                             output_kind=RequestOutputKind.FINAL_ONLY))
+    got = np.array([entry[token] for entry, token in zip(out.prompt_logprobs[1:], ids[1:])])
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    assert engine.kv.stats.usage == 0
+
+
+@pytest.mark.parametrize("variant", list(ENGINE_VARIANTS))
+def test_greedy_chat_answers_equal_transformers(jax_model, chat_ids, hf_answers, tokenizer, variant):
+    from jaxpaged.outputs import RequestOutputKind
+    from jaxpaged.sampling_params import SamplingParams
+
+    engine = _engine(jax_model, **ENGINE_VARIANTS[variant])
+    outs = _run(engine, chat_ids, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                 output_kind=RequestOutputKind.FINAL_ONLY))
+    got = [_until_stop(list(o.outputs[0].token_ids), tokenizer) for o in outs]
+    assert got == hf_answers
+    assert "Paris" in tokenizer.decode(got[0])
+    if engine.config.enable_prefix_caching:
+        assert engine.kv_stats().prefix_hits_tokens > 0
+    else:
+        assert engine.num_preemptions > 0
+    assert engine.kv.stats.usage == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_server_chat_answers_equal_transformers(server, hf_answers, tokenizer, stream):
+    import openai
+
+    proc, base = server
+    wait_healthy(base, [proc])
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
+    for i, (question, expected) in enumerate(zip(QUESTIONS, hf_answers)):
+        request = dict(model="smollm2", messages=_messages(question, i), max_tokens=MAX_TOKENS, temperature=0)
+        if stream:
+            text = "".join(chunk.choices[0].delta.content or ""
+                           for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices)
+        else:
+            text = client.chat.completions.create(**request).choices[0].message.content
+        assert text == tokenizer.decode(expected), question
