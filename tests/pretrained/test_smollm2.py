@@ -1,11 +1,14 @@
 """The pretrained SmolLM2-135M-Instruct GGUF (`make model`) against transformers' own GGUF loader on the same file.
 
 In float32: per-token logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this
-project) within 1e-4; greedy chat answers token for token, through the engine under block sizes 16 and 32,
+project) within 1e-4; greedy chat answers token for token, through the engine under block sizes 32 and 16,
 prefix caching on and off, chunked prefill and preemption, and through a live `jaxpaged serve` with the
 official `openai` client, streamed and not. transformers' `generate` always gets an explicit attention mask:
 SmolLM2's pad token is `<|im_end|>`, the chat template's turn separator, and without a mask it is masked
-out of the prompt. The model is loaded once per engine; the server loads it while the engine tests run.
+out of the prompt.
+
+Cost: the weights load once for the in-process engines, once in the server. The server has the first
+engine's geometry, so its steps come from the persistent compile cache that engine filled.
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ from tests.server.live_server import free_port, start_server, wait_healthy
 
 MODEL = default_model_path()
 PASSAGE = (Path(__file__).parent / "passage.txt").read_text()
-SYSTEM = "You are a concise assistant. Answer in one short sentence."
+SYSTEM = ("You are a concise assistant for a quiz show. Answer every question with one short, plain sentence, "
+          "and do not add any explanation, greeting or follow-up question.")  # 42 tokens before the question
 QUESTIONS = ["What is the capital of France?", "What is the capital of the United States?",
              "How many legs does a spider have?", "What color is the sky on a clear day?",
              "Name a planet in our solar system.", "What do bees make?"]
-MAX_TOKENS = 24
-ENGINE_VARIANTS = {  # each must give transformers' tokens
-    "block16-prefix-caching-chunked-prefill": dict(block_size=16, enable_prefix_caching=True,
-                                                   max_num_batched_tokens=64, num_blocks=128),
-    "block32-no-caching-preemption": dict(block_size=32, enable_prefix_caching=False, num_blocks=8,
-                                          max_num_batched_tokens=256),
+MAX_TOKENS = 20
+# Each must give transformers' tokens. The first also runs the passage and is the server's geometry.
+CACHING_CHUNKED = dict(block_size=32, num_blocks=64, max_model_len=1024, enable_prefix_caching=True,
+                       max_num_batched_tokens=64)
+ENGINE_VARIANTS = {
+    "block32-prefix-caching-chunked-prefill": CACHING_CHUNKED,
+    # prompts of 55 and 37 tokens fill the 7 blocks two at a time: a running answer crossing a block preempts
+    "block16-no-caching-preemption": dict(block_size=16, num_blocks=7, max_model_len=112,
+                                          enable_prefix_caching=False, max_num_batched_tokens=128),
 }
+SERVER_FLAGS = ["--block_size=32", "--kv_budget_tokens=2048", "--max_model_len=1024", "--enable_prefix_caching",
+                "--max_num_batched_tokens=64", "--dtype=float32"]
 
 if not MODEL.is_file():
     pytest.fail(f"{MODEL} is missing: run `make model` (python -m jaxpaged.pretrained)", pytrace=False)
@@ -42,13 +51,15 @@ def _messages(question: str, index: int) -> list[dict[str, str]]:
     return system + [{"role": "user", "content": question}]
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def server():
-    """`jaxpaged serve` on the GGUF, started first so it loads and compiles while the engine tests run."""
+    """`jaxpaged serve` on the GGUF with the first engine variant's geometry."""
     port = free_port()
     proc = start_server(f"--model={MODEL}", "--served_model_name=smollm2", "--host=127.0.0.1", f"--port={port}",
-                        "--kv_budget_tokens=4096", "--max_model_len=1024", "--dtype=float32")
-    yield proc, f"http://127.0.0.1:{port}"
+                        *SERVER_FLAGS)
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, [proc])
+    yield base
     proc.terminate()
     proc.wait(timeout=60)
 
@@ -104,19 +115,30 @@ def _until_stop(tokens: list[int], tokenizer) -> list[int]:
     return tokens
 
 
-def _run(engine, prompts, params) -> list:
+def _run(engine, prompts, params, name: str = "r") -> list:
     """Every prompt to completion on `engine`; outputs in prompt order."""
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, params)
+        engine.add_request(f"{name}{i}", prompt, params)
     done = {}
     while engine.has_unfinished_requests():
         done |= {out.request_id: out for out in engine.step() if out.finished}
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    return [done[f"{name}{i}"] for i in range(len(prompts))]
 
 
-def _engine(jax_model, **kwargs):
+@pytest.fixture(scope="module")
+def engine_of(jax_model):
+    """`engine_of(variant)`: its engine, built once per module (the next test reuses its compiled steps)."""
     from jaxpaged.engine import Engine, EngineConfig
-    return Engine(EngineConfig(model=str(MODEL), max_model_len=256, **kwargs), model=jax_model)
+
+    built = {}
+
+    def get(variant: str):
+        if variant not in built:
+            built[variant] = Engine(EngineConfig(model=str(MODEL), **ENGINE_VARIANTS[variant]), model=jax_model)
+        return built[variant]
+
+    yield get
+    built.clear()
 
 
 def test_the_gguf_reads_as_transformers_reads_it(jax_model, hf_model):
@@ -126,7 +148,7 @@ def test_the_gguf_reads_as_transformers_reads_it(jax_model, hf_model):
     assert config.rope_theta == hf_model.config.rope_parameters["rope_theta"]
 
 
-def test_passage_logprobs_equal_transformers(jax_model, hf_model, tokenizer):
+def test_passage_logprobs_equal_transformers(engine_of, hf_model, tokenizer):
     import torch
 
     from jaxpaged.outputs import RequestOutputKind
@@ -137,7 +159,7 @@ def test_passage_logprobs_equal_transformers(jax_model, hf_model, tokenizer):
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long)).logits[0]
     expected = torch.log_softmax(logits.double(), -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
-    engine = _engine(jax_model, block_size=16, num_blocks=64, max_model_len=1024, max_num_batched_tokens=256)
+    engine = engine_of("block32-prefix-caching-chunked-prefill")
     out, = _run(engine, [ids], SamplingParams(max_tokens=1, prompt_logprobs=0,
                                              output_kind=RequestOutputKind.FINAL_ONLY))
     got = np.array([entry[token] for entry, token in zip(out.prompt_logprobs[1:], ids[1:])])
@@ -146,13 +168,14 @@ def test_passage_logprobs_equal_transformers(jax_model, hf_model, tokenizer):
 
 
 @pytest.mark.parametrize("variant", list(ENGINE_VARIANTS))
-def test_greedy_chat_answers_equal_transformers(jax_model, chat_ids, hf_answers, tokenizer, variant):
+def test_greedy_chat_answers_equal_transformers(engine_of, chat_ids, hf_answers, tokenizer, variant):
     from jaxpaged.outputs import RequestOutputKind
     from jaxpaged.sampling_params import SamplingParams
 
-    engine = _engine(jax_model, **ENGINE_VARIANTS[variant])
-    outs = _run(engine, chat_ids, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
-                                                 output_kind=RequestOutputKind.FINAL_ONLY))
+    engine = engine_of(variant)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, output_kind=RequestOutputKind.FINAL_ONLY)
+    # the first conversation alone, then the rest: those sharing its system prompt can hit its cached block
+    outs = _run(engine, chat_ids[:1], params, "first") + _run(engine, chat_ids[1:], params, "rest")
     got = [_until_stop(list(o.outputs[0].token_ids), tokenizer) for o in outs]
     assert got == hf_answers
     assert "Paris" in tokenizer.decode(got[0])
@@ -167,9 +190,7 @@ def test_greedy_chat_answers_equal_transformers(jax_model, chat_ids, hf_answers,
 def test_server_chat_answers_equal_transformers(server, hf_answers, tokenizer, stream):
     import openai
 
-    proc, base = server
-    wait_healthy(base, [proc])
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=300)
     for i, (question, expected) in enumerate(zip(QUESTIONS, hf_answers)):
         request = dict(model="smollm2", messages=_messages(question, i), max_tokens=MAX_TOKENS, temperature=0)
         if stream:
