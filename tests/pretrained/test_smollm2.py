@@ -95,17 +95,18 @@ def chat_ids(tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_answers(hf_model, chat_ids, tokenizer) -> list[list[int]]:
-    """transformers' greedy tokens for each chat prompt, up to and without the stop token."""
+    """transformers' greedy tokens for each chat prompt, up to and without the stop token: one left-padded
+    batch, the padding masked by the explicit attention mask (and only the padding)."""
     import torch
 
-    answers = []
-    for ids in chat_ids:
-        prompt = torch.tensor([ids])
-        with torch.no_grad():
-            out = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_TOKENS,
-                                    do_sample=False, eos_token_id=sorted(tokenizer.stop_token_ids))
-        answers.append(_until_stop(out[0, len(ids):].tolist(), tokenizer))
-    return answers
+    width = max(len(ids) for ids in chat_ids)
+    pad = tokenizer.eos_token_id
+    prompts = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chat_ids])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chat_ids])
+    with torch.no_grad():
+        out = hf_model.generate(prompts, attention_mask=mask, max_new_tokens=MAX_TOKENS, do_sample=False,
+                                pad_token_id=pad, eos_token_id=sorted(tokenizer.stop_token_ids))
+    return [_until_stop(row[width:].tolist(), tokenizer) for row in out]
 
 
 def _until_stop(tokens: list[int], tokenizer) -> list[int]:
@@ -186,16 +187,25 @@ def test_greedy_chat_answers_equal_transformers(engine_of, chat_ids, hf_answers,
     assert engine.kv.stats.usage == 0
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_server_chat_answers_equal_transformers(server, hf_answers, tokenizer, stream):
+def test_server_chat_answers_equal_transformers(server, hf_answers, tokenizer):
+    """Every conversation twice at once, streamed and not, through the official client."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import openai
 
-    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=300)
-    for i, (question, expected) in enumerate(zip(QUESTIONS, hf_answers)):
-        request = dict(model="smollm2", messages=_messages(question, i), max_tokens=MAX_TOKENS, temperature=0)
-        if stream:
-            text = "".join(chunk.choices[0].delta.content or ""
-                           for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices)
-        else:
-            text = client.chat.completions.create(**request).choices[0].message.content
-        assert text == tokenizer.decode(expected), question
+    client = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=600)
+
+    def ask(job: tuple[int, bool]) -> str:
+        index, stream = job
+        request = dict(model="smollm2", messages=_messages(QUESTIONS[index], index), max_tokens=MAX_TOKENS,
+                       temperature=0)
+        if not stream:
+            return client.chat.completions.create(**request).choices[0].message.content
+        return "".join(chunk.choices[0].delta.content or ""
+                       for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices)
+
+    jobs = [(i, stream) for stream in (False, True) for i in range(len(QUESTIONS))]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        texts = list(pool.map(ask, jobs))
+    expected = [tokenizer.decode(hf_answers[i]) for i, _ in jobs]
+    assert texts == expected
