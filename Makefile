@@ -33,7 +33,7 @@ test: $(STAMP) $(MODEL_FILE)
 	$(VPY) -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(STAMP) $(MODEL_FILE)
-	$(VENV)/bin/jaxpaged bench serving --model=small --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+	$(VENV)/bin/jaxpaged bench serving --model=$(MODEL_FILE) --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache
