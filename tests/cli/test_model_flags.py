@@ -1,4 +1,5 @@
-"""`jaxpaged convert` refuses a checkpoint it cannot read with the CLI's one-line usage error, not a traceback."""
+"""`jaxpaged convert` refuses a checkpoint it cannot read with the one-line usage error; `jaxpaged serve` defaults to
+the pretrained GGUF."""
 
 import pytest
 
@@ -14,3 +15,14 @@ def test_missing_checkpoint_is_one_usage_line(tmp_path, capsys, flag):
     assert len(errors) == 1 and "--model" in errors[0] and str(missing) in errors[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_without_model_serves_the_pretrained_gguf():
+    from jaxpaged.cli.commands import find
+    from jaxpaged.gguf_file import is_gguf_file
+    from jaxpaged.pretrained import default_model_path
+
+    command, _ = find(["jaxpaged", "serve"])
+    module, _ = cli.parse(command, [])
+    assert module.MODEL.value == str(default_model_path())
+    assert is_gguf_file(module.MODEL.value), "run `make model`"
