@@ -1,6 +1,6 @@
 """The pretrained SmolLM2-135M-Instruct GGUF (`make model`) against transformers' own GGUF loader on the same file.
 
-In float32: per-token logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this
+The tokenizer built from the metadata against transformers' GGUF tokenizer. In float32: per-token logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this
 project) within 1e-4; greedy chat answers token for token, through the engine under block sizes 32 and 16,
 prefix caching on and off, chunked prefill and preemption, and through a live `jaxpaged serve` with the
 official `openai` client, streamed and not. transformers' `generate` always gets an explicit attention mask:
@@ -147,6 +147,21 @@ def test_the_gguf_reads_as_transformers_reads_it(jax_model, hf_model):
     assert (config.model_type, config.num_layers, config.num_heads, config.num_kv_heads, config.vocab_size,
             config.tie_embeddings) == ("llama", 30, 9, 3, 49152, True)
     assert config.rope_theta == hf_model.config.rope_parameters["rope_theta"]
+
+
+def test_tokenizer_built_from_metadata_equals_transformers(tokenizer, chat_ids):
+    """The same ids as transformers' GGUF tokenizer, and the same text back (digits split one by one, specials
+    whole, multi-byte characters)."""
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(MODEL.parent, gguf_file=MODEL.name)
+    texts = [PASSAGE, "It's 2024: 12345 apples cost $3.50!", "  two  spaces\n\n\ttab é ü 中文 🙂",
+             "<|im_start|>user\nhi<|im_end|>\n"]
+    for text in texts:
+        ids = tokenizer.encode(text)
+        assert ids == reference(text)["input_ids"], text
+        assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.stop_token_ids) == (1, 2, {2})
 
 
 def test_passage_logprobs_equal_transformers(engine_of, hf_model, tokenizer):
