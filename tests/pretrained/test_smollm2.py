@@ -1,11 +1,11 @@
 """The pretrained SmolLM2-135M-Instruct GGUF (`make model`) against transformers' own GGUF loader on the same file.
 
 The tokenizer built from the metadata against transformers' GGUF tokenizer. In float32: per-token
-logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this project) within 1e-4; greedy chat answers token for token, through the engine under block sizes 32 and 16,
-prefix caching on and off, chunked prefill and preemption, and through a live `jaxpaged serve` with the
-official `openai` client, streamed and not. transformers' `generate` always gets an explicit attention mask:
-SmolLM2's pad token is `<|im_end|>`, the chat template's turn separator, and without a mask it is masked
-out of the prompt.
+logprobs of a real passage (643 tokens, tests/pretrained/passage.txt, written for this project) within
+1e-4; greedy chat answers token for token, through the engine under block sizes 32 and 16, prefix caching
+on and off, chunked prefill and preemption, and through a live `jaxpaged serve` with the official `openai`
+client, streamed and not. transformers' `generate` always gets an explicit attention mask: SmolLM2's pad
+token is `<|im_end|>`, the chat template's turn separator, and without a mask it is masked out of the prompt.
 
 Cost: the weights load once for the in-process engines, once in the server. The server has the first
 engine's geometry, so its steps come from the persistent compile cache that engine filled.
