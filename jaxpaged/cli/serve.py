@@ -73,6 +73,9 @@ HOST = FLAGS.DEFINE_string("host", "127.0.0.1", "address to listen on")
 PORT = FLAGS.DEFINE_integer("port", 8000, "port to listen on")
 KV_BUDGET = FLAGS.DEFINE_integer("kv_budget_tokens", None, "KV pool size in tokens (default: --kv_cache_bytes)")
 MAX_WAITING = FLAGS.DEFINE_integer("max_waiting_requests", 1024, "waiting-queue bound; beyond it: 503")
+MAX_PROMPTS = FLAGS.DEFINE_integer("max_prompts_per_request", None,
+                                   "most prompts in one completion request; more: 400 (default: a quarter of "
+                                   "--max_waiting_requests, so one request cannot fill the queue)")
 MAX_BODY = FLAGS.DEFINE_integer("max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES,
                                 "largest request body accepted; larger ones get a 413 before they are parsed")
 DRAIN = FLAGS.DEFINE_float("drain_timeout_s", 30.0, "at shutdown, how long in-flight requests may finish")
@@ -97,10 +100,14 @@ CHAT_TEMPLATE = FLAGS.DEFINE_string("chat_template", None,
                                    "the model's own (chat_template.jinja, tokenizer_config.json, a GGUF's metadata)")
 API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
                                    "(with --engine_core=process)")
+API_RESTARTS = FLAGS.DEFINE_integer("api_server_restarts", 5,
+                                    "an API server that dies is restarted on the same socket, at most this many "
+                                    "times a minute; one more is a crash loop: the server exits 1 "
+                                    "(0: the first death stops the server)")
 
 FLAGS.positive("api_server_count", "port", "kv_budget_tokens", "max_waiting_requests", "data_parallel_size",
-               "max_request_body_bytes")
-FLAGS.non_negative("drain_timeout_s")
+               "max_request_body_bytes", "max_prompts_per_request")
+FLAGS.non_negative("drain_timeout_s", "api_server_restarts")
 FLAGS.register_multi_flags_validator(
     ["data_parallel_size", "tensor_parallel_size", "num_processes"],
     lambda v: v["data_parallel_size"] == 1 or (v["tensor_parallel_size"] == 1 and (v["num_processes"] or 1) == 1),
@@ -163,7 +170,8 @@ def serve_in_process() -> None:
                                multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
                     chat_template=ChatTemplate.for_model(MODEL.value, CHAT_TEMPLATE.value), registry=metrics.registry,
-                    enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value)
+                    enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
+                    max_prompts_per_request=MAX_PROMPTS.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
 
 
@@ -180,9 +188,11 @@ def serve_engine_core_process() -> int:
     from jaxpaged.server.core.launcher import ApiSpec, ListenError, serve_split
     api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
-                  drain_timeout_s=DRAIN.value, chat_template=CHAT_TEMPLATE.value)
+                  drain_timeout_s=DRAIN.value, max_prompts_per_request=MAX_PROMPTS.value,
+                  chat_template=CHAT_TEMPLATE.value)
     try:
-        return serve_split(core_spec(), api, api_server_count=API_SERVERS.value)
+        return serve_split(core_spec(), api, api_server_count=API_SERVERS.value,
+                           api_server_restarts=API_RESTARTS.value)
     except ListenError as error:  # raised before any process starts
         raise app.UsageError(f"--host/--port: {error.strerror}") from None
 

@@ -38,13 +38,17 @@ RETRY_AFTER_S = 1
 
 def build_app(client: EngineClient, *, served_model_name: str, chat_template: ChatTemplate | None = None,
               registry: CollectorRegistry | None = None, enable_debug_endpoints: bool = False,
-              max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
+              max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+              max_prompts_per_request: int | None = None) -> FastAPI:
     """The app over a started-or-not `EngineClient` (`AsyncEngine`, `CoreClient`, `ReplicaPool`); it starts and
     stops with the app's lifespan. The routes are jaxpaged/server/routes/'s modules.
 
     `max_request_body_bytes` refuses larger bodies with a 413 before they are parsed (None: no limit).
+    `max_prompts_per_request` bounds the prompts of one completion request (None: a quarter of the engine's
+    waiting queue; limits.py has every per-request limit).
     """
-    state = ServerState(client, served_model_name, chat_template or ChatTemplate(), registry or CollectorRegistry())
+    state = ServerState(client, served_model_name, chat_template or ChatTemplate(), registry or CollectorRegistry(),
+                        max_prompts_per_request)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -55,7 +59,8 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
     _count_requests(app, state.registry)
-    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes)  # outermost: before anything reads the body
+    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # outermost: before anything reads the body
+                       max_json_values=lambda: state.limits.max_json_values)
     _handle_errors(app)
     for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ()):
         app.include_router(module.router(state))

@@ -29,11 +29,11 @@ import threading
 import time
 from jaxpaged.engine import Engine
 from jaxpaged import distributed
-from jaxpaged.outputs import RequestOutput, RequestOutputKind
+from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.engine_client import ModelInfo
-from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
-                                            refuse_overlong)
+from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_from_dict,
+                                            params_to_dict, refuse_overlong)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class AsyncEngine:
     @functools.cached_property
     def model_info(self) -> ModelInfo:
         """The engine's tokenizer, model and limits (fixed, so read from any thread)."""
-        return ModelInfo.of(self.engine)
+        return ModelInfo.of(self.engine, self.max_waiting_requests)
 
     async def engine_metrics(self) -> str:
         """Nothing: in one process the server's registry already holds the engine's metrics (`attach_metrics`)."""
@@ -308,7 +308,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "add":
         if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
-        params = SamplingParams(**(record["params"] | {"output_kind": RequestOutputKind[record["params"]["output_kind"]]}))
+        params = params_from_dict(record["params"])
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
                            arrival_time=record["arrival_time"])
         return None

@@ -38,8 +38,8 @@ class ChatTemplate:
         """`source` is the jinja text; None makes `render` raise ValueError with `missing_reason`."""
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        self.source = source
         self.template = env.from_string(source) if source is not None else None
+        self.source = source  # which tool-call format the model writes is read off it (server/tools.py)
         self.bos_token, self.eos_token = bos_token, eos_token
         self.missing_reason = missing_reason
 
@@ -75,13 +75,18 @@ class ChatTemplate:
             f"{path.name} has no chat template ({JINJA_FILE}, {TOKENIZER_CONFIG} or {LEGACY_JSON_FILE}): "
             "pass the server a template with --chat_template=FILE"))
 
-    def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text; ValueError when the model has no template or the template rejects the conversation."""
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """The prompt text; ValueError when the model has no template or the template rejects the conversation.
+
+        `tools` (OpenAI tool definitions) are passed to the template as `tools`, as Hugging Face does.
+        """
         if self.template is None:
             raise ValueError(f"messages: {self.missing_reason}")
+        extra = {} if tools is None else {"tools": tools}
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except jinja2.TemplateError as err:
             raise ValueError(f"messages: the chat template failed: {err}") from None
 

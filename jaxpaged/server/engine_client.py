@@ -21,19 +21,24 @@ from jaxpaged.sampling_params import SamplingParams
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
     """The engine's fixed facts a front end reads: its tokenizer, model, longest sequence and cache geometry
-    (the block size and hash algorithm, for a router that hashes prompts as the engine does)."""
+    (the block size and hash algorithm, for a router that hashes prompts as the engine does), and the sizes
+    a request's limits derive from (`limits.RequestLimits`): the sequences it runs at once and its
+    waiting-queue bound."""
 
     tokenizer: object
     model_config: ModelConfig
     max_model_len: int
     block_size: int
     hash_algo: str
+    max_num_seqs: int = 64
+    max_waiting_requests: int = 1024
 
     @classmethod
-    def of(cls, engine) -> "ModelInfo":
-        """The facts of an `Engine` (fixed at its construction, so safe to read from any thread)."""
+    def of(cls, engine, max_waiting_requests: int = 1024) -> "ModelInfo":
+        """The facts of an `Engine` (fixed at its construction, so safe to read from any thread), served with
+        a waiting queue of `max_waiting_requests`."""
         return cls(engine.tokenizer, engine.model_config, engine.max_model_len, engine.block_size,
-                   engine.config.hash_algo)
+                   engine.config.hash_algo, engine.config.max_num_seqs, max_waiting_requests)
 
 
 class RequestOutputStream(Protocol):

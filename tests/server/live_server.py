@@ -8,6 +8,7 @@ processes (multi-host).
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,14 @@ def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "jaxpaged", "serve", "--model=tiny", *flags],
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def keep_draining(proc: subprocess.Popen) -> list[str]:
+    """Read `proc`'s output on a daemon thread into the returned list (grows as lines come): a server whose
+    log pipe nobody reads blocks in its next log line once the pipe's 64 KiB are full."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return lines
 
 
 def wait_healthy(base: str, procs: list[subprocess.Popen]) -> None:

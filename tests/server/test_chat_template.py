@@ -90,6 +90,10 @@ def test_chat_without_a_template_is_a_400_and_completions_still_work(tiny_model)
         assert response.status_code == 400
         error = response.json()["error"]
         assert "no chat template" in error["message"] and error["type"] == "BadRequestError"
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+        with_tools = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES,
+                                                               "tools": [tool], "max_tokens": 2})
+        assert with_tools.status_code == 400 and "no chat template" in with_tools.json()["error"]["message"]
         ok = client.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 2})
         assert ok.status_code == 200
     assert engine.kv.stats.usage == 0

@@ -32,6 +32,8 @@ def server():
     port = free_port()
     proc = start_server("--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
                         f"--max_model_len={MAX_MODEL_LEN}", "--max_num_seqs=4", "--max_waiting_requests=4",
+                        # more prompts per request than the queue holds: the 503 of a queue that fills mid-request
+                        "--max_prompts_per_request=16",
                         f"--max_request_body_bytes={BODY_LIMIT}", "--enable_debug_endpoints")
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, [proc])

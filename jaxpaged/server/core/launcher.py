@@ -11,8 +11,11 @@ by `start_child`), so no process outlives it: a launcher killed with SIGKILL
 still has its children drain and exit. Multi-host: the core is the process
 that joins jax.distributed as process 0 (`CoreSpec.distributed`). What the launcher does when a child ends:
 
-- an API server: the others and the core keep serving (the core aborts that
-  server's requests);
+- an API server: the core aborts that server's requests, the others keep
+  serving, and the launcher starts a new one on the listening socket it kept
+  (so connections queued meanwhile are served). At most `api_server_restarts`
+  restarts in any `API_RESTART_WINDOW_S` seconds: one more is a crash loop,
+  and the launcher stops everything and exits non-zero;
 - the core: the API servers have already failed their streams and answer 503
   on /health; after `core_death_grace_s` they are stopped and the launcher
   exits non-zero;
@@ -23,6 +26,7 @@ that joins jax.distributed as process 0 (`CoreSpec.distributed`). What the launc
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import logging
@@ -34,10 +38,12 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
 _JOIN_SLACK_S = 10.0  # beyond the drain timeout, how long a child may take to exit before it is killed
+API_RESTART_WINDOW_S = 60.0  # the restart budget counts the API server restarts in this window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,41 +57,63 @@ class ApiSpec:
     enable_debug_endpoints: bool = False
     max_request_body_bytes: int | None = None
     drain_timeout_s: float = 30.0
+    max_prompts_per_request: int | None = None
     chat_template: str | None = None  # a template file that replaces the model's own
 
 
-def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0) -> int:
-    """Run the processes until SIGTERM or the core's end; returns the exit status. Raises ListenError, before
-    starting anything, when the port cannot be listened on."""
+def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0,
+                api_server_restarts: int = 5) -> int:
+    """Run the processes until SIGTERM or the core's end; returns the exit status (0 after SIGTERM, 1 when the
+    core died or the API servers crash-looped). Raises ListenError, before starting anything, when the port
+    cannot be listened on. `api_server_restarts`: the restart budget (see the module docstring)."""
     from jaxpaged.server.core.process import run_core
     listener = listening_socket(api.host, api.port)
     ctx = multiprocessing.get_context("spawn")  # JAX and ZeroMQ are not fork-safe
     socket_dir = tempfile.mkdtemp(prefix="jaxpaged-core-")
     address = f"ipc://{socket_dir}/core.sock"
     core = start_child(ctx, run_core, core_spec, address, name="jaxpaged-engine-core")
-    with listener:  # each server got its own descriptor of it when spawned
-        servers = [start_child(ctx, run_api_server, api, listener, address, core.pid, name=f"jaxpaged-api-{i}")
-                   for i in range(api_server_count)]
-    log.info("engine core pid %d; API servers %s on %s:%d", core.pid, [s.pid for s in servers], api.host, api.port)
+
+    def start_api_server(i: int) -> multiprocessing.Process:
+        return start_child(ctx, run_api_server, api, listener, address, core.pid, name=f"jaxpaged-api-{i}")
+
+    live = {i: start_api_server(i) for i in range(api_server_count)}
+    log.info("engine core pid %d; API servers %s on %s:%d", core.pid, [s.pid for s in live.values()], api.host,
+             api.port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     status = 0
-    live = list(servers)
-    while not stop.is_set():
-        ready = multiprocessing.connection.wait([core.sentinel] + [s.sentinel for s in live], timeout=0.2)
-        if core.sentinel in ready:
-            log.error("the engine core exited (%s); stopping the API servers", core.exitcode)
-            stop.wait(core_death_grace_s)
-            status = 1
-            break
-        for s in [s for s in live if s.sentinel in ready]:
-            log.error("API server pid %d exited (%s); the others keep serving", s.pid, s.exitcode)
-            live.remove(s)
-        if not live:
-            status = 1
-            break
-    _stop(live, api.drain_timeout_s)
+    restarts: collections.deque[float] = collections.deque()  # when each restart in the window happened
+    with listener:  # kept open: a restarted API server accepts on it, and the kernel queues connections meanwhile
+        while not stop.is_set():
+            ready = multiprocessing.connection.wait([core.sentinel] + [s.sentinel for s in live.values()],
+                                                    timeout=0.2)
+            if core.sentinel in ready:
+                log.error("the engine core exited (%s); stopping the API servers", core.exitcode)
+                stop.wait(core_death_grace_s)
+                status = 1
+                break
+            for i, s in [(i, s) for i, s in live.items() if s.sentinel in ready]:
+                del live[i]
+                s.join(_JOIN_SLACK_S)  # its sentinel closes as it exits; its status is there once it is reaped
+                log.error("API server pid %d exited (%s); %d of %d API servers left", s.pid, s.exitcode,
+                          len(live), api_server_count)
+                now = time.monotonic()
+                while restarts and restarts[0] <= now - API_RESTART_WINDOW_S:
+                    restarts.popleft()
+                if len(restarts) >= api_server_restarts:
+                    log.error("API servers crash-looping: %d restarts in the last %.0f s (the budget, "
+                              "--api_server_restarts); stopping the server", len(restarts), API_RESTART_WINDOW_S)
+                    status = 1
+                    break
+                restarts.append(now)
+                live[i] = start_api_server(i)
+                log.warning("restarted the API server as pid %d (restart %d of %d in %.0f s); %d of %d API "
+                            "servers running", live[i].pid, len(restarts), api_server_restarts,
+                            API_RESTART_WINDOW_S, len(live), api_server_count)
+            if status:
+                break
+    _stop(list(live.values()), api.drain_timeout_s)
     _stop([core], api.drain_timeout_s)
     shutil.rmtree(socket_dir, ignore_errors=True)
     return status
@@ -138,7 +166,8 @@ def run_api_server(api: ApiSpec, listener: socket.socket, address: str, core_pid
         app = build_app(client, served_model_name=api.served_model_name,
                         chat_template=ChatTemplate.for_model(api.model, api.chat_template),
                         enable_debug_endpoints=api.enable_debug_endpoints,
-                        max_request_body_bytes=api.max_request_body_bytes)
+                        max_request_body_bytes=api.max_request_body_bytes,
+                        max_prompts_per_request=api.max_prompts_per_request)
         gc.collect()
         gc.freeze()  # startup's objects (app, tokenizer) live on: no collection walks them again
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)

@@ -24,6 +24,8 @@ def router(state: ServerState) -> APIRouter:
     @routes.post("/v1/cache/pin")
     async def pin_prefix(body: PinRequest):
         prompt = state.prompt_or_messages(body, "pin")
+        if isinstance(prompt, list):
+            state.limits.check_token_ids(prompt)
         cached = await state.client.pin_prefix(prompt, body.ttl_s, cache_salt=body.cache_salt)
         return {"cached_blocks": cached, "ttl_s": body.ttl_s}
 

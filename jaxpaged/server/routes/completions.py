@@ -24,10 +24,12 @@ def router(state: ServerState) -> APIRouter:
 
     async def complete(body: CompletionRequest):
         state.check_model(body.model)
+        prompts = body.prompts()
+        state.check_request(body, prompts)
         params = body.completion_params(default_max_tokens=16)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        await state.pin_prompts(body, body.prompts())
-        streams = await state.submit(request_id, body.prompts(), params, body.cache_salt)
+        await state.pin_prompts(body, prompts)
+        streams = await state.submit(request_id, prompts, params, body.cache_salt)
         created = int(time.time())
         head = {"id": request_id, "object": "text_completion", "created": created, "model": state.served_model_name}
         tokenizer = state.client.model_info.tokenizer

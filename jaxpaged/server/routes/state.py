@@ -4,12 +4,15 @@ and the request-level steps the generating routes share (model check, prompt ren
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from prometheus_client import CollectorRegistry
 
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
+from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
+from jaxpaged.server.tools import template_messages
 
 
 class ModelNotFound(Exception):
@@ -24,15 +27,27 @@ class ServerState:
     served_model_name: str
     chat_template: ChatTemplate
     registry: CollectorRegistry
+    max_prompts_per_request: int | None = None  # None: derived from the engine's waiting queue (limits.py)
+
+    @functools.cached_property
+    def limits(self) -> RequestLimits:
+        """What one request may ask for, from the engine's sizes (read once the client knows its model)."""
+        return RequestLimits.of(self.client.model_info, self.max_prompts_per_request)
+
+    def check_request(self, body, prompts) -> None:
+        """ValueError naming the field and its limit when the request asks for more than one request may;
+        runs before anything is built, pinned or queued for it."""
+        self.limits.check_sampling(body)
+        self.limits.check_prompts(prompts)
 
     def check_model(self, name: str | None) -> None:
         """ModelNotFound (a 404) unless `name` is absent or the served model's."""
         if name is not None and name != self.served_model_name:
             raise ModelNotFound(name)
 
-    def render_chat(self, body) -> str:
-        """The body's `messages` as one prompt text, by the chat template."""
-        return self.chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
+    def render_chat(self, body, tools: list[dict] | None = None) -> str:
+        """The body's `messages` (and `tools`) as one prompt text, by the chat template."""
+        return self.chat_template.render(template_messages(body.messages), tools=tools,
                                          add_generation_prompt=body.add_generation_prompt)
 
     def prompt_or_messages(self, body, what: str):
