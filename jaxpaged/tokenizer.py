@@ -1,6 +1,7 @@
 """Tokenizers: a byte-level fallback, a Hugging Face `tokenizer.json` wrapper, and streaming decode.
 
-The engine depends only on the `Tokenizer` protocol. A checkpoint directory
+The engine depends only on the `Tokenizer` protocol. A GGUF file uses the
+tokenizer its metadata describes (`jaxpaged.gguf_tokenizer`). A checkpoint directory
 uses its `tokenizer.json` (Hugging Face `tokenizers`), else its
 `tokenizer.model` (sentencepiece), else -- when its BOS/EOS ids lie below 256,
 so bytes cannot be tokens -- no tokenizer at all (`IdsOnlyTokenizer`: token-id
@@ -104,6 +105,11 @@ class HFTokenizer:
         tok = _Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         bos, eos, stops = read_special_ids(model_dir, tok.token_to_id)
         return cls(tok, bos, eos, stops)
+
+    @property
+    def backend(self) -> Any:
+        """The wrapped `tokenizers.Tokenizer`."""
+        return self._tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; the tokenizer's post-processor adds BOS when it is configured to."""
@@ -210,11 +216,16 @@ def read_special_ids(model_dir: Path, token_to_id=None) -> tuple[int | None, int
 def load_tokenizer(model_dir: str | Path | None, config: ModelConfig) -> Tokenizer:
     """The tokenizer for a model.
 
-    A directory's `tokenizer.json` (`HFTokenizer`), else its `tokenizer.model`
+    A GGUF file's own (built from its metadata); a directory's `tokenizer.json` (`HFTokenizer`), else its `tokenizer.model`
     (`SentencePieceTokenizer`), else `IdsOnlyTokenizer` -- unless its BOS/EOS
     leave ids 0-255 free, as a shipped config saved as a checkpoint does: that
     and a shipped config name get a `ByteTokenizer` sized to `config`.
     """
+    from jaxpaged.gguf_file import is_gguf_file
+
+    if model_dir is not None and is_gguf_file(model_dir):
+        from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
+        return load_gguf_tokenizer(model_dir)
     if model_dir is not None and Path(model_dir).is_dir():
         model_dir = Path(model_dir)
         if (model_dir / "tokenizer.json").is_file():

@@ -1,4 +1,4 @@
-"""Model weights in and out: Hugging Face safetensors, Orbax, and the `load_model` dispatcher."""
+"""Model weights in and out: Hugging Face safetensors, GGUF, Orbax, and the `load_model` dispatcher."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from jaxpaged.checkpoint.convert import convert_hf_to_orbax
+from jaxpaged.checkpoint.gguf import is_gguf_file, load_gguf_checkpoint, read_gguf_config
 from jaxpaged.checkpoint.hf import (hf_config_to_model_config, is_hf_checkpoint_dir,
                                     load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
 from jaxpaged.checkpoint.orbax_io import (is_orbax_checkpoint_dir, load_params, read_saved_config,
@@ -16,15 +17,18 @@ from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.model.llama import LlamaModel, init_model
 from jaxpaged.parallel import TensorParallel
 
-__all__ = ["convert_hf_to_orbax", "hf_config_to_model_config", "is_hf_checkpoint_dir",
-           "is_orbax_checkpoint_dir", "load_hf_checkpoint", "load_model", "load_params", "model_config",
-           "save_hf_checkpoint", "save_params"]
+__all__ = ["convert_hf_to_orbax", "hf_config_to_model_config", "is_gguf_file", "is_hf_checkpoint_dir",
+           "is_orbax_checkpoint_dir", "load_gguf_checkpoint", "load_hf_checkpoint", "load_model", "load_params",
+           "model_config", "read_gguf_config", "save_hf_checkpoint", "save_params"]
 
 
 def model_config(path_or_name: str | Path) -> ModelConfig:
     """The `ModelConfig` of what `load_model(path_or_name)` loads, without reading any weights: a checkpoint
-    directory's own config (jaxpaged Orbax or Hugging Face), else a shipped config name or a config JSON path."""
+    directory's own config (jaxpaged Orbax or Hugging Face), a GGUF file's metadata, else a shipped config name
+    or a config JSON path."""
     path = Path(path_or_name)
+    if is_gguf_file(path):
+        return read_gguf_config(path)
     if not path.is_dir():
         return load_config(path_or_name)
     if is_orbax_checkpoint_dir(path):
@@ -41,6 +45,7 @@ def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
 
     - a jaxpaged Orbax directory (written by `save_params`): its weights;
     - a Hugging Face checkpoint directory: its weights, via `load_hf_checkpoint`;
+    - a GGUF file: its weights dequantized, via `load_gguf_checkpoint`;
     - a shipped config name (`tiny`, `llama3-8b`, ...) or a config JSON path: random weights from `seed`.
 
     With `tensor_parallel_size` > 1 every weight is placed straight into its
@@ -49,6 +54,8 @@ def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
     """
     path = Path(path_or_name)
     config = model_config(path_or_name)
+    if is_gguf_file(path):
+        return load_gguf_checkpoint(path, dtype=dtype, sharding_of=_sharding_of(config, tensor_parallel_size))
     if path.is_dir():
         load = load_params if is_orbax_checkpoint_dir(path) else load_hf_checkpoint
         return load(path, dtype=dtype, sharding_of=_sharding_of(config, tensor_parallel_size))

@@ -60,7 +60,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("simulate routing", "simulate.routing", "routing policies over simulated replicas"),
     _c("simulate hybrid-kv", "simulate.hybrid_kv", "hybrid KV cache groups in the simulator"),
     _c("calibrate", "calibrate", "fit the cpu device profile to this machine and validate it"),
-    _c("convert", "convert", "convert a Hugging Face checkpoint to an Orbax one"),
+    _c("convert", "convert", "convert a Hugging Face checkpoint or a GGUF file to an Orbax one"),
     _c("capacity", "capacity", "KV cache capacity of a model on a memory budget"),
     _c("check-dashboard", "check_dashboard", "run the shipped Grafana dashboard's queries against a live server"),
     _c("lm-eval", "lm_eval", "lm-evaluation-harness against a live server"),

@@ -123,15 +123,17 @@ class FlagSet:
                                 message=f"--{name} must be one of {sorted(choices)}")
 
     def model_name(self, name: str = "model") -> None:
-        """``--model`` must name a shipped config, a config JSON file, or a checkpoint directory."""
+        """``--model`` must name a shipped config, a config JSON file, a checkpoint directory or a GGUF file."""
         from jaxpaged.config import list_configs
+        from jaxpaged.gguf_file import is_gguf_file
 
         def ok(value) -> bool:
-            return value in list_configs() or Path(value).is_dir() or (
+            return value in list_configs() or Path(value).is_dir() or is_gguf_file(value) or (
                 value.endswith(".json") and Path(value).is_file())
 
         self.register_validator(name, ok, message=f"--{name} must be a shipped config ({', '.join(list_configs())}), "
-                                                  "a config JSON file or a checkpoint directory")
+                                                  "a config JSON file, a checkpoint directory or a GGUF file (the default "
+                                                  "pretrained GGUF: `make model` fetches it)")
 
     def device_profile(self, name: str = "profile") -> None:
         """``--profile`` must name a known device profile, "cpu", or an existing profile JSON."""

@@ -1,8 +1,13 @@
 """OpenAI-compatible HTTP server (FastAPI + uvicorn) over one jaxpaged engine.
 
-    jaxpaged serve --model=tiny --host=127.0.0.1 --port=8000
-    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-        -d '{"model": "tiny", "prompt": "Hello", "max_tokens": 16}'
+    jaxpaged serve --host=127.0.0.1 --port=8000
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32}'
+
+Without --model it serves the pretrained SmolLM2-135M-Instruct GGUF that
+`make model` unpacks into data/models/ (jaxpaged/pretrained.py); --model
+takes a GGUF file, a checkpoint directory or a shipped random-weight config
+(tiny, small, ...).
 
 Endpoints: /v1/completions, /v1/chat/completions (both with `"stream": true`
 as server-sent events), /v1/models, /health, /metrics (Prometheus),
@@ -50,6 +55,7 @@ from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.engine import EngineConfig
 from jaxpaged.metrics import attach_metrics
+from jaxpaged.pretrained import default_model_path
 from jaxpaged.server.api import build_app
 from jaxpaged.server.async_engine import AsyncEngine, run_follower
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -60,7 +66,7 @@ from jaxpaged.sim.profiles import GPU_PROFILES
 FLAGS = FlagSet()
 FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
 # every EngineConfig field is a flag (jaxpaged/cli/engine_flags.py); the server samples KV residency by default
-ENGINE = EngineFlags(FLAGS, defaults={"kv_cache_metrics_sample": 0.01})
+ENGINE = EngineFlags(FLAGS, defaults={"kv_cache_metrics_sample": 0.01, "model": str(default_model_path())})
 MODEL = ENGINE.holders["model"]
 SERVED_NAME = FLAGS.DEFINE_string("served_model_name", None, "the model name clients use (default: --model)")
 HOST = FLAGS.DEFINE_string("host", "127.0.0.1", "address to listen on")
@@ -89,6 +95,9 @@ ENGINE_CORE = FLAGS.DEFINE_enum("engine_core", "process", ["process", "thread"],
                                 "detokenize and match stop strings (jaxpaged/server/core/); with replicas, one "
                                 "core process per replica; thread: the engine loop runs in the HTTP server's "
                                 "(or the replica actor's) process")
+CHAT_TEMPLATE = FLAGS.DEFINE_string("chat_template", None,
+                                   "a chat template file (jinja text, or JSON with \"chat_template\") that replaces "
+                                   "the model's own (chat_template.jinja, tokenizer_config.json, a GGUF's metadata)")
 API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
                                    "(with --engine_core=process)")
 API_RESTARTS = FLAGS.DEFINE_integer("api_server_restarts", 5,
@@ -115,6 +124,7 @@ FLAGS.register_multi_flags_validator(
     lambda v: v["api_server_count"] == 1 or (v["engine_core"] == "process" and v["data_parallel_size"] == 1),
     message="--api_server_count > 1 needs --engine_core=process and one engine (replicas have one ingress)")
 FLAGS.device_profile("device_profile")
+FLAGS.existing_file("chat_template")
 
 
 def engine_config() -> EngineConfig:
@@ -159,7 +169,7 @@ def serve_in_process() -> None:
     async_engine = AsyncEngine(engine, max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value,
                                multi_process=multi_process)
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
-                    chat_template=ChatTemplate.for_model(MODEL.value), registry=metrics.registry,
+                    chat_template=ChatTemplate.for_model(MODEL.value, CHAT_TEMPLATE.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
                     max_prompts_per_request=MAX_PROMPTS.value)
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
@@ -178,7 +188,8 @@ def serve_engine_core_process() -> int:
     from jaxpaged.server.core.launcher import ApiSpec, ListenError, serve_split
     api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
-                  drain_timeout_s=DRAIN.value, max_prompts_per_request=MAX_PROMPTS.value)
+                  drain_timeout_s=DRAIN.value, max_prompts_per_request=MAX_PROMPTS.value,
+                  chat_template=CHAT_TEMPLATE.value)
     try:
         return serve_split(core_spec(), api, api_server_count=API_SERVERS.value,
                            api_server_restarts=API_RESTARTS.value)
@@ -193,6 +204,7 @@ def serve_data_parallel() -> None:
     api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
                             policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
                             enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
-                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value)
+                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value,
+                            chat_template=CHAT_TEMPLATE.value)
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 

@@ -122,8 +122,10 @@ def required_calls_schema(functions: dict[str, dict], parallel: bool) -> dict:
     return schema
 
 
-def parser_for_template(source: str) -> str:
-    """The tool-call format a chat template's model writes: "mistral", "llama3_json" or "hermes"."""
+def parser_for_template(source: str | None) -> str:
+    """The tool-call format a chat template's model writes: "mistral", "llama3_json" or "hermes" (None: a model
+    without a template, whose chat requests are refused when they are rendered)."""
+    source = source or ""
     if "[TOOL_CALLS]" in source:
         return "mistral"
     if "<|python_tag|>" in source or "ipython" in source:

@@ -31,6 +31,7 @@ DIFFERENT_MEANING = {
     ("eviction_policy", "bench/block_manager.py"): "a list of policies to compare, not one",
     ("dtype", "bench/attention.py"): "the kernel's K/V pool dtype (float8_e4m3fn too), not the weights'",
     ("dtype", "convert.py"): "the converted checkpoint's weight dtype (three choices)",
+    ("model", "convert.py"): "the checkpoint to convert (a directory or a GGUF file), required, no shipped configs",
 }
 
 

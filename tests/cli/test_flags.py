@@ -42,6 +42,7 @@ BAD = [
     ("serve", "--device_profile=tpu-v9", "device_profile"),
     ("serve", "--max_request_body_bytes=0", "max_request_body_bytes"),
     ("serve", "--save_prefix_cache_on_shutdown", "save_prefix_cache_on_shutdown"),
+    ("serve", "--chat_template=no/such/template.jinja", "chat_template"),
     ("bench prompt-stall", "--repeats=0", "repeats"),
     ("bench replicas", "--replicas=2,0", "replicas"),
     ("bench replicas", "--policies=prefix_aware,random", "policies"),

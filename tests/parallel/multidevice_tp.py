@@ -9,7 +9,7 @@ each device holds 1/N of the pool (1/kv_heads when KV heads are replicated);
 compiles stay as many as on one device; the pool is still donated and keeps
 its split; host block copies and fp8 scales stay in logical KV heads; the
 Pallas kernel works on local heads; checkpoints load straight into shards;
-the Qwen2 (biases), Qwen3 (q/k norms) and Gemma 3 (sliding + full layers)
+GGUF files too; the Qwen2 (biases), Qwen3 (q/k norms) and Gemma 3 (sliding + full layers)
 families give the same logits sharded as on one device.
 """
 
@@ -206,13 +206,26 @@ def test_fp8_pool_with_replicated_heads(models):
     assert tokens == ref_tokens
 
 
-@pytest.mark.parametrize("fmt,n", [("hf", 4), ("orbax", 2)])
+def _save_gguf(model, path):
+    """`model` as a float32 GGUF file, through its HF checkpoint (llama.cpp's names and q/k permutation)."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from jaxpaged.checkpoint import save_hf_checkpoint
+    from tests.checkpoint.gguf_files import write_gguf
+    save_hf_checkpoint(model, path.parent / "hf-for-gguf")
+    hf = json.loads((path.parent / "hf-for-gguf" / "config.json").read_text())
+    write_gguf(path, hf, load_file(path.parent / "hf-for-gguf" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("fmt,n", [("hf", 4), ("orbax", 2), ("gguf", 2)])
 def test_checkpoints_load_into_shards(models, tmp_path, fmt, n):
     """A checkpoint loaded at N devices: each weight arrives as its slices, and the model computes the same."""
     from jaxpaged.checkpoint import load_model, save_hf_checkpoint, save_params
     from jaxpaged.checkpoint.skeleton import model_params
     model = models[TINY.name]
-    (save_hf_checkpoint if fmt == "hf" else save_params)(model, tmp_path / fmt)
+    {"hf": save_hf_checkpoint, "orbax": save_params, "gguf": _save_gguf}[fmt](model, tmp_path / fmt)
     loaded = model_params(load_model(tmp_path / fmt, tensor_parallel_size=n))
     for path, value in model_params(model).items():
         np.testing.assert_array_equal(np.asarray(loaded[path]), np.asarray(value), err_msg=str(path))

@@ -59,12 +59,14 @@ def make_runner(model, setup: ServingSetup) -> TimedRunner:
 
 def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
              *, on_finish: Callable[[RequestOutput], None] | None = None,
-             engine_hook: Callable[[Engine], None] | None = None) -> dict[str, float]:
+             engine_hook: Callable[[Engine], None] | None = None, model_name: str | None = None) -> dict[str, float]:
     """Run one mode on a fresh engine (fresh cache manager, shared runner) and summarize it.
 
-    ``engine_hook`` sees the engine before the run (e.g. to attach metrics).
+    ``engine_hook`` sees the engine before the run (e.g. to attach metrics). ``model_name`` (default: the
+    config's name) is what the engine's tokenizer is loaded from: the checkpoint path of a real model.
     """
-    engine = Engine(engine_config(setup, mode, model.config.name), model, runner=runner, clock=runner.clock)
+    engine = Engine(engine_config(setup, mode, model_name or model.config.name), model, runner=runner,
+                    clock=runner.clock)
     if engine_hook is not None:
         engine_hook(engine)
     compiles, compile_s = runner.num_compiles, runner.compile_s
@@ -75,7 +77,7 @@ def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, request
 def compare_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest], *,
                   modes: Sequence[str] = tuple(MODES), repeats: int = 1, warmup: bool = True,
                   on_finish: Callable[[RequestOutput], None] | None = None,
-                  engine_hook: Callable[[Engine], None] | None = None) -> dict:
+                  engine_hook: Callable[[Engine], None] | None = None, model_name: str | None = None) -> dict:
     """Run every mode ``repeats`` times, interleaved; returns per-run, median and ratio results.
 
     With ``warmup``, each mode first runs the workload once untimed, so the timed
@@ -83,11 +85,12 @@ def compare_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest
     any compile left in a timed run is excluded from its clock and counted).
     """
     runner = make_runner(model, setup)
-    warm = {mode: run_mode(model, runner, setup, mode, requests) for mode in modes} if warmup else {}
+    warm = ({mode: run_mode(model, runner, setup, mode, requests, model_name=model_name) for mode in modes}
+            if warmup else {})
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     for _ in range(repeats):
         for mode in modes:
             runs[mode].append(run_mode(model, runner, setup, mode, requests,
-                                       on_finish=on_finish, engine_hook=engine_hook))
+                                       on_finish=on_finish, engine_hook=engine_hook, model_name=model_name))
     medians = {mode: median_summary(r) for mode, r in runs.items()}
     return {"warmup": warm, "runs": runs, "median": medians, "ratios": mode_ratios(medians, RATIO_PAIRS)}

@@ -27,8 +27,9 @@ def mode_of(config: EngineConfig) -> str:
 
 def serve_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest], *, modes: Sequence[str],
                 repeats: int = 1, metrics_port: int | None = None, log_interval_s: float | None = None,
-                progress: bool = True) -> dict:
-    """`compare_modes`'s result plus ``kv_residency``: per mode, `kv_residency_summary` of its last run's engine."""
+                progress: bool = True, model_name: str | None = None) -> dict:
+    """`compare_modes`'s result plus ``kv_residency``: per mode, `kv_residency_summary` of its last run's engine.
+    ``model_name``: the checkpoint the engines load their tokenizer from (default: the config's name)."""
     from jaxpaged.metrics import attach_metrics, kv_residency_summary
     bar = tqdm(total=len(requests) * len(modes) * repeats, desc="requests", disable=not progress)
     port = iter([metrics_port])  # the HTTP server can bind once; it serves the first engine's registry
@@ -39,7 +40,7 @@ def serve_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest],
         last_engine[mode_of(engine.config)] = engine
 
     result = compare_modes(model, setup, requests, modes=modes, repeats=repeats, on_finish=lambda _: bar.update(),
-                           engine_hook=hook)
+                           engine_hook=hook, model_name=model_name)
     bar.close()
     result["kv_residency"] = {mode: kv_residency_summary(e) for mode, e in last_engine.items()}
     return result

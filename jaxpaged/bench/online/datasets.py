@@ -59,8 +59,14 @@ class BenchRequest:
 
 
 def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
-    """The tokenizer a server of ``name_or_dir`` (a shipped config name or a checkpoint directory) uses."""
+    """The tokenizer a server of ``name_or_dir`` (a shipped config name, a checkpoint directory or a GGUF
+    file) uses."""
+    from jaxpaged.gguf_file import is_gguf_file
+
     path = Path(name_or_dir)
+    if is_gguf_file(path):
+        from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
+        return load_gguf_tokenizer(path)
     if (path / "tokenizer.json").is_file():
         return HFTokenizer.from_dir(path)
     if path.is_dir():

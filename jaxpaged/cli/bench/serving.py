@@ -74,7 +74,7 @@ def main(argv):
                                 kv_cache_metrics_sample=ENGINE.holders["kv_cache_metrics_sample"].value)
     result = serve_modes(load_model(bench_flags.MODEL.value), setup, requests, modes=MODES_FLAG.value,
                          repeats=REPEATS.value, metrics_port=METRICS_PORT.value, log_interval_s=LOG_INTERVAL.value,
-                         progress=PROGRESS.value)
+                         progress=PROGRESS.value, model_name=bench_flags.MODEL.value)
     meta = {"model": bench_flags.MODEL.value, "workload": bench_flags.TRACE.value or WORKLOAD.value,
             "num_requests": len(requests), "request_rate": bench_flags.REQUEST_RATE.value,
             "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}

@@ -58,6 +58,7 @@ class ApiSpec:
     max_request_body_bytes: int | None = None
     drain_timeout_s: float = 30.0
     max_prompts_per_request: int | None = None
+    chat_template: str | None = None  # a template file that replaces the model's own
 
 
 def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0,
@@ -163,7 +164,7 @@ def run_api_server(api: ApiSpec, listener: socket.socket, address: str, core_pid
         client = CoreClient(address, core_pid)
         await client.connect()
         app = build_app(client, served_model_name=api.served_model_name,
-                        chat_template=ChatTemplate.for_model(api.model),
+                        chat_template=ChatTemplate.for_model(api.model, api.chat_template),
                         enable_debug_endpoints=api.enable_debug_endpoints,
                         max_request_body_bytes=api.max_request_body_bytes,
                         max_prompts_per_request=api.max_prompts_per_request)

@@ -53,13 +53,14 @@ class Ingress:
 
     async def __init__(self, replicas, *, served_model_name: str, model: str, policy: str,
                        enable_debug_endpoints: bool, liveness_timeout_s: float,
-                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES) -> None:
-        """``replicas``: the `EngineReplica` deployment's handle."""
+                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       chat_template: str | None = None) -> None:
+        """``replicas``: the `EngineReplica` deployment's handle; ``chat_template``: a file replacing the model's."""
         info = await replicas.model_info.remote()
         self.pool = ReplicaPool(replicas, info, deployment=REPLICA_DEPLOYMENT, policy=policy,
                                 liveness_timeout_s=liveness_timeout_s)
         self._served_model_name = served_model_name
-        self._chat_template = ChatTemplate.for_model(model)
+        self._chat_template = ChatTemplate.for_model(model, chat_template)
         self._debug = enable_debug_endpoints
         self._max_body = max_request_body_bytes
 
@@ -112,7 +113,7 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
                       replica_env: dict[str, str] | None = None, liveness_timeout_s: float = 60.0,
                       report_interval_s: float = 0.05,
                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
-                      engine_core: str = "process"):
+                      engine_core: str = "process", chat_template: str | None = None):
     """The bound Serve application: ``num_replicas`` engines behind the routing ingress.
 
     ``engine_core``: "process", each replica actor owns one engine core process
@@ -140,7 +141,7 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
                                ray_actor_options={"num_cpus": 0}, logging_config=QUIET)
     return ingress.bind(replica, served_model_name=served_model_name, model=config.model, policy=policy,
                         enable_debug_endpoints=enable_debug_endpoints, liveness_timeout_s=liveness_timeout_s,
-                        max_request_body_bytes=max_request_body_bytes)
+                        max_request_body_bytes=max_request_body_bytes, chat_template=chat_template)
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
