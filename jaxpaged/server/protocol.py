@@ -194,6 +194,7 @@ class PinRequest(BaseModel):
     messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
     cache_salt: StrictStr | None = None
+    tenant: StrictStr | None = None  # with API keys, an admin's pin in this tenant's namespace
     ttl_s: Number
 
 
