@@ -3,7 +3,8 @@
 Every client's request goes into the one `EngineClient` (engine_client.py). Errors follow the
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
-unknown model, 413 for a body over `max_request_body_bytes`, 503 with
+unknown model, 401 / 403 for a missing key or a role that may not (auth.py, tenants.py), 429 with
+`Retry-After` past a tenant's limits or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
 `Retry-After` when the waiting queue is full or the engine loop is gone.
 
 No client can stop the engine, or keep it busy after leaving: a client that
@@ -24,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jaxpaged.engine.pin_quota import PinQuotaError
 from jaxpaged.server.auth import Authenticate
 from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
@@ -120,6 +122,10 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(ModelNotFound)
     async def no_model(request: Request, exc: ModelNotFound):
         return _error(404, f"The model `{exc}` does not exist.", "NotFoundError", "model")
+
+    @app.exception_handler(PinQuotaError)
+    async def over_pin_quota(request: Request, exc: PinQuotaError):
+        return _error(429, str(exc), "RateLimitError", "ttl_s", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(PermissionDenied)
     async def not_allowed(request: Request, exc: PermissionDenied):

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from jaxpaged.engine import Engine
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
@@ -167,9 +168,12 @@ class AsyncEngine:
         False if some are still in use."""
         return await self._call({"op": "reset"})
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
-        """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`); blocks cached now."""
-        return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt})
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int:
+        """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`, charged to `quota`'s owner);
+        blocks cached now."""
+        return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt,
+                                 "quota": None if quota is None else quota.to_wire()})
 
     async def query(self, name: str):
         """The answer to a named engine query (`engine_queries.QUERIES`), read on the loop thread."""
@@ -317,7 +321,8 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "reset":
         return reset_prefix_cache(engine)
     if op == "pin":
-        return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"])
+        return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"],
+                                 quota=PinQuota.from_wire(record.get("quota")))
     if op == "stop":
         return None
     raise ValueError(f"unknown engine command {op!r}")

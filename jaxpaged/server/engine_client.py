@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import AsyncIterator, Protocol, runtime_checkable
 
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.config import ModelConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
@@ -75,7 +76,8 @@ class EngineClient(Protocol):
 
     async def reset_prefix_cache(self) -> bool: ...
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int: ...
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int: ...
 
     async def engine_metrics(self) -> str: ...
 

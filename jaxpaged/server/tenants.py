@@ -10,12 +10,16 @@ A server started with ``--api_key`` or ``--api_keys_file`` maps each key to a
 - what it may do: ``/reset_prefix_cache`` and pins in another tenant's
   namespace need the ``admin`` role;
 - how much it may ask at once: ``max_concurrent_requests`` in flight per API
-  server process (past it: 429 with ``Retry-After``).
+  server process (past it: 429 with ``Retry-After``);
+- how much it may pin: ``max_pins`` live pins holding at most
+  ``max_pinned_blocks`` blocks, counted by the engine (past them: 429;
+  jaxpaged/engine/pin_quota.py).
 
 The keys file is JSON::
 
     {"allow_sub_namespaces": false,
-     "keys": [{"key": "sk-...", "tenant": "alice", "role": "user", "max_concurrent_requests": 8},
+     "keys": [{"key": "sk-...", "tenant": "alice", "role": "user", "max_concurrent_requests": 8,
+               "max_pins": 16, "max_pinned_blocks": 512},
               {"key": "sk-...", "tenant": "ops", "role": "admin"}]}
 
 Keys are compared in constant time (`hmac.compare_digest` against every key,
@@ -31,7 +35,10 @@ import hmac
 import json
 from pathlib import Path
 
+from jaxpaged.engine.pin_quota import PinQuota
+
 ROLES = ("user", "admin")
+LIMITS = ("max_concurrent_requests", "max_pins", "max_pinned_blocks")
 SINGLE_KEY_TENANT = "default"  # the tenant of the one ``--api_key``
 
 
@@ -46,6 +53,8 @@ class Tenant:
     name: str
     role: str = "user"
     max_concurrent_requests: int | None = None  # None: no per-tenant bound
+    max_pins: int | None = None  # live pins (POST /v1/cache/pin, pin_ttl_s); None: only the server's bound
+    max_pinned_blocks: int | None = None  # full blocks under those pins
 
     @property
     def is_admin(self) -> bool:
@@ -86,7 +95,7 @@ class TenantKeys:
             where = f"{source}: keys[{i}]"
             if not isinstance(entry, dict):
                 raise ValueError(f"{where} must be an object")
-            unknown = set(entry) - {"key", "tenant", "role", "max_concurrent_requests"}
+            unknown = set(entry) - {"key", "tenant", "role", *LIMITS}
             if unknown:
                 raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
             key = _key_bytes(entry.get("key"), f"{where}.key")
@@ -122,6 +131,11 @@ class TenantKeys:
         return frozenset(t.name for _, t in self.keys)
 
 
+def pin_quota(tenant: Tenant) -> PinQuota:
+    """What the engine charges the tenant's pins to."""
+    return PinQuota(tenant.name, tenant.max_pins, tenant.max_pinned_blocks)
+
+
 def tenant_cache_salt(tenant: Tenant, client_salt: str | None, allow_sub_namespaces: bool) -> str:
     """The cache salt a tenant's request hashes its blocks with: the tenant's namespace, and inside it the
     client's ``cache_salt`` when the operator allows sub-namespaces (otherwise the client's salt is ignored).
@@ -145,7 +159,9 @@ def _tenant(entry: dict, where: str) -> Tenant:
     role = entry.get("role", "user")
     if role not in ROLES:
         raise ValueError(f"{where}.role must be one of {list(ROLES)}, got {role!r}")
-    limit = entry.get("max_concurrent_requests")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"{where}.max_concurrent_requests must be a positive integer, got {limit!r}")
-    return Tenant(name, role, limit)
+    limits = {}
+    for field in LIMITS:
+        limit = limits[field] = entry.get(field)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{where}.{field} must be a positive integer, got {limit!r}")
+    return Tenant(name, role, **limits)

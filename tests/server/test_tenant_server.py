@@ -1,6 +1,6 @@
 """A live `jaxpaged serve` with API keys (one server, engine core in its own process), driven by the official
 `openai` client: every refusal (missing key, wrong key, a user on an admin route or in another tenant's
-namespace, a tenant over its concurrency limit) has its status and OpenAI error type, and one tenant's prompt
+namespace, a tenant over its concurrency or pin limits) has its status and OpenAI error type, and one tenant's prompt
 is a cache miss for another whatever `cache_salt` the other sends."""
 
 import json
@@ -15,7 +15,7 @@ from tests.server.live_server import WAIT_S, keep_draining, free_port, start_ser
 PROMPT = list(range(1, 65))  # four full blocks: a hit reuses three (the last token is always recomputed)
 KEYS = {"keys": [
     {"key": "sk-alice", "tenant": "alice", "max_concurrent_requests": 1},
-    {"key": "sk-bob", "tenant": "bob"},
+    {"key": "sk-bob", "tenant": "bob", "max_pins": 2, "max_pinned_blocks": 6},
     {"key": "sk-ops", "tenant": "ops", "role": "admin"}]}
 
 
@@ -124,3 +124,24 @@ def test_a_tenant_past_its_concurrency_limit_gets_429_and_others_do_not(base):
         streamer.join(WAIT_S)
     wait_idle(base)
     assert client(base, "sk-alice").completions.create(model="tiny", prompt=[1, 2], max_tokens=1).choices
+
+
+def test_pins_past_a_tenants_quota_get_429_and_nothing_is_pinned(base):
+    bob = client(base, "sk-bob")
+
+    def pin(prompt, ttl_s):
+        return bob.post("/cache/pin", body={"prompt": prompt, "ttl_s": ttl_s}, cast_to=httpx.Response)
+
+    bob.post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0}, cast_to=httpx.Response)  # a clean slate
+    assert pin(list(range(100, 132)), 60).status_code == 200  # 2 blocks
+    with pytest.raises(openai.RateLimitError, match="max_pinned_blocks=6") as refused:
+        pin(list(range(140, 220)), 60)  # 5 more blocks
+    assert refused.value.response.headers["retry-after"] == "1"
+    assert pin(list(range(140, 204)), 60).status_code == 200  # 4 more: 6 in all
+    with pytest.raises(openai.RateLimitError, match="max_pins=2"):
+        bob.completions.create(model="tiny", prompt=list(range(230, 246)), max_tokens=1,
+                               extra_body={"pin_ttl_s": 60})
+    assert pin(list(range(100, 132)), 0).status_code == 200  # unpinning frees its share
+    out = bob.completions.create(model="tiny", prompt=list(range(230, 246)), max_tokens=1,
+                                 extra_body={"pin_ttl_s": 60})
+    assert out.choices

@@ -216,8 +216,8 @@ class EngineCore:
         if isinstance(msg, M.Call) and msg.name == "reset_prefix_cache":
             return {"op": "reset"}
         if isinstance(msg, M.Call) and msg.name == "pin_prefix":
-            prompt, ttl_s, cache_salt = msg.args
-            return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt}
+            prompt, ttl_s, cache_salt, quota = msg.args
+            return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt, "quota": quota}
         return None
 
     def _apply_commands(self) -> None:

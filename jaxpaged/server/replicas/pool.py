@@ -23,6 +23,7 @@ from typing import AsyncIterator
 
 import ray.exceptions
 
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.cache.events import DEVICE_TIER, KVEvent
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
@@ -160,11 +161,14 @@ class ReplicaPool:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")
         return all(results)
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int:
         """Pins the prefix on every live replica (any of them may serve it); the blocks cached now, summed.
+        Each replica charges ``quota``'s owner on its own ledger.
 
         A bad prompt or TTL is the first replica's ValueError (every replica refuses it alike)."""
-        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt)
+        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt,
+                                       None if quota is None else quota.to_wire())
         for r in results:
             if isinstance(r, ValueError):
                 raise r

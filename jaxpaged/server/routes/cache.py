@@ -31,7 +31,8 @@ def router(state: ServerState) -> APIRouter:
         prompt = state.prompt_or_messages(body, "pin")
         if isinstance(prompt, list):
             state.limits.check_token_ids(prompt)
-        cached = await state.client.pin_prefix(prompt, body.ttl_s, cache_salt=cache_salt)
+        cached = await state.client.pin_prefix(prompt, body.ttl_s, cache_salt=cache_salt,
+                                               quota=state.pin_quota(raw))
         return {"cached_blocks": cached, "ttl_s": body.ttl_s}
 
     return routes

@@ -23,9 +23,9 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
-        return await unless_disconnected(raw, chat(body, state.cache_salt(raw, body.cache_salt)))
+        return await unless_disconnected(raw, chat(body, raw, state.cache_salt(raw, body.cache_salt)))
 
-    async def chat(body: ChatCompletionRequest, cache_salt: str | None):
+    async def chat(body: ChatCompletionRequest, raw: Request, cache_salt: str | None):
         state.check_model(body.model)
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
@@ -39,7 +39,7 @@ def router(state: ServerState) -> APIRouter:
         default_max = max(info.max_model_len - len(prompt_ids), 1)
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        await state.pin_prompts(body, [prompt_ids], cache_salt)
+        await state.pin_prompts(raw, body, [prompt_ids], cache_salt)
         streams = await state.submit(request_id, [prompt_ids], params, cache_salt)
         created = int(time.time())
         tokenizer = info.tokenizer

@@ -12,7 +12,8 @@ from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
-from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, tenant_cache_salt
+from jaxpaged.engine.pin_quota import PinQuota
+from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt
 
 
 class ModelNotFound(Exception):
@@ -78,12 +79,17 @@ class ServerState:
         if self.keys is not None and not request.state.tenant.is_admin:
             raise PermissionDenied(f"{action} needs an admin API key")
 
-    async def pin_prompts(self, body, prompts, cache_salt: str | None) -> None:
-        """The request's `pin_ttl_s`: pin each prompt's blocks (in the namespace of ``cache_salt``) before it is
-        queued."""
+    def pin_quota(self, request) -> PinQuota | None:
+        """What the request's pins are charged to: its tenant (None without API keys)."""
+        return None if self.keys is None else pin_quota(request.state.tenant)
+
+    async def pin_prompts(self, request, body, prompts, cache_salt: str | None) -> None:
+        """The request's `pin_ttl_s`: pin each prompt's blocks (in the namespace of ``cache_salt``, charged to
+        its tenant) before it is queued."""
         if body.pin_ttl_s is not None:
             for prompt in prompts:
-                await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=cache_salt)
+                await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=cache_salt,
+                                             quota=self.pin_quota(request))
 
     async def submit(self, base_id: str, prompts, params, cache_salt) -> list:
         """Queue every prompt; if one is refused (or the client leaves), abort those already queued."""
