@@ -105,8 +105,11 @@ class Engine(EngineQueries):
         *,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
     ) -> None:
-        """Validate and queue a request; raises ValueError (changing nothing) on bad input."""
+        """Validate and queue a request; raises ValueError (changing nothing) on bad input. ``priority`` (lower
+        first) and ``tenant`` matter under the priority and fair scheduling policies."""
         check_str("request_id", request_id)
         if arrival_time is not None:
             arrival_time = check_float("arrival_time", arrival_time)
@@ -115,7 +118,7 @@ class Engine(EngineQueries):
         request = self.input_processor.process(
             request_id, prompt, params or SamplingParams(), cache_salt=cache_salt,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
-            arrival_order=next(self._arrivals))
+            arrival_order=next(self._arrivals), priority=priority, tenant=tenant)
         self._requests[request_id] = request
         self.scheduler.add_request(request)
 

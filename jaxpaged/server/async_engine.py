@@ -124,7 +124,7 @@ class AsyncEngine:
     # ---- what clients call ----------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
         """Queue a request; returns the stream of its outputs (the last one has `finished`).
 
         A text prompt is tokenized, and every prompt checked, on a worker
@@ -136,7 +136,8 @@ class AsyncEngine:
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
-                  "cache_salt": cache_salt, "arrival_time": self.engine.clock()}
+                  "cache_salt": cache_salt, "arrival_time": self.engine.clock(), "priority": priority,
+                  "tenant": tenant}
         try:
             await self._call(record, stream)
         except asyncio.CancelledError:
@@ -314,7 +315,8 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
         params = SamplingParams(**(record["params"] | {"output_kind": RequestOutputKind[record["params"]["output_kind"]]}))
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
-                           arrival_time=record["arrival_time"])
+                           arrival_time=record["arrival_time"], priority=record.get("priority", 0),
+                           tenant=record.get("tenant"))
         return None
     if op == "abort":
         return engine.abort(record["id"])

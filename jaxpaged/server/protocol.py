@@ -50,6 +50,7 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = None
+    priority: StrictInt = 0  # lower runs first under --scheduling_policy=priority (vLLM's extension)
     presence_penalty: Number = 0.0
     frequency_penalty: Number = 0.0
     repetition_penalty: Number = 1.0

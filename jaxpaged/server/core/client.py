@@ -140,7 +140,7 @@ class CoreClient:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
         """As `AsyncEngine.add_request`: tokenized here, checked and added by the core before this returns."""
         if not self.is_running:
             raise EngineDeadError(self.dead_reason())
@@ -154,7 +154,8 @@ class CoreClient:
         self._streams[request_id] = stream
         self._outputs.add(request_id, prompt, params)
         try:
-            await self._call(M.Add(0, request_id, prompt, params_to_dict(core_params(params)), cache_salt))
+            await self._call(M.Add(0, request_id, prompt, params_to_dict(core_params(params)), cache_salt,
+                                   priority, tenant))
         except BaseException as err:
             self._forget(request_id)
             if isinstance(err, asyncio.CancelledError):

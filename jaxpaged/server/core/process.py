@@ -212,7 +212,8 @@ class EngineCore:
     def _record_of(self, msg) -> dict | None:
         if isinstance(msg, M.Add):
             return {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids, "params": msg.params,
-                    "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock()}
+                    "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock(), "priority": msg.priority,
+                    "tenant": msg.tenant}
         if isinstance(msg, M.Call) and msg.name == "reset_prefix_cache":
             return {"op": "reset"}
         if isinstance(msg, M.Call) and msg.name == "pin_prefix":

@@ -102,7 +102,7 @@ class ReplicaPool:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> AsyncIterator[RequestOutput]:
         """Routes and queues a request; returns its outputs' stream.
 
         Raises, before anything streams: ValueError / TypeError (bad input),
@@ -118,7 +118,7 @@ class ReplicaPool:
         while True:
             replica = self._choose(token_ids, cache_salt, exclude=tried)
             stream = self.handle.options(stream=True).generate.remote(request_id, prompt, params, cache_salt,
-                                                                      target_replica=replica)
+                                                                      priority, tenant, target_replica=replica)
             try:
                 first = await stream.__anext__()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:

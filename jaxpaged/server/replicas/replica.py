@@ -97,13 +97,15 @@ class EngineReplica:
     # ---- requests -------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt, params: SamplingParams, cache_salt: str | None = None,
+                       priority: int = 0, tenant: str | None = None,
                        target_replica: str | None = None) -> AsyncIterator:
         """`Accepted()` then the request's outputs; or one `RemoteError` when the engine refused it.
 
         Cancelling the stream (the client went away) aborts the request.
         """
         try:
-            stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt)
+            stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt,
+                                                   priority=priority, tenant=tenant)
         except (ValueError, TypeError, QueueFullError, EngineDeadError) as err:
             yield RemoteError.of(err)
             return

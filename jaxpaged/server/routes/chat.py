@@ -40,7 +40,7 @@ def router(state: ServerState) -> APIRouter:
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         await state.pin_prompts(raw, body, [prompt_ids], cache_salt)
-        streams = await state.submit(request_id, [prompt_ids], params, cache_salt)
+        streams = await state.submit(raw, request_id, [prompt_ids], params, cache_salt, body.priority)
         created = int(time.time())
         tokenizer = info.tokenizer
         if body.stream:

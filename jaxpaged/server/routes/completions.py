@@ -29,7 +29,7 @@ def router(state: ServerState) -> APIRouter:
         params = body.completion_params(default_max_tokens=16)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         await state.pin_prompts(raw, body, prompts, cache_salt)
-        streams = await state.submit(request_id, prompts, params, cache_salt)
+        streams = await state.submit(raw, request_id, prompts, params, cache_salt, body.priority)
         created = int(time.time())
         head = {"id": request_id, "object": "text_completion", "created": created, "model": state.served_model_name}
         tokenizer = state.client.model_info.tokenizer

@@ -91,13 +91,16 @@ class ServerState:
                 await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=cache_salt,
                                              quota=self.pin_quota(request))
 
-    async def submit(self, base_id: str, prompts, params, cache_salt) -> list:
-        """Queue every prompt; if one is refused (or the client leaves), abort those already queued."""
+    async def submit(self, request, base_id: str, prompts, params, cache_salt, priority: int = 0) -> list:
+        """Queue every prompt (with its ``priority`` and the request's tenant); if one is refused (or the client
+        leaves), abort those already queued."""
+        tenant = None if self.keys is None else request.state.tenant.name
         streams = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await self.client.add_request(f"{base_id}-{i}", prompt, params,
-                                                             cache_salt=cache_salt))
+                                                             cache_salt=cache_salt, priority=priority,
+                                                             tenant=tenant))
         except BaseException:
             close_streams(streams)
             raise
