@@ -25,7 +25,7 @@ def base(tmp_path_factory):
     keys_file.write_text(json.dumps(KEYS))
     port = free_port()
     proc = start_server("--host=127.0.0.1", f"--port={port}", "--kv_budget_tokens=4096", "--max_model_len=512",
-                        f"--api_keys_file={keys_file}")
+                        f"--api_keys_file={keys_file}", "--scheduling_policy=fair")
     log = keep_draining(proc)
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, [proc])
@@ -145,3 +145,11 @@ def test_pins_past_a_tenants_quota_get_429_and_nothing_is_pinned(base):
     out = bob.completions.create(model="tiny", prompt=list(range(230, 246)), max_tokens=1,
                                  extra_body={"pin_ttl_s": 60})
     assert out.choices
+
+
+def test_priority_reaches_the_engine_and_a_bad_one_is_a_400(base):
+    bob = client(base, "sk-bob")
+    assert bob.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, extra_body={"priority": -3}).choices
+    with pytest.raises(openai.BadRequestError, match="priority") as refused:
+        bob.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, extra_body={"priority": 2**40})
+    assert refused.value.body["param"] == "priority"
