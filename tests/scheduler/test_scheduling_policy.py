@@ -86,3 +86,46 @@ def test_a_bad_priority_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match="priority"):
         e.add_request("x", prompt(0), GREEDY, priority=bad)
     assert not e.has_unfinished_requests()
+
+
+
+def _random_requests():
+    import random
+    rng = random.Random(7)
+    return [(f"r{i}", [rng.randrange(1, 200) for _ in range(rng.randrange(4, 16))],
+             SamplingParams(temperature=0, max_tokens=rng.randrange(4, 12), ignore_eos=True),
+             rng.randrange(-2, 3), rng.choice(["a", "b", "c", None]), rng.randrange(2)) for i in range(14)]
+
+
+def _run_random(policy: str) -> tuple[dict, int]:
+    """The random workload on a pool small enough to preempt; checks the cache manager every step and that
+    nothing is held at the end. (tokens by request, preemptions)."""
+    e = engine(policy, num_blocks=10, max_num_seqs=4, max_num_batched_tokens=16)
+    tokens, pending = {}, _random_requests()
+    while pending or e.has_unfinished_requests():
+        for _ in range(pending[0][5] if pending else 0):  # 0 or 1 arrivals before each step
+            rid, p, params, priority, tenant, _ = pending.pop(0)
+            e.add_request(rid, p, params, priority=priority, tenant=tenant)
+        if not e.has_unfinished_requests() and pending:
+            rid, p, params, priority, tenant, _ = pending.pop(0)
+            e.add_request(rid, p, params, priority=priority, tenant=tenant)
+        for out in e.step():
+            if out.finished:
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+        e.kv.check_invariants()
+    assert e.kv_stats().usage == 0  # nothing held once every request finished
+    return tokens, e.scheduler.num_preemptions
+
+
+@pytest.fixture(scope="module")
+def fcfs_random():
+    return _run_random("fcfs")
+
+
+@pytest.mark.parametrize("policy", ["priority", "fair"])
+def test_random_overload_gives_fcfs_tokens_and_leaks_no_block(policy, fcfs_random):
+    """A small pool, random priorities, tenants, lengths and arrivals: every request's greedy tokens equal its
+    tokens under fcfs, the cache manager's invariants hold each step, and every block is free after."""
+    tokens, preemptions = _run_random(policy)
+    assert tokens == fcfs_random[0] and len(tokens) == 14
+    assert preemptions + fcfs_random[1] > 0  # the pool was small enough to preempt
