@@ -10,6 +10,9 @@ A tenant with ``max_concurrent_requests`` has at most that many requests in
 this API server process at once, counted from the request's arrival to its
 response's last byte (a stream counts until it ends); one more is a 429 with
 ``Retry-After`` before its body is read.
+
+This middleware is the outermost one, so its 401s and 429s are not in the
+`jaxpaged:http_requests` series (which counts what reached the app).
 """
 
 from __future__ import annotations

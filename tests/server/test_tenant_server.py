@@ -50,6 +50,9 @@ def test_missing_or_wrong_key_is_401_but_health_and_metrics_are_open(base):
             client(base, key).completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1)
         assert refused.value.status_code == 401
         assert refused.value.body["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):  # the client sends no key at all
+        client(base, "sk-bob").completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1,
+                                                  extra_headers={"Authorization": ""})
     for path in ("/v1/models", "/v1/completions", "/reset_prefix_cache", "/v1/cache/pin", "/tokenize"):
         response = httpx.post(base + path, json={})
         assert response.status_code == 401, path
