@@ -25,6 +25,7 @@ class SamplingBatch(NamedTuple):
     top_p: Float[Array, "S"]  # 1.0: disabled
     seeds: UInt32[Array, "S"]
     counters: Int[Array, "S"]  # index of the token being sampled, folded into the key
+    min_p: Float[Array, "S"] | None = None  # 0 (or None for every row): disabled
 
 
 def sample(logits: Float[Array, "S V"], params: SamplingBatch,
@@ -52,6 +53,8 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
     vocab = logits.shape[-1]
     sampling = params.temperature > 0
     filtering = sampling & (((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1.0))
+    if params.min_p is not None:
+        filtering = filtering | (sampling & (params.min_p > 0))
 
     def draw(filtered: bool):
         def branch():
@@ -69,7 +72,11 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
 
 
 def _filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Array, "S V"]:
-    """Which vocabulary ids survive each row's top-k and then top-p (the top id always does)."""
+    """Which vocabulary ids survive each row's top-k, then top-p, and min-p (the top id always does).
+
+    min-p keeps the ids whose probability (after temperature) is at least
+    `min_p` times the most likely id's, as vLLM's sampler.
+    """
     num_rows, vocab = scaled.shape
     order = jnp.argsort(-scaled, axis=-1)  # descending
     sorted_scaled = jnp.take_along_axis(scaled, order, axis=-1)
@@ -80,6 +87,9 @@ def _filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Arr
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     # rank 0 always survives: a top_p too small for float32 (1e-40 is 0 or flushed to 0) leaves no mass below it
     keep = keep & ((mass_before < params.top_p[:, None]) | (rank == 0))
+    if params.min_p is not None:
+        # p_i >= min_p * p_max  <=>  scaled_i - scaled_max >= log(min_p)
+        keep = keep & (sorted_scaled - sorted_scaled[:, :1] >= jnp.log(params.min_p)[:, None])
     rows = jnp.arange(num_rows)[:, None]
     return jnp.zeros((num_rows, vocab), bool).at[rows, order].set(keep)
 

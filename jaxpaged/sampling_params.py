@@ -6,6 +6,7 @@ import dataclasses
 from typing import Sequence
 
 from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.structured.params import StructuredOutputsParams
 from jaxpaged.validation import INT32_MAX, check_bool, check_float, check_int, check_optional_int
 
 MAX_SEED = 2**64 - 1  # seeds are 64-bit; distinct seeds give distinct sample streams
@@ -54,6 +55,14 @@ class SamplingParams:
     once per token present in the output. `bad_words` (strings, tokenized with
     and without a leading space, as vLLM) never appear in the output: a word's
     last token is masked whenever the output ends with the rest of it.
+
+    Constraints: `structured_outputs` (a `StructuredOutputsParams`: JSON
+    schema, JSON object, regex, choice or grammar) restricts every sampled
+    token to those that keep the output a valid prefix, and EOS to where it is
+    complete; `allowed_token_ids` restricts sampling to those ids; `min_p`
+    (in [0, 1]) drops tokens whose probability is below `min_p` times the most
+    likely one's (after temperature). A constraint that does not compile is a
+    ValueError when the request is added.
     """
 
     n: int = 1
@@ -78,6 +87,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = dataclasses.field(default=None, hash=False)
     min_tokens: int = 0
     bad_words: Sequence[str] = ()
+    min_p: float = 0.0
+    allowed_token_ids: Sequence[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
         """Check every field's type and range (ValueError naming the field); store them normalised."""
@@ -104,6 +116,30 @@ class SamplingParams:
             object.__setattr__(self, name, value)
         self._check_stop_strings_and_logprobs()
         self._check_logit_controls()
+        self._check_constraints()
+
+    def _check_constraints(self) -> None:
+        object.__setattr__(self, "min_p", check_float("min_p", self.min_p, low=0.0, high=1.0))
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+                raise ValueError(f"allowed_token_ids must be a list of token ids, got {ids!r}")
+            ids = tuple(check_int("allowed_token_ids entry", t, low=0, high=INT32_MAX) for t in ids)
+            if not ids:
+                raise ValueError("allowed_token_ids must list at least one token id")
+            object.__setattr__(self, "allowed_token_ids", ids)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
+        if self.beam_width > 1 and (self.structured_outputs is not None or self.allowed_token_ids is not None
+                                    or self.min_p):
+            raise ValueError("structured_outputs, allowed_token_ids and min_p are not supported with beam search "
+                             "(beam_width > 1)")
+
+    @property
+    def constrained(self) -> bool:
+        """Whether sampling is restricted by a token mask (structured output or allowed_token_ids)."""
+        return self.structured_outputs is not None or self.allowed_token_ids is not None
 
     def _check_logit_controls(self) -> None:
         fields = {

@@ -46,6 +46,8 @@ class Sequence:
     # SamplingParams.logprobs: per output token, {token id: logprob} (sampled token and top ones)
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    # structured output / allowed_token_ids: what it may sample next (jaxpaged.structured.grammar)
+    constraint: object = None
 
     @property
     def num_tokens(self) -> int:
@@ -88,7 +90,8 @@ class Sequence:
         return Sequence(self.request, list(self.token_ids), index,
                         num_computed_tokens=self.num_computed_tokens,
                         cumulative_logprob=self.cumulative_logprob, status=self.status,
-                        logprobs=None if self.logprobs is None else list(self.logprobs))
+                        logprobs=None if self.logprobs is None else list(self.logprobs),
+                        constraint=None if self.constraint is None else self.constraint.fork())
 
 
 @dataclasses.dataclass(eq=False)

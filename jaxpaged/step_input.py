@@ -24,6 +24,7 @@ from jaxpaged.attention.batch import StepLayout
 from jaxpaged.buckets import StepBuckets, step_buckets
 from jaxpaged.logit_controls import LogitControls
 from jaxpaged.mathutils import cdiv
+from jaxpaged.structured.bitmask import TokenMasks
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,6 +60,7 @@ class StepInput:
     temperature: np.ndarray  # [S] float32
     top_k: np.ndarray  # [S] int32
     top_p: np.ndarray  # [S] float32
+    min_p: np.ndarray  # [S] float32 (0: off)
     seeds: np.ndarray  # [S] uint32
     counters: np.ndarray  # [S] int32
     token_src_rows: np.ndarray  # [T] int32: persistent row whose last sample is this input token; -1 = token_ids
@@ -72,6 +74,8 @@ class StepInput:
     prompt_logprob_rows: np.ndarray | None = None  # [P] int32
     prompt_logprob_targets: np.ndarray | None = None  # [P] int32
     num_prompt_top_logprobs: int = 0
+    # structured output / allowed_token_ids: packed masks of the constrained rows (None: no row has one)
+    token_masks: TokenMasks | None = None
 
     def check_shapes(self) -> None:
         """Assert the arrays agree with each other (the host -> device boundary)."""
@@ -81,7 +85,7 @@ class StepInput:
         chex.assert_shape([self.token_ids, self.positions, self.token_src_rows], (num_tokens,))
         chex.assert_shape(self.slot_mapping, self.block_tables.shape[:1] * grouped + (num_tokens,))
         chex.assert_shape([self.context_lens, self.query_start, self.query_lens, self.logits_indices,
-                           self.temperature, self.top_k, self.top_p, self.seeds, self.counters,
+                           self.temperature, self.top_k, self.top_p, self.min_p, self.seeds, self.counters,
                            self.sample_rows], (num_rows,))
         if self.layout.num_decode_seqs > num_rows or self.layout.num_decode_seqs > num_tokens:
             raise ValueError(f"layout claims {self.layout.num_decode_seqs} decode rows; "
@@ -108,6 +112,7 @@ def empty_step_input(buckets: StepBuckets, num_seqs: int) -> StepInput:
         temperature=np.zeros(num_rows, np.float32),
         top_k=np.full(num_rows, -1, np.int32),
         top_p=np.ones(num_rows, np.float32),
+        min_p=np.zeros(num_rows, np.float32),
         seeds=np.zeros(num_rows, np.uint32),
         counters=np.zeros(num_rows, np.int32),
         token_src_rows=np.full(num_tokens, -1, np.int32),

@@ -105,7 +105,9 @@ class EngineBuilder:
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,
             blocks_for_tokens=getattr(self.kv, "max_blocks_for", None),
-            computes_logits=getattr(runner, "computes_logits", True))
+            computes_logits=getattr(runner, "computes_logits", True),
+            samples_under_token_masks=getattr(runner, "samples_under_token_masks",
+                                              getattr(runner, "computes_logits", True)))
         parts = EngineParts(
             config=config, clock=self.clock, model_config=self.model_config, num_blocks=self.num_blocks,
             block_size=self.block_size, max_model_len=self.max_model_len, runner=runner, kv=self.kv,

@@ -78,6 +78,7 @@ class Engine(EngineQueries):
         self.pin_ledger = PinLedger(self.clock, self.block_size, max_total_blocks=self.num_blocks)
         # chosen once: overlapped (async scheduling) or synchronous steps
         self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
+        self.scheduler.defer_token_masks = config.async_scheduling
         restore_prefix_cache_at_start(self)
 
     @property
@@ -230,14 +231,21 @@ class Engine(EngineQueries):
         """Schedule, dispatch and wait: the requests this step advanced."""
         with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()
-        self._in_flight = (scheduler_output, self._dispatch(scheduler_output))
+        handle = self._dispatch(scheduler_output)
+        self._sample_with_masks(scheduler_output, handle)
+        self._in_flight = (scheduler_output, handle)
         return self._finish_in_flight()
 
     def _overlapped_step(self) -> list[Request]:
         """Dispatch this step before reading the previous one's tokens: the requests that step advanced.
 
         Beam search needs each step's tokens before the next is scheduled, so
-        while a beam request is live the step in flight is finished first.
+        while a beam request is live the step in flight is finished first. A
+        grammar's token mask needs the previous step's token too: with such a
+        row the runner dispatches only the forward pass, the previous step's
+        results are applied, the masks filled, and then the sampling half is
+        dispatched, all while the forward pass runs (vLLM's async scheduling
+        with structured output).
         """
         if self.scheduler.num_beam_requests:
             return self._finish_in_flight() + self._sync_step()
@@ -245,8 +253,16 @@ class Engine(EngineQueries):
             scheduler_output = self.scheduler.schedule()
         handle = self._dispatch(scheduler_output)
         advanced = self._finish_in_flight()  # the previous step's results, while this step runs
+        self._sample_with_masks(scheduler_output, handle)
         self._in_flight = (scheduler_output, handle)
         return advanced
+
+    def _sample_with_masks(self, scheduler_output: SchedulerOutput, handle: StepHandle) -> None:
+        """Fill a deferred step's token masks and dispatch its sampling half (nothing for other steps)."""
+        if scheduler_output.token_masks_deferred and scheduler_output.seqs:
+            with self._phases.schedule:  # scheduler work, as when masks are filled at schedule time
+                self.scheduler.fill_token_masks(scheduler_output)
+            handle.sample(scheduler_output.token_mask_indices, scheduler_output.token_masks)
 
     def _dispatch(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Lower-tier transfers, fp8 calibration on the first prefill, then the runner's step."""

@@ -19,6 +19,7 @@ from jaxpaged.buckets import pow2_bucket
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sequence import Request, Sequence
+from jaxpaged.structured.grammar import compile_constraint
 from jaxpaged.validation import INT32_MAX, check_int, check_optional_str
 
 MAX_PRIORITY = INT32_MAX  # |priority| bound: any int32, as vLLM accepts
@@ -29,7 +30,8 @@ class InputProcessor:
 
     def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
                  load_tokenizer: Callable[[], object], seed: int = 0,
-                 blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True):
+                 blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True,
+                 samples_under_token_masks: bool = True):
         """`load_tokenizer()` is called once, when the first string prompt or text output needs it.
 
         `computes_logits=False` (a simulated device, which samples a fixed token) refuses what needs
@@ -40,6 +42,8 @@ class InputProcessor:
         """
         self.blocks_for_tokens = blocks_for_tokens
         self.computes_logits = computes_logits
+        # a simulated device that draws constrained rows' tokens from their masks serves structured output
+        self.samples_under_token_masks = samples_under_token_masks
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.num_blocks = num_blocks
@@ -82,11 +86,20 @@ class InputProcessor:
         request.fork_pending = width > 1 and len(token_ids) > 1
         copies = 1 if request.fork_pending else width
         request.seqs = [Sequence(request, list(token_ids), i) for i in range(copies)]
+        if params.constrained:
+            constraint = self._constraint(params)
+            for seq in request.seqs:
+                seq.constraint = constraint if seq.index == 0 else constraint.fork()
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
         if params.bad_words:
             request.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         return request
+
+    def _constraint(self, params: SamplingParams):
+        """The compiled constraint of a request (ValueError naming what does not compile)."""
+        return compile_constraint(params.structured_outputs, params.allowed_token_ids, self.tokenizer,
+                                  self.model_config.vocab_size)
 
     def _bad_words_token_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         """Each bad word's token ids, with and without a leading space (vLLM's rule), deduplicated."""
@@ -107,6 +120,8 @@ class InputProcessor:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         _, token_ids, _ = self._parse_prompt(prompt, None)
         self._validate(token_ids, params)
+        if params.constrained:
+            self._constraint(params)
 
     def _parse_prompt(self, prompt, cache_salt):
         text = None
@@ -156,7 +171,11 @@ class InputProcessor:
                              f"exceeds max_model_len ({self.max_model_len})")
         if not self.computes_logits:
             for field, asked in (("prompt_logprobs", params.prompt_logprobs is not None),
-                                 ("beam_width", params.beam_width > 1)):
+                                 ("beam_width", params.beam_width > 1),
+                                 ("structured_outputs", params.structured_outputs is not None
+                                  and not self.samples_under_token_masks),
+                                 ("allowed_token_ids", params.allowed_token_ids is not None
+                                  and not self.samples_under_token_masks)):
                 if asked:
                     raise ValueError(f"{field} needs a device that computes logits; this engine's simulated "
                                      "device samples a fixed token")

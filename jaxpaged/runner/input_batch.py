@@ -18,6 +18,7 @@ from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.runner.logit_rows import LogitRows
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
+from jaxpaged.structured.bitmask import pad_token_masks
 
 MIN_ROWS = 16
 _seq_id = operator.attrgetter("seq_id")
@@ -43,6 +44,7 @@ class InputBatch:
         self.temperature = np.zeros(rows, np.float32)
         self.top_k = np.full(rows, -1, np.int32)
         self.top_p = np.ones(rows, np.float32)
+        self.min_p = np.zeros(rows, np.float32)
         self.seeds = np.zeros(rows, np.uint32)
         self._row_of: dict[int, int] = {}
         self.logit_rows = LogitRows()  # bias / min_tokens / penalty state of the rows that use them
@@ -85,6 +87,7 @@ class InputBatch:
             self.temperature[row] = new.temperature
             self.top_k[row] = new.top_k
             self.top_p[row] = new.top_p
+            self.min_p[row] = new.min_p
             self.seeds[row] = new.seed
             self.logit_rows.add(row, new.controls)
         for seq_id, start, block_ids in out.block_updates:
@@ -99,7 +102,7 @@ class InputBatch:
 
     def _grow_rows(self) -> None:
         old = self.capacity
-        for name in ("block_table", "num_prompt_tokens", "temperature", "top_k", "top_p", "seeds"):
+        for name in ("block_table", "num_prompt_tokens", "temperature", "top_k", "top_p", "min_p", "seeds"):
             array = getattr(self, name)
             grown = np.zeros((2 * old, *array.shape[1:]), array.dtype)
             grown[:old] = array
@@ -169,6 +172,7 @@ class InputBatch:
         step.temperature[batch_row] = self.temperature[rows]
         step.top_k[batch_row] = self.top_k[rows]
         step.top_p[batch_row] = self.top_p[rows]
+        step.min_p[batch_row] = self.min_p[rows]
         step.seeds[batch_row] = self.seeds[rows]
         step.counters[batch_row] = context - self.num_prompt_tokens[rows]
         step.sample_rows[batch_row] = rows
@@ -177,6 +181,8 @@ class InputBatch:
                                                     out.samples, out.seqs)
         if out.prompt_logprob_spans:
             _lay_out_prompt_logprobs(step, out, first_token)
+        if out.token_mask_indices:
+            step.token_masks = pad_token_masks(batch_row[out.token_mask_indices], out.token_masks)
         return step
 
     def _group_tables(self, step: StepInput, rows, batch_row, starts, dest, token_rows, positions) -> None:

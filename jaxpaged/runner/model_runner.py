@@ -45,9 +45,11 @@ from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
 from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
-from jaxpaged.sampling import SamplingBatch, sample
+from jaxpaged.sampling import SamplingBatch
+from jaxpaged.sampling import sample as _sample_tokens
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.structured.bitmask import TokenMasks, apply_token_bitmask, empty_token_masks, pad_token_masks
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class DeviceStepInput(NamedTuple):
     sampling: SamplingBatch
     sample_rows: jax.Array
     controls: LogitControls
+    token_masks: TokenMasks
     prompt_logprob_rows: jax.Array
     prompt_logprob_targets: jax.Array
 
@@ -88,6 +91,41 @@ class PendingStep:
             prompt_top_ids=host.get("prompt_top_ids"),
             prompt_top_logprobs=host.get("prompt_top_logprobs"),
         )
+
+
+class MaskPendingStep(PendingStep):
+    """A step whose forward pass is dispatched and whose sampling waits for its token masks.
+
+    The host fills the masks while the forward pass runs (it needs the
+    previous step's tokens first), then `sample` dispatches the sampling half.
+    """
+
+    def __init__(self, runner: "ModelRunner", outputs: dict[str, jax.Array], logits, inputs: DeviceStepInput,
+                 order: np.ndarray):
+        super().__init__(outputs, order)
+        self._runner, self._logits, self._inputs = runner, logits, inputs
+        self._sampled = False
+
+    def sample(self, indices: list[int], bits: np.ndarray | None) -> None:
+        """Dispatch the sampling half with the masks of the caller's sequences `indices` (`bits`: `[C, W]`)."""
+        masks = empty_token_masks() if not indices else pad_token_masks(self._order[indices], bits)
+        self._outputs.update(self._runner._dispatch_sample(self._logits, self._inputs, masks))
+        self._logits = self._inputs = None
+        self._sampled = True
+
+    def result(self) -> ModelOutput:
+        """As `PendingStep.result`; `sample` must have been called."""
+        if not self._sampled:
+            raise RuntimeError("the step's sampling half was never dispatched (call sample() first)")
+        return super().result()
+
+
+def _sample_and_keep(last_tokens: jax.Array, logits: jax.Array, processed: jax.Array | None,
+                     sampling: SamplingBatch, sample_rows: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Sample each row from `processed` (raw `logits` when None) and keep each sample in its persistent row."""
+    tokens, logprobs = _sample_tokens(logits, sampling, processed)
+    keep = jnp.where(sample_rows >= 0, sample_rows, last_tokens.shape[0])  # -1: dropped
+    return {"token_ids": tokens, "logprobs": logprobs}, last_tokens.at[keep].set(tokens, mode="drop")
 
 
 def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str, jax.Array]:
@@ -174,6 +212,14 @@ class ModelRunner:
                              out_shardings=(replicated, pool_shardings, replicated))
         # static arguments are positional (4 to 7): jit takes no keyword arguments with in_shardings
         self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6, 7), **shardings)
+        # the same step in two halves, for token masks the host fills while the forward pass runs
+        forward_shardings = {}
+        if self.tp is not None:
+            forward_shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
+                                     out_shardings=(replicated, pool_shardings, replicated))
+        self._forward = jax.jit(self._forward_fn, donate_argnums=(1,), static_argnums=(4, 5, 6, 7),
+                                **forward_shardings)
+        self._sample = jax.jit(self._sample_fn, donate_argnums=(0,))
 
     def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
         if self.tp is None:
@@ -212,6 +258,37 @@ class ModelRunner:
     def _step_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
                  layout: StepLayout, return_logits: bool, num_top_logprobs: int, num_prompt_top_logprobs: int):
         self._trace_count += 1  # runs once per trace, i.e. once per compiled shape
+        out, pool, last_tokens, _ = self._run(params, pool, last_tokens, inputs, layout, return_logits,
+                                              num_top_logprobs, num_prompt_top_logprobs, sample=True)
+        return out, pool, last_tokens
+
+    def _forward_fn(self, params, pool: KVPool, last_tokens: jax.Array, inputs: DeviceStepInput,
+                    layout: StepLayout, return_logits: bool, num_top_logprobs: int, num_prompt_top_logprobs: int):
+        """The step up to the logits to sample from (`_sample_fn` finishes it); the pool is donated."""
+        self._trace_count += 1
+        out, pool, _, processed = self._run(params, pool, last_tokens, inputs, layout, return_logits,
+                                            num_top_logprobs, num_prompt_top_logprobs, sample=False)
+        return out, pool, (out.pop("raw_logits"), processed)
+
+    @staticmethod
+    def _sample_fn(last_tokens: jax.Array, logits: tuple[jax.Array, jax.Array], sampling: SamplingBatch,
+                   sample_rows: jax.Array, token_masks: TokenMasks):
+        """Mask, sample, and keep each row's sample on the device (`last_tokens` donated).
+
+        `logits` are the forward half's (raw, to choose from).
+        """
+        raw, processed = logits
+        if token_masks.rows.shape[0]:
+            processed = apply_token_bitmask(processed, token_masks)
+        return _sample_and_keep(last_tokens, raw, processed, sampling, sample_rows)
+
+    def _run(self, params, pool, last_tokens, inputs: DeviceStepInput, layout: StepLayout, return_logits: bool,
+             num_top_logprobs: int, num_prompt_top_logprobs: int, *, sample: bool):
+        """The traced step: forward pass, logit controls, token masks, then (with `sample`) sampling.
+
+        Without `sample` it stops at the logits to choose from: the outputs
+        carry the raw logits as "raw_logits" for `_sample_fn`.
+        """
         logger.info("step shape %d: %d tokens, %d rows (%d decode), %d blocks per row, prefill chunk %d",
                     self._trace_count, inputs.token_ids.shape[0], inputs.attention.context_lens.shape[0],
                     layout.num_decode_seqs, inputs.attention.block_tables.shape[-1], layout.max_prefill_query_len)
@@ -224,10 +301,10 @@ class ModelRunner:
         if inputs.controls.bias_rows.shape[0] or inputs.controls.penalty_rows.shape[0]:
             processed = apply_logit_controls(logits.astype(jnp.float32), inputs.controls,
                                              token_ids[inputs.logits_indices])
-        tokens, logprobs = sample(logits, inputs.sampling, processed)
-        keep = jnp.where(inputs.sample_rows >= 0, inputs.sample_rows, last_tokens.shape[0])  # -1: dropped
-        last_tokens = last_tokens.at[keep].set(tokens, mode="drop")
-        out = {"token_ids": tokens, "logprobs": logprobs}
+        if inputs.token_masks.rows.shape[0]:  # structured output: only the constrained rows are touched
+            processed = apply_token_bitmask(logits.astype(jnp.float32) if processed is None else processed,
+                                            inputs.token_masks)
+        out = {}
         if return_logits:
             out["logits"] = logits
         if num_top_logprobs:
@@ -235,7 +312,11 @@ class ModelRunner:
             out["top_logprobs"], out["top_ids"] = top_lp, top_ids
         if inputs.prompt_logprob_rows.shape[0]:
             out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
-        return out, pool, last_tokens
+        if not sample:
+            out["raw_logits"] = logits
+            return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed
+        sampled, last_tokens = _sample_and_keep(last_tokens, logits, processed, inputs.sampling, inputs.sample_rows)
+        return out | sampled, pool, last_tokens, processed
 
     # ---- the engine's entry point -------------------------------------------------------------
 
@@ -244,6 +325,8 @@ class ModelRunner:
         step = self.prepare_step(scheduler_output)
         if step is None:
             return _NoStep()
+        if scheduler_output.token_masks_deferred:
+            return self.dispatch_forward(step, num_top_logprobs=scheduler_output.num_top_logprobs)
         return self.dispatch(step, num_top_logprobs=scheduler_output.num_top_logprobs)
 
     def reset(self) -> None:
@@ -271,6 +354,23 @@ class ModelRunner:
                 step.num_prompt_top_logprobs)
         return PendingStep(out, step.order)
 
+    def dispatch_forward(self, step: StepInput, *, num_top_logprobs: int = 0) -> MaskPendingStep:
+        """Start a step's forward pass; its handle's `sample(...)` dispatches the sampling with token masks."""
+        inputs = self._device_inputs(step)
+        self._fit_last_tokens()
+        with jax.profiler.TraceAnnotation("dispatch_forward"):
+            inputs = self._put(inputs)
+            out, self._pool, logits = self._forward(
+                self.params, self._pool, self._last_tokens, inputs, step.layout, False, num_top_logprobs,
+                step.num_prompt_top_logprobs)
+        return MaskPendingStep(self, out, logits, inputs, step.order)
+
+    def _dispatch_sample(self, logits, inputs: DeviceStepInput, masks: TokenMasks) -> dict[str, jax.Array]:
+        with jax.profiler.TraceAnnotation("dispatch_sample"):
+            out, self._last_tokens = self._sample(self._last_tokens, logits, inputs.sampling, inputs.sample_rows,
+                                                  self._put(masks))
+        return out
+
     def execute(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0) -> ModelOutput:
         """Run one hand-built step to completion and bring back its sampled tokens (and logits if asked)."""
         return self.dispatch(step, return_logits=return_logits, num_top_logprobs=num_top_logprobs).result()
@@ -296,9 +396,11 @@ class ModelRunner:
             attention=AttentionBatch(step.slot_mapping, step.block_tables, step.context_lens,
                                      step.query_start, step.query_lens),
             logits_indices=step.logits_indices,
-            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters),
+            sampling=SamplingBatch(step.temperature, step.top_k, step.top_p, step.seeds, step.counters,
+                                   step.min_p),
             sample_rows=step.sample_rows,
             controls=step.logit_controls if step.logit_controls is not None else empty_controls(),
+            token_masks=step.token_masks if step.token_masks is not None else empty_token_masks(),
             prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
             prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
         )

@@ -33,6 +33,7 @@ class NewRow(NamedTuple):
     top_p: float
     seed: int
     controls: RowControls | None = None  # logit bias, min_tokens, penalties (None: none)
+    min_p: float = 0.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,6 +61,13 @@ class SchedulerOutput:
     # token after each of those positions; the spans' rows come back concatenated in this order
     prompt_logprob_spans: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     num_prompt_top_logprobs: int = 0  # top ids per prompt position (padded to a power of two)
+    # structured output / allowed_token_ids: which sampling sequences (index in seqs) have a mask, and
+    # their packed masks [C, ceil(vocab / 32)] int32; filled by `Scheduler.fill_token_masks`
+    token_mask_indices: list[int] = dataclasses.field(default_factory=list)
+    token_masks: np.ndarray | None = None
+    # the masks are filled after the previous step's tokens are read, while this step's forward pass runs
+    # (asynchronous scheduling with a grammar row): the runner dispatches the sampling half then
+    token_masks_deferred: bool = False
 
     @property
     def num_seqs(self) -> int:

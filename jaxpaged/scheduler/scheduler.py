@@ -40,6 +40,7 @@ from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQ
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
+from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -76,6 +77,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
         self.num_top_logprob_requests = 0  # unfinished requests with logprobs > 0 (the step returns top-k)
+        self.num_constrained_requests = 0  # unfinished requests with a token mask (structured output)
+        # ... of which with a grammar: their mask depends on the last token (see `defer_token_masks`)
+        self.num_grammar_requests = 0
+        # asynchronous scheduling: a grammar row's mask waits for the previous step's tokens (the engine
+        # fills it while the step's forward pass runs); else masks are filled when the step is scheduled
+        self.defer_token_masks = False
         self.stats = SchedulerStats()
         self._freed: list[int] = []  # resident sequences that left the running set since the last schedule
         self._finished: list[Request] = []  # finished since the last take_finished_requests()
@@ -91,6 +98,9 @@ class Scheduler:
             self.num_beam_requests += 1
         if request.params.logprobs:
             self.num_top_logprob_requests += 1
+        if request.params.constrained:
+            self.num_constrained_requests += 1
+            self.num_grammar_requests += request.params.structured_outputs is not None
 
     def abort_request(self, request: Request, now: float) -> None:
         """Finish every live sequence of `request` now ("abort") and free its blocks."""
@@ -112,6 +122,9 @@ class Scheduler:
                 self.num_beam_requests -= 1
             if request.params.logprobs:
                 self.num_top_logprob_requests -= 1
+            if request.params.constrained:
+                self.num_constrained_requests -= 1
+                self.num_grammar_requests -= request.params.structured_outputs is not None
 
     def take_finished_requests(self) -> list[Request]:
         """The requests finished since the last call."""
@@ -151,7 +164,27 @@ class Scheduler:
             if preempted:  # the priority policy made room for a waiting request that ranks first
                 self._drop_preempted(out)
         self._finish_schedule(out)
+        if self.num_constrained_requests:
+            if self.defer_token_masks and self.num_grammar_requests and out.seqs:
+                out.token_masks_deferred = True
+            else:
+                self.fill_token_masks(out)
         return out
+
+    def fill_token_masks(self, out: SchedulerOutput) -> None:
+        """Fill the packed token masks of the step's constrained sequences that sample.
+
+        Every token of those sequences must be known to the host, since a
+        grammar's mask follows from the tokens it accepted: at schedule time
+        when steps are synchronous, else after the previous step's results
+        were applied (`token_masks_deferred`).
+        """
+        indices = [i for i, (seq, samples) in enumerate(zip(out.seqs, out.samples))
+                   if samples and seq.constraint is not None]
+        out.token_mask_indices = indices
+        if indices:
+            constraints = [out.seqs[i].constraint for i in indices]
+            out.token_masks = fill_bitmasks(constraints, constraints[0].width)
 
     def schedule_waiting(self, budget: int) -> SchedulerOutput:
         """Admission alone, with `budget` tokens: the part of `schedule()` after the running sequences.
@@ -421,8 +454,12 @@ class Scheduler:
         if seq.index == 0:
             request.token_times.append(now)
         reason = _stop_reason(seq, token)
+        # the grammar refusing the token (its mask allows none such) ends the output here
+        rejected = seq.constraint is not None and reason != "stop" and not seq.constraint.accept(token)
+        if rejected:
+            reason = "stop"
         if reason:
-            if reason == "stop" and token not in request.eos_token_ids:
+            if reason == "stop" and token not in request.eos_token_ids and not rejected:
                 seq.stop_reason = token  # a stop_token_ids id, not EOS (as vLLM reports it)
             self.finish_seq(seq, reason, now)
 
@@ -570,7 +607,8 @@ def _new_row(seq: Sequence, block_ids: list[int]) -> NewRow:
     p = request.params
     return NewRow(seq.seq_id, block_ids, len(request.prompt_token_ids),
                   temperature=0.0 if p.beam_width > 1 else p.temperature, top_k=p.top_k, top_p=p.top_p,
-                  seed=sequence_seed(request.base_seed, seq.index), controls=_row_controls(request))
+                  seed=sequence_seed(request.base_seed, seq.index), controls=_row_controls(request),
+                  min_p=p.min_p)
 
 
 def _row_controls(request: Request) -> RowControls | None:

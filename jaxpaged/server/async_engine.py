@@ -30,11 +30,11 @@ import time
 from jaxpaged.engine import Engine
 from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged import distributed
-from jaxpaged.outputs import RequestOutput, RequestOutputKind
+from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.engine_client import ModelInfo
-from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
-                                            refuse_overlong)
+from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_from_dict,
+                                            params_to_dict, refuse_overlong)
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "add":
         if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
-        params = SamplingParams(**(record["params"] | {"output_kind": RequestOutputKind[record["params"]["output_kind"]]}))
+        params = params_from_dict(record["params"])
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
                            arrival_time=record["arrival_time"], priority=record.get("priority", 0),
                            tenant=record.get("tenant"))

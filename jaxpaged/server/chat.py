@@ -25,6 +25,7 @@ class ChatTemplate:
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self.template = env.from_string(source)
+        self.source = source  # which tool-call format the model writes is read off it (server/tools.py)
         self.bos_token, self.eos_token = bos_token, eos_token
 
     @classmethod
@@ -41,11 +42,16 @@ class ChatTemplate:
                            eos_token=_token_text(config.get("eos_token")))
         return cls()
 
-    def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text; ValueError when the template rejects the conversation."""
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
+        """The prompt text; ValueError when the template rejects the conversation.
+
+        `tools` (OpenAI tool definitions) are passed to the template as `tools`, as Hugging Face does.
+        """
+        extra = {} if tools is None else {"tools": tools}
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except jinja2.TemplateError as err:
             raise ValueError(f"messages: the chat template failed: {err}") from None
 

@@ -14,7 +14,8 @@ own where it has one:
   (an id of any size is a 400, never an overflow further on);
 - stop strings, stop token ids, bad words and logit-bias entries: at most the
   counts and lengths below (the core and the front end look at each of them
-  at every step of the request);
+  at every step of the request); `allowed_token_ids`: at most the
+  vocabulary's size;
 - the body as a whole: at most `max_json_values` JSON values, counted on its
   bytes before it is parsed (`BodyLimit`), room for the largest request the
   limits above allow. Parsing and validating a body costs memory per value
@@ -77,6 +78,7 @@ class RequestLimits:
         _count("bad_words", body.bad_words or [], MAX_BAD_WORDS, "words")
         _each_short("bad_words", body.bad_words or [], MAX_BAD_WORD_CHARS)
         _count("logit_bias", body.logit_bias or {}, MAX_LOGIT_BIAS, "entries")
+        _count("allowed_token_ids", body.allowed_token_ids or [], self.vocab_size, "ids (the vocabulary's size)")
 
     def check_prompts(self, prompts: list) -> None:
         """The prompts of one request: their number, and each token-id prompt's length and ids."""

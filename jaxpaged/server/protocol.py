@@ -3,11 +3,12 @@
 Integers and booleans are strict (`true` is not 1, `"5"` is not 5); floats accept
 integers. Fields the engine does not implement are accepted and ignored, as
 vLLM ignores them (`user`, `suffix`, `best_of` equal to `n`, ...), except those
-whose silent absence would change the tokens a client gets:
-`allowed_token_ids`, `min_p`, `guided_*` / `response_format` and `best_of > n`
-are refused with a 400 naming the field. The engine's own checks (ranges,
-finiteness, lengths) run when the request is added and come back as 400s
-naming the field.
+whose silent absence would change the tokens a client gets: `best_of > n` is
+refused with a 400 naming the field. Structured output (`response_format`,
+`guided_*`, `structured_outputs`; `jaxpaged.server.structured_fields`),
+`allowed_token_ids` and `min_p` are served. The engine's own checks (ranges,
+finiteness, lengths, whether a constraint compiles) run when the request is
+added and come back as 400s naming the field.
 
 Every list stops at its first bad item (`fail_fast`): validating a body costs
 one error, not one per item (a list of 11M wrong items took 12 GB of errors).
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.structured_fields import structured_outputs_of
 
 Number = Annotated[float, Field(strict=False)]
 TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
@@ -58,20 +60,24 @@ class _SamplingFields(BaseModel):
     min_tokens: StrictInt = 0
     prompt_logprobs: StrictInt | None = None  # vLLM's extension
     bad_words: Strings | None = None
-    # refused: accepting and ignoring them would hand back different tokens than asked for
     allowed_token_ids: TokenIds | None = None
     min_p: Number = 0.0
+    # structured output (jaxpaged.server.structured_fields): at most one of these
     guided_json: object = None
     guided_regex: StrictStr | None = None
     guided_choice: Strings | None = None
     guided_grammar: StrictStr | None = None
     response_format: dict | None = None
+    structured_outputs: dict | None = None
     pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
 
     def sampling_params(self, *, default_max_tokens: int, logprobs: int | None,
-                        max_tokens: int | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
-        """The engine's SamplingParams (ValueError naming the field when a value is out of range or refused)."""
-        self._refuse_unimplemented()
+                        max_tokens: int | None = None, prompt_logprobs: int | None = None,
+                        constraint=None) -> SamplingParams:
+        """The engine's SamplingParams (ValueError naming the field when a value is out of range or refused).
+
+        `constraint` (a tool choice's schema) replaces the request's own structured-output fields.
+        """
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if max_tokens is None:
             max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
@@ -83,18 +89,15 @@ class _SamplingFields(BaseModel):
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias, min_tokens=self.min_tokens,
-            bad_words=list(self.bad_words or []),
+            bad_words=list(self.bad_words or []), min_p=self.min_p, allowed_token_ids=self.allowed_token_ids,
+            structured_outputs=constraint if constraint is not None else self.structured_outputs_params(),
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
-    def _refuse_unimplemented(self) -> None:
-        for name in ("allowed_token_ids", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar"):
-            if getattr(self, name):
-                raise ValueError(f"{name} is not supported by this server")
-        if self.min_p:
-            raise ValueError("min_p is not supported by this server (only 0)")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format is not supported by this server (only {'type': 'text'})")
+    def structured_outputs_params(self):
+        """The request's structured-output constraint (None: free text); ValueError naming the field."""
+        return structured_outputs_of(response_format=self.response_format, guided_json=self.guided_json,
+                                     guided_regex=self.guided_regex, guided_choice=self.guided_choice,
+                                     guided_grammar=self.guided_grammar, structured_outputs=self.structured_outputs)
 
     @property
     def include_usage(self) -> bool:
@@ -146,6 +149,9 @@ class ChatMessage(BaseModel):
 
     role: StrictStr
     content: StrictStr | Annotated[list[dict], Field(fail_fast=True)] | None = None
+    tool_calls: Annotated[list[dict], Field(fail_fast=True)] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a `tool` message: the call it answers
+    name: StrictStr | None = None
 
     def text(self) -> str:
         """The message's text (the text parts of a list content)."""
@@ -169,6 +175,9 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    tools: Annotated[list[dict], Field(fail_fast=True)] | None = None
+    tool_choice: StrictStr | dict | None = None
+    parallel_tool_calls: StrictBool = True
 
     def logprobs_k(self) -> int | None:
         if not self.logprobs:

@@ -117,3 +117,14 @@ def params_to_dict(params: SamplingParams) -> dict:
     d = dataclasses.asdict(params)
     d["output_kind"] = params.output_kind.name
     return d
+
+
+def params_from_dict(d: dict) -> SamplingParams:
+    """The SamplingParams `params_to_dict` wrote."""
+    from jaxpaged.outputs import RequestOutputKind
+    from jaxpaged.structured import StructuredOutputsParams
+
+    structured = d.get("structured_outputs")
+    fields = d | {"output_kind": RequestOutputKind[d["output_kind"]],
+                  "structured_outputs": None if structured is None else StructuredOutputsParams(**structured)}
+    return SamplingParams(**fields)

@@ -28,7 +28,9 @@ def sse_response(streams: list, head: dict, choice, *, include_usage: bool) -> S
         try:
             async for i, out in merge(streams):
                 for c in out.outputs:
-                    yield template.chunk(choice(i, c, out))
+                    payload = choice(i, c, out)
+                    if payload is not None:  # None: the route holds this delta back (tool calls being parsed)
+                        yield template.chunk(payload)
                 _count(out, counts)
         except Exception as err:  # noqa: BLE001 - the client must tell a failure from a finished answer
             status, kind = status_of(err)

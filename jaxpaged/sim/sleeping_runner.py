@@ -51,8 +51,14 @@ class _Timer:
 
 
 class _PendingSleep:
-    def __init__(self, runner: "SleepingDeviceRunner", end: float | None, num_seqs: int):
+    def __init__(self, runner: "SleepingDeviceRunner", end: float | None, num_seqs: int,
+                 masks: tuple[list[int], np.ndarray | None] | None = None):
         self._runner, self._end, self._num_seqs = runner, end, num_seqs  # end: perf_counter deadline
+        self._masks = masks  # (sequence indices, packed masks) of the constrained rows
+
+    def sample(self, indices: list[int], bits: np.ndarray | None) -> None:
+        """Token masks filled while the step "runs" (asynchronous scheduling with grammar rows)."""
+        self._masks = (indices, bits)
 
     def result(self) -> ModelOutput:
         if self._end is not None:
@@ -62,7 +68,13 @@ class _PendingSleep:
             self._runner.wait_s += time.perf_counter() - start
             self._end = None
         n = self._num_seqs
-        return ModelOutput(token_ids=np.full(n, self._runner.token, np.int32), logprobs=np.zeros(n, np.float32))
+        tokens = np.full(n, self._runner.token, np.int32)
+        if self._masks is not None and self._masks[0]:
+            start = time.perf_counter()
+            for i, row in zip(*self._masks):
+                tokens[i] = self._runner.pick_allowed(row)
+            self._runner.predict_s += time.perf_counter() - start  # the stand-in's own work, not the host's
+        return ModelOutput(token_ids=tokens, logprobs=np.zeros(n, np.float32))
 
 
 class SleepingDeviceRunner:
@@ -70,6 +82,7 @@ class SleepingDeviceRunner:
 
     num_compiles = 0
     computes_logits = False  # a fixed token: no prompt logprobs, no beam search
+    samples_under_token_masks = True  # constrained rows draw a random allowed token (structured output)
 
     def __init__(self, config, cost_model: CostModel, num_blocks: int, *, sleep: bool = True):
         self.config = config
@@ -78,6 +91,8 @@ class SleepingDeviceRunner:
         self.num_blocks = num_blocks
         self.sleep = sleep
         self.token = fixed_token(config)
+        self._rng = np.random.default_rng(0)
+        self.avoid_tokens = {self.token}  # constrained rows draw these only when nothing else is allowed (EOS)
         self.input_batch = InputBatch(self.block_size)
         self.layout = _Timer(self.input_batch.prepare)
         self.device_s = 0.0  # predicted (slept) seconds of every dispatched step
@@ -106,7 +121,21 @@ class SleepingDeviceRunner:
         self.predict_s += time.perf_counter() - start
         self.device_s += seconds
         end = self._queue_step(seconds) if self.sleep else None
-        return _PendingSleep(self, end, scheduler_output.num_seqs)
+        masks = None
+        if scheduler_output.token_mask_indices:
+            masks = (scheduler_output.token_mask_indices, scheduler_output.token_masks)
+        return _PendingSleep(self, end, scheduler_output.num_seqs, masks)
+
+    def pick_allowed(self, row: np.ndarray) -> int:
+        """A random token a packed mask row allows, other than `avoid_tokens` when another is allowed."""
+        words = np.flatnonzero(row)
+        for _ in range(4):
+            word = int(words[self._rng.integers(len(words))])
+            bits = np.flatnonzero((int(row[word]) & 0xFFFFFFFF) >> np.arange(32) & 1)
+            token = word * 32 + int(bits[self._rng.integers(len(bits))])
+            if token not in self.avoid_tokens:
+                return token
+        return token
 
     def _queue_step(self, seconds: float) -> float:
         """Put a step on the device: it starts once dispatched and the step before it has ended."""

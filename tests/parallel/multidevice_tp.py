@@ -267,3 +267,29 @@ def test_prompt_logprobs_at_two_devices_equal_the_dense_forward(models):
         entry = final.prompt_logprobs[i]
         assert entry[prompt[i]] == pytest.approx(ref[i - 1, prompt[i]], abs=1e-4)
         assert set(np.argsort(-ref[i - 1])[:2].tolist()) <= set(entry)
+
+
+def test_structured_output_at_two_devices_equals_one_device(models):
+    """Grammar rows take the split step (forward, then masked sampling) under tensor parallelism too."""
+    import json
+
+    import jsonschema
+
+    from jaxpaged.structured import StructuredOutputsParams
+    from tests.structured.structured_cases import SCHEMAS
+    schemas = SCHEMAS[19:23]
+    texts = []
+    for n in (1, 2):
+        engine = Engine(EngineConfig(model="tiny", block_size=BS, num_blocks=80, tensor_parallel_size=n),
+                        model=models[TINY.name])
+        for i, schema in enumerate(schemas):
+            engine.add_request(str(i), [5, 6, 7, i], SamplingParams(
+                temperature=float(i % 2), seed=i, max_tokens=64,
+                structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True)))
+        finals = {}
+        while engine.has_unfinished_requests():
+            finals.update({o.request_id: o.outputs[0].text for o in engine.step() if o.finished})
+        texts.append(finals)
+    assert texts[0] == texts[1]
+    for i, schema in enumerate(schemas):
+        jsonschema.validate(json.loads(texts[1][str(i)]), schema)

@@ -17,7 +17,11 @@ hidden, with asynchronous scheduling on or off. With `engine_core=True` the
 engine is set up as the engine core process runs it (`jaxpaged.server.core`:
 wire-form outputs, Prometheus stat logger) and each step's outputs are also
 packed and encoded as the message the core sends (`wire_ms`, part of
-`host_ms`).
+`host_ms`). With `structured=True` every sequence is constrained by a grammar
+(JSON lines of an object schema, `STRUCTURED_GRAMMAR`) over a synthetic
+byte-level BPE vocabulary of the model's size: the host then also fills each
+step's token masks and advances the matchers, and the stand-in device draws
+each row's token at random among those its mask allows.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import get_profile
 from jaxpaged.sim.sleeping_runner import SleepingDeviceRunner
+from jaxpaged.structured import StructuredOutputsParams
+
+_ROW_SCHEMA = ('{"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, '
+               '"age": {"type": "integer", "minimum": 0, "maximum": 150}, "email": {"type": "string", '
+               '"format": "email"}, "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4}}, '
+               '"required": ["name", "age", "tags"]}')
+# never complete: rows keep decoding for the whole measurement, as an extraction of many records would
+STRUCTURED_GRAMMAR = f'start: (row "\\n")+\nrow: %json {_ROW_SCHEMA}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +71,7 @@ class HostOverhead:
     us_per_seq: float  # host_ms per sequence, in microseconds
     num_steps: int
     wire_ms: float = 0.0  # engine_core: packing and encoding the step's message
+    structured: bool = False  # every sequence under a grammar (masks filled and matchers advanced each step)
     cpu_ms: float = 0.0  # CPU time of the engine's thread per step (robust where the host waits for a core)
 
 
@@ -66,7 +79,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                           context_len: int = 1200, steps: int = 64, warmup_steps: int = 8,
                           async_scheduling: bool = True, sleep: bool = True,
                           output_kind: RequestOutputKind = RequestOutputKind.DELTA, detokenize: bool = False,
-                          seed: int = 0, engine_core: bool = False) -> HostOverhead:
+                          seed: int = 0, engine_core: bool = False, structured: bool = False) -> HostOverhead:
     """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
     config = model_config(model)
     block_size = DEFAULT_BLOCK_SIZE
@@ -78,17 +91,25 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     max_len = longest + max_tokens
     num_blocks = num_seqs * (cdiv(max_len, block_size) + 1)
     runner = SleepingDeviceRunner(config, cost_model, num_blocks, sleep=False)  # no sleeping until measured
+    tokenizer = None
+    constraint = None
+    if structured:
+        from jaxpaged.bench.simulator.synthetic_tokenizer import synthetic_bpe_tokenizer
+        tokenizer = synthetic_bpe_tokenizer(config.vocab_size)
+        runner.avoid_tokens |= set(tokenizer.stop_token_ids)
+        constraint = StructuredOutputsParams(grammar=STRUCTURED_GRAMMAR)
     engine = Engine(EngineConfig(model=model, block_size=block_size, num_blocks=num_blocks, max_num_seqs=num_seqs,
                                  max_num_batched_tokens=max(num_seqs, budget), max_model_len=max_len,
                                  async_scheduling=async_scheduling, hash_algo="xxh3_128"),
-                    runner=runner)
+                    runner=runner, tokenizer=tokenizer)
     wire = _core_wire(engine) if engine_core else None
     rng = np.random.default_rng(seed)
     for i in range(num_seqs):
         length = int(rng.integers(context_len - context_len // 8, longest))
         engine.add_request(f"r{i}", rng.integers(0, config.vocab_size, length).tolist(),
                            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
-                                          detokenize=detokenize, output_kind=output_kind))
+                                          detokenize=detokenize, output_kind=output_kind,
+                                          structured_outputs=constraint))
     while not _all_decoding(engine, num_seqs):
         engine.step()  # prompts, in chunks of the token budget
     for _ in range(warmup_steps):
@@ -126,7 +147,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return HostOverhead(num_seqs, async_scheduling, sleep, output_kind.name, ms["schedule"], ms["layout"],
                         ms["update"], ms["outputs"], ms["host"], device / steps * 1e3, ms["step"],
-                        busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"], ms["cpu"])
+                        busy, ms["host"] / num_seqs * 1e3, steps, ms["wire"], ms["cpu"], structured)
 
 
 def _all_decoding(engine: Engine, num_seqs: int) -> bool:

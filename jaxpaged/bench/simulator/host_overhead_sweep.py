@@ -35,6 +35,7 @@ class HostOverheadSweep:
     context_len: int = 1200
     steps: int = 64
     detokenize: bool = False
+    structured: bool = False  # every sequence under a grammar (`measure_host_overhead(structured=True)`)
 
 
 @dataclasses.dataclass
@@ -55,7 +56,7 @@ def sweep_host_overhead(sweep: HostOverheadSweep, num_seqs: Sequence[int], kinds
     """At each batch size: host time per output kind (a device taking no time), then the device-busy fraction
     with each step taking its predicted time, asynchronous scheduling off and on (the first kind's outputs)."""
     common = dict(model=sweep.model, profile=sweep.profile, context_len=sweep.context_len, steps=sweep.steps,
-                  detokenize=sweep.detokenize)
+                  detokenize=sweep.detokenize, structured=sweep.structured)
     runs = HostOverheadRuns({}, {})
     for repeat in range(repeats):  # interleaved: machine load drifts over every configuration alike
         for n in num_seqs:
@@ -75,7 +76,8 @@ def sweep_host_overhead(sweep: HostOverheadSweep, num_seqs: Sequence[int], kinds
 def host_overhead_tables(runs: HostOverheadRuns, sweep: HostOverheadSweep, repeats: int) -> str:
     """A title naming the setting and the machine, the host-time table and the device-busy table (medians)."""
     lines = [f"Host time per decode step (ms, medians of {repeats} runs x {sweep.steps} steps), "
-             f"{sweep.model} shape, ~{sweep.context_len}-token contexts, device stand-in: {sweep.profile}; "
+             f"{sweep.model} shape, ~{sweep.context_len}-token contexts, device stand-in: {sweep.profile}"
+             f"{', every sequence under a JSON-lines grammar' if sweep.structured else ''}; "
              f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}", ""]
     host_rows = []
     for (n, kind), done in runs.host.items():

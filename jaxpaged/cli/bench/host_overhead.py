@@ -14,6 +14,9 @@ median of `--steps` decode steps):
 - the device-busy fraction when each step really takes its predicted time,
   asynchronous scheduling off and on.
 
+`--structured` puts every sequence under a grammar (structured output): the
+host then fills each step's token masks and advances the matchers too.
+
 The work is `jaxpaged.bench.simulator.host_overhead_sweep`.
 """
 
@@ -35,6 +38,9 @@ REPEATS = FLAGS.DEFINE_integer("repeats", 3, "runs per configuration (medians re
 OUTPUT_KINDS = FLAGS.DEFINE_list("output_kinds", ["delta", "final_only"],
                                  "output kinds for the host-time rows (delta: what a streaming server asks for)")
 DETOKENIZE = FLAGS.DEFINE_bool("detokenize", False, "stream text too (the stand-in's token is one fixed id)")
+STRUCTURED = FLAGS.DEFINE_bool("structured", False, "every sequence under a JSON-lines grammar over a synthetic "
+                               "BPE vocabulary of the model's size: token masks filled and matchers advanced "
+                               "each step")
 OUT = OutputFlags(FLAGS)
 
 FLAGS.device_profile("profile")
@@ -47,7 +53,7 @@ def main(argv):
     """Measure host time per step and device busy at every batch size; print and write the tables."""
     del argv
     sweep = HostOverheadSweep(model=MODEL.value, profile=PROFILE.value, context_len=CONTEXT.value, steps=STEPS.value,
-                              detokenize=DETOKENIZE.value)
+                              detokenize=DETOKENIZE.value, structured=STRUCTURED.value)
     runs = sweep_host_overhead(sweep, [int(n) for n in NUM_SEQS.value],
                                [RequestOutputKind[k.upper()] for k in OUTPUT_KINDS.value], REPEATS.value)
     OUT.write(runs.report(), host_overhead_tables(runs, sweep, REPEATS.value))

@@ -33,6 +33,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.server.core.core_outputs import CoreOutputProcessor, to_delta
 from jaxpaged.server.async_engine import apply_record
 from jaxpaged.server.core import messages as M
+from jaxpaged.server.core.compiling import PendingCompiles
 from jaxpaged.server.engine_client import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class EngineCore:
         self._clients: dict[bytes, int] = {}  # identity -> pidfd of its API server process
         self._owner: dict[str, bytes] = {}  # request id -> identity of the API server that added it
         self._commands: list[_Command] = []  # this iteration's engine commands
+        self._compiling = PendingCompiles(engine.validate_prompt)  # adds whose grammar compiles off the loop
         self._stop_requested = False
         self._crash_requested = False
         self._stall_s = 0.0  # the debug stall: slept once, after this iteration's messages are read
@@ -150,7 +152,8 @@ class EngineCore:
                 busy = self.engine.has_unfinished_requests()
                 if busy and self._step_time is not None:
                     self._step_time.start()
-                self._read_messages(0 if busy or stop else _IDLE_POLL_MS)
+                self._read_messages(0 if busy or stop else 1 if self._compiling else _IDLE_POLL_MS)
+                self._take_compiled()
                 if stop:
                     self._commands.append(_Command({"op": "stop"}))
                 self._apply_commands()
@@ -200,6 +203,9 @@ class EngineCore:
             self._abort(msg.request_ids)
             return
         record = self._record_of(msg)
+        if record is not None and PendingCompiles.needs(record):
+            self._compiling.submit(_Command(record, identity, msg.call_id))
+            return
         if record is not None:
             self._commands.append(_Command(record, identity, msg.call_id))
             return
@@ -220,6 +226,14 @@ class EngineCore:
             prompt, ttl_s, cache_salt, quota = msg.args
             return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt, "quota": quota}
         return None
+
+    def _take_compiled(self) -> None:
+        """Queue the adds whose constraint compiled; answer those whose did not with the error."""
+        for command, error in self._compiling.ready():
+            if error is None:
+                self._commands.append(command)
+            else:
+                self._send(command.identity, M.Reply(command.call_id, None, type(error).__name__, str(error)))
 
     def _apply_commands(self) -> None:
         """Refuse adds while draining, broadcast the rest (multi-host), apply them in order and answer them."""
@@ -275,6 +289,9 @@ class EngineCore:
         raise ValueError(f"unknown engine core call {name!r}")
 
     def _abort(self, request_ids: list[str]) -> None:
+        ids = set(request_ids)
+        for c in self._compiling.drop(lambda c: c.record["id"] in ids):  # never added: nothing to free
+            self._send(c.identity, M.Reply(c.call_id, None, "ValueError", "the request was aborted"))
         queued = {c.record["id"] for c in self._commands if c.record["op"] == "add"}  # added this iteration
         for request_id in request_ids:
             if request_id in self._owner or request_id in queued:
@@ -285,6 +302,7 @@ class EngineCore:
         pidfd = self._clients.pop(identity)
         self._poller.unregister(pidfd)
         os.close(pidfd)
+        self._compiling.drop(lambda c: c.identity == identity)
         mine = [r for r, owner in self._owner.items() if owner == identity]
         log.warning("an API server died; aborting its %d requests", len(mine))
         self._abort(mine)

@@ -14,6 +14,7 @@ from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
 from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt
+from jaxpaged.server.tools import template_messages
 
 
 class ModelNotFound(Exception):
@@ -47,9 +48,9 @@ class ServerState:
         if name is not None and name != self.served_model_name:
             raise ModelNotFound(name)
 
-    def render_chat(self, body) -> str:
-        """The body's `messages` as one prompt text, by the chat template."""
-        return self.chat_template.render([{"role": m.role, "content": m.text()} for m in body.messages],
+    def render_chat(self, body, tools: list[dict] | None = None) -> str:
+        """The body's `messages` (and `tools`) as one prompt text, by the chat template."""
+        return self.chat_template.render(template_messages(body.messages), tools=tools,
                                          add_generation_prompt=body.add_generation_prompt)
 
     def prompt_or_messages(self, body, what: str):
