@@ -156,3 +156,12 @@ def test_priority_reaches_the_engine_and_a_bad_one_is_a_400(base):
     with pytest.raises(openai.BadRequestError, match="priority") as refused:
         bob.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, extra_body={"priority": 2**40})
     assert refused.value.body["param"] == "priority"
+
+
+def test_a_bad_keys_file_stops_the_server_before_it_starts(tmp_path):
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [{"key": "k", "tenant": "a", "role": "root"}]}))
+    proc = start_server("--port=1", f"--api_keys_file={keys_file}")
+    out, _ = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode != 0
+    assert "keys[0].role must be one of ['user', 'admin']" in out
