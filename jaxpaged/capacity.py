@@ -131,10 +131,10 @@ class HybridCapacity:
 
 def hybrid_kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE,
                        context_len: int = 2048, kv_dtype: str | None = None) -> HybridCapacity:
-    """Capacity of ``budget_bytes`` with the hybrid KV cache manager vs all layers as full attention.
+    """Capacity of ``budget_bytes`` with KV cache groups (sliding ones free old blocks) vs all layers full.
 
     A sequence is counted at ``context_len`` tokens after its last step, holding
-    what the hybrid manager keeps then (vLLM counts the same way); no sharing.
+    what the KV cache manager keeps then (vLLM counts the same way); no sharing.
     """
     from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
 

@@ -48,7 +48,10 @@ class ContiguousKVCacheManager:
     """Fixed-size contiguous regions, one per sequence, reserved for ``max_model_len`` tokens."""
 
     enable_prefix_caching = False
-    on_evict = None  # nothing is ever cached, so nothing is evicted
+    unitary = False  # a region per sequence, not tables that grow block by block
+    eviction_policy = "none"  # nothing is ever cached, so nothing is evicted
+    residency = None
+    on_evict = None
 
     def __init__(self, num_blocks: int, block_size: int, *, max_model_len: int, num_groups: int = 1) -> None:
         """Split ``num_blocks`` blocks into regions of ``num_groups * ceil(max_model_len / block_size)`` blocks.
@@ -94,6 +97,14 @@ class ContiguousKVCacheManager:
         """Blocks the sequence keeps from others: its whole region."""
         self._seq(seq_id)
         return self.region_blocks
+
+    def held_blocks(self, seq_id: Hashable) -> list[int]:
+        """The sequence's blocks that hold tokens (``block_table``: nothing slides out)."""
+        return self.block_table(seq_id)
+
+    def pin_prefix(self, token_ids: Sequence[int], ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Always ValueError: there is no prefix cache to keep blocks in."""
+        raise ValueError("pinning needs the paged KV layout with enable_prefix_caching")
 
     def reserved_blocks(self, seq_id: Hashable) -> list[int]:
         """Every block of the sequence's region, used or not."""

@@ -29,6 +29,7 @@ step, like vLLM's ``take_events``, and ships the batch wherever it goes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -122,6 +123,44 @@ class KVEventLog:
     def __len__(self) -> int:
         """Events recorded and not taken yet."""
         return len(self._events) + bool(self._removed)
+
+
+class GroupZeroEventLog(KVEventLog):
+    """An event log that keeps only KV cache group 0's keys: the group-tagged keys of groups > 0 make no event.
+
+    Tagged keys (``jaxpaged.cache.kv_groups.group_key``) are longer than a
+    plain chained hash; the device eviction hook and the lower tiers (which
+    hold every group's blocks) record through here. A model with one group
+    needs no filter (a plain :class:`KVEventLog`).
+    """
+
+    def __init__(self, digest_len: int, *, include_token_ids: bool) -> None:
+        super().__init__(include_token_ids=include_token_ids)
+        self._digest_len = digest_len  # a plain chained hash's length; tagged keys are longer
+
+    def append(self, event: KVEvent) -> None:
+        """Records ``event`` with the tagged hashes of stored or removed blocks left out (dropped if none are left).
+
+        A tagged key is never a parent (every key's parent is a plain hash), so
+        in a stored run it can only come last: the run is cut before it.
+        """
+        if isinstance(event, BlockRemoved):
+            hashes = tuple(h for h in event.block_hashes if len(h) == self._digest_len)
+            event = dataclasses.replace(event, block_hashes=hashes)
+        elif isinstance(event, BlockStored):
+            keep = next((i for i, h in enumerate(event.block_hashes) if len(h) != self._digest_len),
+                        len(event.block_hashes))
+            tokens = event.token_ids
+            event = dataclasses.replace(event, block_hashes=event.block_hashes[:keep],
+                                        token_ids=None if tokens is None else tokens[:keep * event.block_size])
+        if isinstance(event, (BlockStored, BlockRemoved)) and not event.block_hashes:
+            return
+        super().append(event)
+
+    def remove(self, block_hash: bytes, tier: str) -> None:
+        """Records a removed group-0 hash; other groups' removals make no event."""
+        if len(block_hash) == self._digest_len:
+            super().remove(block_hash, tier)
 
 
 CachedEntry = tuple[bytes, bytes | None, tuple[int, ...] | None]  # (hash, parent hash, tokens)

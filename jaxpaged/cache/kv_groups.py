@@ -12,12 +12,14 @@ belongs to one group at a time and a sliding-window group that frees blocks
 really returns bytes to the pool.
 
 A model whose layers are all full attention is one group of every layer: the
-pool and tables are exactly the single-group layout (no new code path).
+pool and tables are exactly the single-group layout, and ``KVCacheManager``
+takes its unitary path (the plain chained hashes as keys, one table).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from jaxpaged.mathutils import cdiv
 
@@ -88,7 +90,7 @@ def blocks_for_context(window: int | None, context_len: int, block_size: int) ->
 
     A full group holds every block; a sliding group only those holding the last
     ``window - 1`` tokens before the next query plus the newest one (what
-    ``HybridKVCacheManager`` keeps after freeing the blocks that slid out).
+    ``KVCacheManager`` keeps after freeing the blocks that slid out).
     """
     total = cdiv(context_len, block_size)
     if window is None:
@@ -97,6 +99,13 @@ def blocks_for_context(window: int | None, context_len: int, block_size: int) ->
 
 
 NULL_BLOCK = -1  # a sliding group's table entry whose block slid out of the window
+PAD_BLOCK = 0  # what a null entry reads as in the flat table the runner gets
+
+
+def interleave_tables(tables: Sequence[Sequence[int]], null: int) -> list[int]:
+    """One flat table from per-group tables of equal length: entry ``j * G + g`` is ``tables[g][j]``
+    (``null`` where it is ``NULL_BLOCK``)."""
+    return [null if b == NULL_BLOCK else b for column in zip(*tables) for b in column]
 
 
 def group_key(block_hash: bytes, group: int) -> bytes:

@@ -1,11 +1,12 @@
-"""What both KV cache managers do the same way: token counts, pool statistics and hooks, events, cache listing.
+"""The KV cache manager's read-only side: token counts, pool statistics and hooks, events, cache listing.
 
-`KVCacheManager` (one table per sequence) and `HybridKVCacheManager` (one
-table per KV cache group) keep their sequences in `_seqs` (looked up by
-`_seq`, which raises for an unknown id), their blocks in a `BlockPool`
-(`_pool`), the same prefix-cache counters and an `InFlightHashes`
-(`_in_flight`), and the lower tiers' event hooks (`_event_sources`); this mixin
-answers from them.
+`KVCacheManager` keeps its sequences in `_seqs` (looked up by `_seq`, which
+raises for an unknown id) with one table per KV cache group, its blocks in a
+`BlockPool` (`_pool`), its groups' rules in a `KVCacheCoordinator`
+(`_coordinator`; `_unitary` for one full-attention group), the prefix-cache
+counters and an `InFlightHashes` (`_in_flight`), and the lower tiers' event
+hooks (`_event_sources`); this mixin answers from them, so the manager's own
+file holds the allocation rules.
 """
 
 from __future__ import annotations
@@ -14,12 +15,57 @@ from collections.abc import Callable, Hashable
 
 from jaxpaged.cache.block_pool import EvictCallback
 from jaxpaged.cache.events import KVEvent, KVEventLog
+from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, interleave_tables
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
 from jaxpaged.cache.residency import ResidencyTracker
+from jaxpaged.mathutils import cdiv
 
 
 class ManagerQueries:
-    """Queries and pool hooks over `_seqs`, `_pool` and the prefix-cache counters of a KV cache manager."""
+    """Queries and pool hooks over `_seqs`, `_pool` and the prefix-cache counters of `KVCacheManager`."""
+
+    @property
+    def eviction_policy(self) -> str:
+        """The name of the policy choosing among cached blocks at ref count 0."""
+        return self._pool.policy.name
+
+    @property
+    def unitary(self) -> bool:
+        """One full-attention KV cache group (a plain model): one table per sequence, keyed by the plain hashes."""
+        return self._unitary
+
+    @property
+    def num_slid_out_blocks(self) -> int:
+        """Block references sliding groups have dropped so far because they fell out of the window."""
+        return self._num_slid_out
+
+    def max_blocks_for(self, num_tokens: int) -> int:
+        """The most blocks (all groups) a sequence of ``num_tokens`` tokens holds at once."""
+        return self._coordinator.max_blocks_for(num_tokens)
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` tokens could ever fit the pool."""
+        if self._unitary:
+            return cdiv(num_tokens, self.block_size) <= self.num_blocks
+        return self._coordinator.max_blocks_for(num_tokens) <= self.num_blocks
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """The sequence's flat table: entry ``j * G + g`` is group ``g``'s ``j``-th block (slid out: 0)."""
+        tables = self._seq(seq_id).tables
+        return list(tables[0]) if self._unitary else interleave_tables(tables, PAD_BLOCK)
+
+    def held_blocks(self, seq_id: Hashable) -> list[int]:
+        """The block ids the sequence holds, every group, slid-out entries left out."""
+        return [b for b in interleave_tables(self._seq(seq_id).tables, NULL_BLOCK) if b != NULL_BLOCK]
+
+    def group_block_tables(self, seq_id: Hashable) -> list[list[int]]:
+        """A copy of each group's table (``NULL_BLOCK`` where a block slid out)."""
+        return [list(table) for table in self._seq(seq_id).tables]
+
+    def num_blocks_held(self, seq_id: Hashable) -> int:
+        """Blocks the sequence holds over all groups (no copy: cheap enough for every step)."""
+        seq = self._seq(seq_id)
+        return sum(len(table) - skipped for table, skipped in zip(seq.tables, seq.skipped))
 
     @property
     def num_free_blocks(self) -> int:

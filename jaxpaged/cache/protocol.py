@@ -6,15 +6,31 @@ from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 from jaxpaged.cache.records import BlockTableUpdate, CacheStats, PrefixMatch
+from jaxpaged.cache.residency import ResidencyTracker
 
 
 class KVManager(Protocol):
-    """Block tables and their lifecycle, on the host; implemented by `KVCacheManager` and
-    `ContiguousKVCacheManager`. The manager never touches device arrays."""
+    """Block tables and their lifecycle, on the host; implemented by `KVCacheManager` (paged, any KV
+    cache groups) and `ContiguousKVCacheManager`. The manager never touches device arrays.
+
+    What only some managers can do is declared here too, never probed: `unitary`,
+    `eviction_policy`, `residency` and `pin_prefix` say what a manager without
+    a prefix cache or without paged tables lacks."""
 
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    unitary: bool  # one full-attention KV cache group in paged tables that grow a block per block_size tokens
+
+    @property
+    def eviction_policy(self) -> str:
+        """The name of the policy choosing among cached free blocks ("none" without a prefix cache)."""
+        ...
+
+    @property
+    def residency(self) -> ResidencyTracker | None:
+        """The sampled block-residency tracker, or None when not measured (or no prefix cache)."""
+        ...
 
     @property
     def num_free_blocks(self) -> int:
@@ -62,6 +78,15 @@ class KVManager(Protocol):
 
     def num_blocks_held(self, seq_id: Hashable) -> int:
         """Blocks the sequence keeps from others."""
+        ...
+
+    def held_blocks(self, seq_id: Hashable) -> list[int]:
+        """The block ids the sequence holds (a block slid out of a window is not held)."""
+        ...
+
+    def pin_prefix(self, token_ids: Sequence[int], ttl_s: float, *, cache_salt: str | None = None) -> int:
+        """Keep the prefix's cached blocks for `ttl_s` seconds; the blocks cached now. ValueError without
+        a prefix cache."""
         ...
 
     def reset_prefix_cache(self) -> bool:

@@ -9,12 +9,14 @@ from typing import NamedTuple
 from jaxpaged.cache.block_pool import KVBlock
 
 
-@dataclass
+@dataclass(slots=True)
 class PrefixMatch:
     """Result of :meth:`KVCacheManager.match_prefix`; pass it to ``allocate_new``.
 
     Attributes:
-      blocks: physical ids of the longest run of cached full blocks.
+      blocks: physical ids of the longest run of cached full blocks, as a flat
+        table (entry ``j * G + g`` is KV cache group ``g``'s block; 0 where a
+        sliding group needs none).
       num_cached_tokens: ``len(blocks) * block_size``; at most ``len(token_ids) - 1``
         so that at least one prompt token is computed.
       block_hashes: chained hashes of all full blocks of the token ids (reused by
@@ -23,6 +25,11 @@ class PrefixMatch:
         run, that another running sequence is computing now (allocated, not yet
         committed). A scheduler may defer the request a step to hit them instead
         of computing them again.
+      group_blocks: each group's matched blocks (None where a sliding group
+        needs none). After ``KVCacheManager.apply_extension`` they run past
+        ``num_cached_tokens`` (the device hit): the entries there are device
+        blocks or ``FROM_TIER`` (a fresh block a lower tier or a connector fills).
+      num_extended_tokens: tokens the extended group lists make computed (0: not extended).
     """
 
     blocks: list[int]
@@ -33,6 +40,8 @@ class PrefixMatch:
     request_keys: tuple = ()
     cache_epoch: int = 0
     matched: list[KVBlock] = field(default_factory=list, repr=False, compare=False)
+    group_blocks: list[list] = field(default_factory=list, repr=False, compare=False)
+    num_extended_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,12 +91,15 @@ class BlockTableUpdate(NamedTuple):
 NO_CHANGE = BlockTableUpdate(0, ())
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceState:
     """What the manager knows about one live sequence.
 
     Attributes:
-      table: physical block ids, in token order.
+      tables: one table of physical block ids per KV cache group, in token
+        order, all of the same length (``NULL_BLOCK`` where a block slid out
+        of a sliding group's window).
+      skipped: per group, the leading entries that are ``NULL_BLOCK``.
       num_computed: leading tokens whose K/V are in the pool (committed). The
         tokens scheduled past them (steps in flight) are counted by the caller
         alone (the scheduler's ``Sequence.num_computed_tokens``), who passes
@@ -98,10 +110,11 @@ class SequenceState:
       num_hashed_blocks: leading full computed blocks already offered to the cache.
       request_keys: block 0's extra keys (salt and request-level keys).
       pending: ``[start, end)`` block indices registered as "being computed" in
-        the manager's in-flight map.
+        the manager's in-flight map (group 0's blocks; the hashes are shared).
     """
 
-    table: list[int]
+    tables: list[list[int]]
+    skipped: list[int]
     num_computed: int
     num_cached_tokens: int
     block_hashes: list[bytes]

@@ -1,6 +1,6 @@
 """`EngineBuilder`: everything an engine is made of, assembled once from an `EngineConfig`.
 
-    config ─► model + weights ─► runner (TP mesh, pool, fp8 scales) ─► KV manager (paged | hybrid | contiguous)
+    config ─► model + weights ─► runner (TP mesh, pool, fp8 scales) ─► KV manager (paged | contiguous)
            ─► lower tiers ─► scheduler ─► input / output processors ─► EngineParts
 
 `Engine(config, ...)` calls it and then only loops over the parts; a snapshot
@@ -23,8 +23,7 @@ import numpy as np
 from jaxpaged import compile_cache
 from jaxpaged.attention import resolve_backend
 from jaxpaged.cache import KVCacheManager, KVManager
-from jaxpaged.cache.hybrid_manager import HybridKVCacheManager
-from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.cache.kv_groups import KVCacheLayout, kv_cache_layout
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
@@ -92,10 +91,8 @@ class EngineBuilder:
         self._check_runner(runner)
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
-        self.kv: KVManager = self._make_kv_manager()
-        if isinstance(self.kv, HybridKVCacheManager):  # a sliding group holds ~W tokens, not the whole context
-            self.max_model_len = self._hybrid_max_model_len(
-                config.max_model_len or self.model_config.max_position_embeddings)
+        layout = kv_cache_layout(self.model_config.layer_windows)
+        self.kv: KVManager = self._make_kv_manager(layout)
         tiers = build_tiers(config, self.kv, runner)
         scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
@@ -104,7 +101,8 @@ class EngineBuilder:
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,
-            blocks_for_tokens=getattr(self.kv, "max_blocks_for", None),
+            # KV cache groups: a sliding group's blocks slide out, so none are counted as shared between forks
+            blocks_for_tokens=self.kv.max_blocks_for if layout.is_hybrid and config.kv_layout == "paged" else None,
             computes_logits=getattr(runner, "computes_logits", True),
             samples_under_token_masks=getattr(runner, "samples_under_token_masks",
                                               getattr(runner, "computes_logits", True)))
@@ -135,42 +133,38 @@ class EngineBuilder:
             raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
-    def _make_kv_manager(self) -> KVManager:
-        layout = kv_cache_layout(self.model_config.layer_windows)
+    def _make_kv_manager(self, layout: KVCacheLayout) -> KVManager:
         if self.config.kv_layout == "contiguous":  # the all-layers-full baseline, one region per group
             from jaxpaged.cache.contiguous import ContiguousKVCacheManager
             region_len = (self.num_blocks // layout.num_groups) * self.block_size
             self.max_model_len = min(self.max_model_len, region_len)
             return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=self.max_model_len,
                                             num_groups=layout.num_groups)
-        if layout.is_hybrid:
-            kv = HybridKVCacheManager(self.num_blocks, self.block_size, layout,
-                                      enable_prefix_caching=self.config.enable_prefix_caching,
-                                      hash_algo=self.config.hash_algo,
-                                      max_chunk_tokens=self.config.max_num_batched_tokens,
-                                      eviction_policy=self.config.eviction_policy, clock=self.clock)
-        else:
-            kv = KVCacheManager(self.num_blocks, self.block_size,
-                                enable_prefix_caching=self.config.enable_prefix_caching,
-                                hash_algo=self.config.hash_algo, eviction_policy=self.config.eviction_policy,
-                                clock=self.clock)
+        kv = KVCacheManager(self.num_blocks, self.block_size, layout,
+                            enable_prefix_caching=self.config.enable_prefix_caching,
+                            hash_algo=self.config.hash_algo, max_chunk_tokens=self.config.max_num_batched_tokens,
+                            eviction_policy=self.config.eviction_policy, clock=self.clock)
         if self.config.kv_cache_metrics_sample > 0:
             kv.track_residency(self.config.kv_cache_metrics_sample)
+        # A sliding group holds ~W tokens, not the whole context: the pool bounds a sequence through every group.
+        self.max_model_len = _longest_that_fits(
+            kv, self.config.max_model_len or self.model_config.max_position_embeddings)
         return kv
-
-    def _hybrid_max_model_len(self, limit: int) -> int:
-        """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
-        low, high = 0, limit  # can_fit(low) holds; find the largest such length by bisection
-        while low < high:
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if self.kv.can_fit(mid) else (low, mid - 1)
-        return low
 
     def _load_tokenizer(self):
         if self._tokenizer is not None:
             return self._tokenizer
         from jaxpaged.tokenizer import load_tokenizer
         return load_tokenizer(self.config.model, self.model_config)
+
+
+def _longest_that_fits(kv: KVCacheManager, limit: int) -> int:
+    """The longest sequence (at most `limit`) whose blocks in every KV cache group fit the pool."""
+    low, high = 0, limit  # can_fit(low) holds; find the largest such length by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if kv.can_fit(mid) else (low, mid - 1)
+    return low
 
 
 def tie_disk_tier_to_identity(parts: EngineParts) -> None:

@@ -29,7 +29,6 @@ from typing import Sequence as Seq
 
 import jax
 
-from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.fast_forward import can_run_plain_decodes, run_plain_decodes
@@ -133,7 +132,7 @@ class Engine(EngineQueries):
         _, token_ids, cache_salt = self.input_processor._parse_prompt(prompt, cache_salt)
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
-        if not isinstance(self.kv, KVCacheManager) or not self.kv.enable_prefix_caching:
+        if not self.kv.enable_prefix_caching:
             raise ValueError("pinning needs the paged KV layout with enable_prefix_caching")
         return self.pin_ledger.pin(token_ids, cache_salt, ttl_s, quota,
                                    lambda: self.kv.pin_prefix(token_ids, ttl_s, cache_salt=cache_salt))

@@ -40,7 +40,7 @@ from typing import Callable, Container
 
 import numpy as np
 
-from jaxpaged.cache import KVCacheManager
+from jaxpaged.cache import KVCacheManager, KVManager
 from jaxpaged.runner import Runner
 from jaxpaged.scheduler import ModelOutput, Scheduler, SchedulerOutput
 from jaxpaged.sequence import Request, Sequence, SeqStatus
@@ -73,9 +73,9 @@ def run_plain_decodes(scheduler: Scheduler, kv: KVCacheManager, runner: Runner, 
     return steps, list(run.advanced) if steps else []
 
 
-def can_run_plain_decodes(scheduler: Scheduler, kv, runner: Runner) -> bool:
+def can_run_plain_decodes(scheduler: Scheduler, kv: KVManager, runner: Runner) -> bool:
     """Whether every running sequence is a plain decode of a predictable runner's token (and can be a lane)."""
-    if not getattr(runner, "predictable_steps", False) or type(kv) is not KVCacheManager:
+    if not getattr(runner, "predictable_steps", False) or not kv.unitary:
         return False
     if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
         return False  # nothing to run, or the budget would leave some sequences out of a step

@@ -38,7 +38,7 @@ class InputProcessor:
         real logits: prompt logprobs and beam search.
 
         `blocks_for_tokens(n)`: the most blocks one sequence of n tokens holds at once, when
-        that is not `cdiv(n, block_size)` (KV cache groups: the hybrid manager's `max_blocks_for`).
+        that is not `cdiv(n, block_size)` (KV cache groups: `KVCacheManager.max_blocks_for`).
         """
         self.blocks_for_tokens = blocks_for_tokens
         self.computes_logits = computes_logits

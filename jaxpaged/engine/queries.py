@@ -39,12 +39,12 @@ class EngineQueries:
     @property
     def eviction_policy(self) -> str:
         """The device cache's eviction policy name ("none" for the contiguous baseline)."""
-        return getattr(self.kv, "eviction_policy", "none")
+        return self.kv.eviction_policy
 
     def kv_residency_samples(self) -> dict[str, list[float]] | None:
         """Sampled block lifetimes / idle-before-evict / reuse gaps (seconds), or None when not measured
         (`kv_cache_metrics_sample` 0)."""
-        tracker = getattr(self.kv, "residency", None)
+        tracker = self.kv.residency
         return None if tracker is None else tracker.samples()
 
     def step_phase_seconds(self) -> dict[str, float]:

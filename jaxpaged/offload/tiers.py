@@ -18,12 +18,14 @@ JAX orders the later donating ops after it.
 ``finish()`` after the step lands the gathered data (the copy overlapped the
 step) and spills host evictions to disk.
 
-With KV cache groups (``HybridKVCacheManager``, sliding-window models) an
-entry is one group's block, keyed by the group key the device cache uses
-(vLLM's offloading ``(block_hash, group)`` keys): an evicted block is offloaded
-under its own key, and a restore extends the device hit through
-``HybridKVCacheManager.plan_extension`` so each group gets back only the blocks
-it holds (a sliding group: those of its window), the rest staying on the device.
+An entry is one KV cache group's block, keyed by the group key the device
+cache uses (vLLM's offloading ``(block_hash, group)`` keys; a plain model's
+one group keys by the plain hash): an evicted block is offloaded under its own
+key, and a restore extends the device hit through
+``KVCacheManager.plan_extension`` (a swap-in through ``plan_swap_in``) so each
+group gets back only the blocks it holds (a sliding group: those of its
+window), the rest staying on the device. The extended match goes to
+``allocate_new``, the one place blocks computed elsewhere enter a sequence.
 
 KV events: the tiers publish into the manager's event log (``kv.enable_events``)
 with ``tier="host"`` / ``"disk"``; see ``jaxpaged.cache.events`` for what each
@@ -34,7 +36,7 @@ prefix cache like a computed one, so its promotion is a device ``BlockStored``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
 import numpy as np
 
@@ -50,23 +52,22 @@ from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 class Restore:
     """Blocks a sequence gets back from the lower tiers instead of recomputing them.
 
-    ``blocks[i]`` fills table index ``first_index + i`` (``indices[i]`` when
-    given: entries of a flat per-group table); ``num_tokens`` is how many tokens
-    past the device prefix hit they make computed.
+    ``blocks[i]`` fills flat table index ``indices[i]`` (entry ``j * G + g``:
+    group ``g``'s ``j``-th block); ``num_tokens`` is how many tokens past the
+    device prefix hit they make computed.
     """
 
-    first_index: int
     blocks: list[HostBlock]
     num_tokens: int
+    indices: list[int]
     swapped: bool = False
-    indices: list[int] | None = None
 
 
 @dataclasses.dataclass
 class _SwapRecord:
     blocks: list[HostBlock]
     num_computed: int
-    positions: list[tuple[int, int]] | None = None  # KV cache groups: (index, group) of each block
+    positions: list[tuple[int, int]]  # (index, group) of each block
 
 
 @dataclasses.dataclass
@@ -121,19 +122,16 @@ class KVTiers:
         if self.disk is not None:
             self._spilled.append((block_hash, block))
 
-    def swap_out(self, seq_id: Hashable, block_ids: Sequence[int], num_computed: int) -> bool:
+    def swap_out(self, seq_id: Hashable, num_computed: int) -> bool:
         """Keep a preempted sequence's computed blocks on the host; False (nothing kept) if they don't fit.
 
-        With KV cache groups ``block_ids`` is ignored: every group's blocks that
-        hold computed tokens and were not dropped (slid out) are kept.
+        Every group's blocks that hold computed tokens and were not dropped (slid out) are kept.
         """
         self.drop_swap(seq_id)
-        positions = None
-        if hasattr(self.kv, "group_block_tables"):
-            tables = self.kv.group_block_tables(seq_id)
-            positions = [(j, g) for j in range(cdiv(num_computed, self.block_size))
-                         for g, table in enumerate(tables) if table[j] != NULL_BLOCK]
-            block_ids = [tables[g][j] for j, g in positions]
+        tables = self.kv.group_block_tables(seq_id)
+        positions = [(j, g) for j in range(cdiv(num_computed, self.block_size))
+                     for g, table in enumerate(tables) if table[j] != NULL_BLOCK]
+        block_ids = [tables[g][j] for j, g in positions]
         if not block_ids or not self.host.pin(len(block_ids)):
             self.stats.swap_fallbacks += bool(block_ids)
             return False
@@ -161,33 +159,18 @@ class KVTiers:
         """What the lower tiers can restore after ``match`` for a sequence being admitted (no commitments).
 
         At least one token of ``compute_limit`` is always left to compute.
-        With KV cache groups the plan extends ``match`` in place for ``allocate_new``.
+        The plan extends ``match`` in place for ``allocate_new``.
         """
         limit = max(min(num_tokens, compute_limit) - 1, 0) // self.block_size
         record = self._swapped.get(seq_id)
-        if hasattr(self.kv, "plan_extension"):
-            if record is not None:
-                swap_in = self._plan_group_swap_in(match, record, min(record.num_computed, compute_limit - 1))
-                if swap_in is not None:
-                    return swap_in
-            return self._plan_group_restore(match, limit)
-        first = len(match.blocks)
         if record is not None:
-            restored = min(record.num_computed, compute_limit - 1)
-            if restored > match.num_cached_tokens:
-                blocks = record.blocks[first:cdiv(restored, self.block_size)]
-                return Restore(first, blocks, restored - match.num_cached_tokens, swapped=True)
-        blocks = []
-        hashes = match.block_hashes
-        for index in range(first, min(limit, len(hashes))):
-            block = self._lookup(hashes[index], hashes[index - 1] if index else None)
-            if block is None:
-                break
-            blocks.append(block)
-        return Restore(first, blocks, len(blocks) * self.block_size) if blocks else None
+            swap_in = self._plan_swap_in(match, record, min(record.num_computed, compute_limit - 1))
+            if swap_in is not None:
+                return swap_in
+        return self._plan_tier_restore(match, limit)
 
-    def _plan_group_restore(self, match: PrefixMatch, limit: int) -> Restore | None:
-        """A restore of every group's blocks the tiers hold after the device hit (KV cache groups)."""
+    def _plan_tier_restore(self, match: PrefixMatch, limit: int) -> Restore | None:
+        """A restore of every group's blocks the tiers hold after the device hit."""
         missing: set[bytes] = set()  # keys whose disk file turned out unreadable: plan again without them
         while True:
             extension = self.kv.plan_extension(match, lambda key: key not in missing and self._holds(key), limit)
@@ -205,17 +188,17 @@ class KVTiers:
             else:
                 indices = self.kv.apply_extension(match, extension)
                 num_tokens = extension.num_blocks * self.block_size - match.num_cached_tokens
-                return Restore(0, blocks, num_tokens, indices=indices)
+                return Restore(blocks, num_tokens, indices)
 
-    def _plan_group_swap_in(self, match: PrefixMatch, record: _SwapRecord, num_tokens: int) -> Restore | None:
-        """The swapped blocks each group needs to get back to ``num_tokens`` computed (KV cache groups)."""
+    def _plan_swap_in(self, match: PrefixMatch, record: _SwapRecord, num_tokens: int) -> Restore | None:
+        """The swapped blocks each group needs to get back to ``num_tokens`` computed."""
         kept = dict(zip(record.positions, record.blocks))
         extension = self.kv.plan_swap_in(match, num_tokens, set(kept))
         if extension is None:
             return None
         indices = self.kv.apply_extension(match, extension)
-        return Restore(0, [kept[slot] for slot in extension.slots], num_tokens - match.num_cached_tokens,
-                       swapped=True, indices=indices)
+        return Restore([kept[slot] for slot in extension.slots], num_tokens - match.num_cached_tokens,
+                       indices, swapped=True)
 
     def _holds(self, key: bytes) -> bool:
         return key in self.host or (self.disk is not None and key in self.disk)
@@ -238,10 +221,7 @@ class KVTiers:
         if restore is None:
             return
         table = self.kv.block_table(seq_id)
-        if restore.indices is not None:
-            dst = [table[i] for i in restore.indices]
-        else:
-            dst = table[restore.first_index:restore.first_index + len(restore.blocks)]
+        dst = [table[i] for i in restore.indices]
         self._incoming.extend(zip(dst, restore.blocks))
         if restore.swapped:
             self.stats.swapped_in += len(restore.blocks)

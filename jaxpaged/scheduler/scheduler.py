@@ -33,7 +33,6 @@ from typing import Callable
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.logit_controls import RowControls
-from jaxpaged.mathutils import cdiv
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
 from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQueue, arrival_rank, priority_rank,
                                        served_tokens)
@@ -307,9 +306,7 @@ class Scheduler:
             if seq.status is SeqStatus.RUNNING:
                 self.running.remove(seq)
                 if self.config.preemption_mode == "swap":
-                    num_blocks = cdiv(seq.num_computed_tokens, self.kv.block_size)
-                    self.tiers.swap_out(seq.seq_id, self.kv.block_table(seq.seq_id)[:num_blocks],
-                                        seq.num_computed_tokens)
+                    self.tiers.swap_out(seq.seq_id, seq.num_computed_tokens)
                 self._free_blocks(seq)
                 seq.num_computed_tokens = 0
                 seq.status = SeqStatus.WAITING
@@ -545,7 +542,7 @@ class Scheduler:
             request.peak_blocks_shared = max(request.peak_blocks_shared, held)
             request.peak_blocks_unshared = max(request.peak_blocks_unshared, held)
             return
-        held = getattr(kv, "held_blocks", kv.block_table)  # KV cache groups: slid-out entries are not held
+        held = kv.held_blocks  # KV cache groups: slid-out entries are not held
         tables = [held(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))

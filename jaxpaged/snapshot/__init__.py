@@ -84,7 +84,7 @@ def load_prefix_cache(parts: SnapshotParts, path: str | Path, *, adopt_kv_scales
               if r.row_key in rows and block_digest(layers_to_block(kv, rows[r.row_key])) == r.digest]
     num_corrupt = len(records) - len(intact)
     device = [(r, row) for r, row in intact if r.tier == "device"]
-    restore = restore_groups_into if hasattr(parts.kv, "num_groups") else restore_into
+    restore = restore_into if parts.kv.unitary else restore_groups_into  # chains, or each group's own blocks
     writes, stats = restore(parts.kv, [r for r, _ in device])
     if writes:
         block_ids, indices = zip(*writes)

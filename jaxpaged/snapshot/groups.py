@@ -1,4 +1,4 @@
-"""Snapshots of a cache with KV cache groups (``HybridKVCacheManager``, sliding-window models).
+"""Snapshots of a cache with several KV cache groups (sliding-window models).
 
 A block id holds one group's layers, and each group has its own prefix-cache
 entries (a sliding group only the blocks it still held), so a record is one
@@ -21,15 +21,13 @@ from jaxpaged.snapshot.store import BlockRecord
 
 
 def key_and_group(manager, key: bytes) -> tuple[bytes, int]:
-    """A manager's prefix-cache key as (block hash, group); a manager without groups keys by hash alone."""
-    if not hasattr(manager, "num_groups"):
-        return key, 0
+    """A manager's prefix-cache key as (block hash, group) (group 0 keys by the plain hash)."""
     return split_group_key(key, len(digest_fn(manager.hash_algo)(b"")))
 
 
 def manager_key(manager, record: BlockRecord) -> bytes:
     """The key ``manager`` caches ``record``'s block under."""
-    return group_key(record.block_hash, record.group) if hasattr(manager, "num_groups") else record.block_hash
+    return group_key(record.block_hash, record.group)
 
 
 def _verified(manager, record: BlockRecord) -> bool:
@@ -45,7 +43,7 @@ def _verified(manager, record: BlockRecord) -> bool:
 
 
 def restore_groups_into(manager, records: list[BlockRecord]) -> tuple[list[tuple[int, int]], RestoreStats]:
-    """Cache the snapshot's device blocks in a ``HybridKVCacheManager`` without evicting anything.
+    """Cache the snapshot's device blocks in a ``KVCacheManager`` with sliding groups without evicting anything.
 
     Returns ``(block_id, record_index)`` pairs whose K/V the caller must write, and the stats.
     """

@@ -16,7 +16,7 @@ def snapshot(mgr: KVCacheManager) -> tuple:
     pool = mgr._pool
     return (
         mgr.stats,
-        {sid: (list(s.table), s.num_computed, s.num_hashed_blocks, s.pending)
+        {sid: (mgr.block_table(sid), [list(t) for t in s.tables], s.skipped, s.num_computed, s.num_hashed_blocks, s.pending)
          for sid, s in mgr._seqs.items()},
         [b.block_id for b in pool.free_queue],
         [(b.ref_count, b.block_hash) for b in pool.blocks],

@@ -1,4 +1,4 @@
-"""The hybrid (sliding-window) KV cache manager against a plain-Python model of its rules.
+"""The KV cache manager with sliding-window groups against a plain-Python model of its rules.
 
 Random interleavings of add / step / fork / free / fill over a simulated
 device: each write stores ``(group, token)`` in the slot a group's table points
@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jaxpaged.cache.events import replay
-from jaxpaged.cache.hybrid_manager import NULL_BLOCK, HybridKVCacheManager
-from jaxpaged.cache.kv_groups import kv_cache_layout
+from jaxpaged.cache import KVCacheManager
+from jaxpaged.cache.kv_groups import NULL_BLOCK, kv_cache_layout
 
 NUM_BLOCKS = 24
 BS = 4
@@ -51,7 +51,7 @@ class HybridMachine(RuleBasedStateMachine):
         super().__init__()
         self.layout = kv_cache_layout(self.layer_windows)
         self.windows = self.layout.windows
-        self.mgr = HybridKVCacheManager(NUM_BLOCKS, BS, self.layout)
+        self.mgr = KVCacheManager(NUM_BLOCKS, BS, self.layout)
         self.mgr.on_evict = self._on_evict
         self.mgr.enable_events()
         self.mirror: set[bytes] = set()  # what a router replaying the events believes is cached

@@ -1,4 +1,4 @@
-"""Sliding-window models through the paged engine with the hybrid KV cache manager.
+"""Sliding-window models through the paged engine: one KVCacheManager with several KV cache groups.
 
 Contexts well past the window (W=32, ~300-token prompts, 8-token blocks) so a
 sliding group really drops blocks, in a NaN-poisoned pool: any read of a
@@ -107,6 +107,25 @@ def test_admission_counts_each_group_and_refuses_what_never_fits(engine, hybrid_
     (out,) = _run(engine, [prompt], PARAMS)
     assert_dense_greedy(hybrid_model, prompt, out.outputs[0].token_ids)
     assert out.metrics.peak_blocks_unshared <= 61
+
+
+def test_prompt_logprobs_past_the_window_equal_the_dense_forward(engine, hybrid_model):
+    """A request that needs its prompt's logits is admitted without a prefix lookup (the allocation path
+    every model shares; the former sliding-window manager refused the call), and each position's
+    logprob is the dense no-cache forward's."""
+    prompt = list(np.random.default_rng(6).integers(0, 250, 90))  # ~3 windows: blocks slide out meanwhile
+    _run(engine, [prompt], PARAMS)  # caches the prompt's blocks: the request below must not use them
+    (out,) = _run(engine, [prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1))
+    assert out.num_cached_tokens == 0
+    logits = np.asarray(hybrid_model.forward_dense(np.asarray([prompt], np.int32)))[0]
+    peak = logits.max(-1, keepdims=True)
+    ref = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))  # log-softmax
+    lp = out.prompt_logprobs
+    assert lp[0] is None and len(lp) == len(prompt)
+    for i in range(1, len(prompt)):
+        assert lp[i][prompt[i]] == pytest.approx(ref[i - 1, prompt[i]], abs=1e-4)
+    engine.kv.check_invariants()
+    assert engine.kv.stats.num_used_blocks == 0
 
 
 def test_all_sliding_model_one_group():

@@ -52,7 +52,7 @@ def test_swap_out_pins_and_drop_releases(tiny_model):
     runner, kv, tiers = _setup(tiny_model)
     assert kv.allocate_new("s", list(range(6)), 6, None)
     kv.commit("s", list(range(6)), 6)
-    assert tiers.swap_out("s", kv.block_table("s"), 6)
+    assert tiers.swap_out("s", 6)
     assert tiers.host.num_pinned == 2 and tiers.num_swapped_seqs == 1
     kv.free("s")
     tiers.apply(runner)
