@@ -105,6 +105,8 @@ class Request:
     arrival_order: int
     prompt: str | None = None
     cache_salt: str | None = None
+    priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's meaning)
+    tenant: str | None = None  # who the server authenticated; the fair scheduling policy shares by it
     max_len: int = 0  # the longest a sequence may grow: min(prompt + max_tokens, max_model_len)
     stop_token_ids: frozenset[int] = frozenset()  # a sampled one ends the sequence ("stop")
     eos_token_ids: frozenset[int] = frozenset()  # EOS ids (empty with ignore_eos), for beam scores

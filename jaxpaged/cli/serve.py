@@ -61,6 +61,7 @@ from jaxpaged.server.async_engine import AsyncEngine, run_follower
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.core.process import CoreSpec, build_engine
+from jaxpaged.server.tenants import TenantKeys
 from jaxpaged.sim.profiles import GPU_PROFILES
 
 FLAGS = FlagSet()
@@ -100,6 +101,15 @@ CHAT_TEMPLATE = FLAGS.DEFINE_string("chat_template", None,
                                    "the model's own (chat_template.jinja, tokenizer_config.json, a GGUF's metadata)")
 API_SERVERS = FLAGS.DEFINE_integer("api_server_count", 1, "API server processes on the one port "
                                    "(with --engine_core=process)")
+API_KEY = FLAGS.DEFINE_string("api_key", None,
+                               "one API key every client must send as 'Authorization: Bearer <key>' on every "
+                               "route but /health and /metrics (an admin tenant named 'default'); without "
+                               "--api_key or --api_keys_file every client is trusted (default: the "
+                               "JAXPAGED_API_KEY environment variable, which other users cannot read in ps)")
+API_KEYS_FILE = FLAGS.DEFINE_string("api_keys_file", None,
+                                    "a JSON file of API keys, each with its tenant, role (user/admin) and "
+                                    "limits; a tenant's requests hash their blocks in its own cache namespace "
+                                    "(jaxpaged/server/tenants.py)")
 API_RESTARTS = FLAGS.DEFINE_integer("api_server_restarts", 5,
                                     "an API server that dies is restarted on the same socket, at most this many "
                                     "times a minute; one more is a crash loop: the server exits 1 "
@@ -145,10 +155,20 @@ def core_spec() -> CoreSpec:
                     max_waiting_requests=MAX_WAITING.value, drain_timeout_s=DRAIN.value, distributed=multi_host)
 
 
+def tenant_keys() -> TenantKeys | None:
+    """The API keys ``--api_key`` / ``--api_keys_file`` configure (None: none); a usage error when they are bad."""
+    try:
+        return TenantKeys.from_options(API_KEY.value or os.environ.get("JAXPAGED_API_KEY") or None,
+                                       API_KEYS_FILE.value)
+    except (OSError, ValueError) as error:
+        raise app.UsageError(f"--api_key/--api_keys_file: {error}") from None
+
+
 def main(argv):
     """Serve until SIGTERM / Ctrl-C: replicas, a multi-host follower, the split (default) or one process."""
     del argv
     logging.basicConfig(level=logging.INFO)
+    tenant_keys()  # a bad keys file stops the server before anything starts
     if DP.value > 1:
         serve_data_parallel()
     elif distributed.PROCESS_ID.value > 0:
@@ -171,7 +191,7 @@ def serve_in_process() -> None:
     api = build_app(async_engine, served_model_name=SERVED_NAME.value or MODEL.value,
                     chat_template=ChatTemplate.for_model(MODEL.value, CHAT_TEMPLATE.value), registry=metrics.registry,
                     enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
-                    max_prompts_per_request=MAX_PROMPTS.value)
+                    max_prompts_per_request=MAX_PROMPTS.value, keys=tenant_keys())
     uvicorn.run(api, host=HOST.value, port=PORT.value, log_level="info", timeout_graceful_shutdown=DRAIN.value)
 
 
@@ -189,7 +209,7 @@ def serve_engine_core_process() -> int:
     api = ApiSpec(HOST.value, PORT.value, SERVED_NAME.value or MODEL.value, MODEL.value,
                   enable_debug_endpoints=DEBUG.value, max_request_body_bytes=MAX_BODY.value,
                   drain_timeout_s=DRAIN.value, max_prompts_per_request=MAX_PROMPTS.value,
-                  chat_template=CHAT_TEMPLATE.value)
+                  chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
     try:
         return serve_split(core_spec(), api, api_server_count=API_SERVERS.value,
                            api_server_restarts=API_RESTARTS.value)
@@ -205,6 +225,6 @@ def serve_data_parallel() -> None:
                             policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
                             enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
                             max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value,
-                            chat_template=CHAT_TEMPLATE.value)
+                            chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 

@@ -95,7 +95,8 @@ class EngineBuilder:
         self.kv: KVManager = self._make_kv_manager(layout)
         tiers = build_tiers(config, self.kv, runner)
         scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode),
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
+                            config.scheduling_policy),
             self.kv, tiers, clock=self.clock)
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,

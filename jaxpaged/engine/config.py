@@ -22,6 +22,7 @@ from jaxpaged.cache.hashing import HASH_ALGOS
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, DTYPE_ALIASES, SUPPORTED_DTYPES, ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
 from jaxpaged.scheduler import PREEMPTION_MODES
+from jaxpaged.scheduler.policy import SCHEDULING_POLICIES
 from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, check_optional_int,
                                  check_optional_str, check_str)
 
@@ -83,6 +84,10 @@ class EngineConfig:
     disk_cache_bytes: int = knob(1 << 30, "disk tier size in bytes")
     preemption_mode: str = knob("recompute", "recompute, or swap: preempted blocks go to the host tier and back "
                                              "(needs host_cache_bytes)", choices=PREEMPTION_MODES)
+    scheduling_policy: str = knob("fcfs", "which waiting request runs first and which running one is preempted: "
+                                          "fcfs (arrival), priority (the request's priority, lower first, vLLM's "
+                                          "meaning), or fair (per-tenant virtual token counters, OSDI'24 VTC)",
+                                  choices=SCHEDULING_POLICIES)
     # one controller; num_blocks / kv_cache_bytes keep meaning the whole (logical) pool
     tensor_parallel_size: int = knob(1, "devices the weights and the KV pool's heads are split over (each holds "
                                         "1/N of the pool, or 1/num_kv_heads when N exceeds the KV heads)")

@@ -34,6 +34,7 @@ from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.fast_forward import can_run_plain_decodes, run_plain_decodes
 from jaxpaged.engine.output_processor import OutputProcessor
 from jaxpaged.engine.phases import StepPhases
+from jaxpaged.engine.pin_quota import PinLedger, PinQuota
 from jaxpaged.engine.queries import EngineQueries
 from jaxpaged.model import LlamaModel
 from jaxpaged.outputs import RequestOutput
@@ -73,6 +74,7 @@ class Engine(EngineQueries):
         self._arrivals = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
         self._phases = StepPhases()
+        self.pin_ledger = PinLedger(self.clock, self.block_size, max_total_blocks=self.num_blocks)
         # chosen once: overlapped (async scheduling) or synchronous steps
         self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
         self.scheduler.defer_token_masks = config.async_scheduling
@@ -103,8 +105,11 @@ class Engine(EngineQueries):
         *,
         cache_salt: str | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
+        tenant: str | None = None,
     ) -> None:
-        """Validate and queue a request; raises ValueError (changing nothing) on bad input."""
+        """Validate and queue a request; raises ValueError (changing nothing) on bad input. ``priority`` (lower
+        first) and ``tenant`` matter under the priority and fair scheduling policies."""
         check_str("request_id", request_id)
         if arrival_time is not None:
             arrival_time = check_float("arrival_time", arrival_time)
@@ -113,21 +118,24 @@ class Engine(EngineQueries):
         request = self.input_processor.process(
             request_id, prompt, params or SamplingParams(), cache_salt=cache_salt,
             arrival_time=self.clock() if arrival_time is None else arrival_time,
-            arrival_order=next(self._arrivals))
+            arrival_order=next(self._arrivals), priority=priority, tenant=tenant)
         self._requests[request_id] = request
         self.scheduler.add_request(request)
 
-    def pin_prefix(self, prompt: str | Seq[int] | dict, ttl_s: float, *, cache_salt: str | None = None) -> int:
+    def pin_prefix(self, prompt: str | Seq[int] | dict, ttl_s: float, *, cache_salt: str | None = None,
+                   quota: PinQuota | None = None) -> int:
         """Keep the full blocks of `prompt` (under `cache_salt`) for `ttl_s` seconds: they are evicted only
         after every unpinned block, whether cached now or once computed. `ttl_s` 0 unpins. Returns how many
-        of its blocks are cached now; ValueError on a bad prompt or TTL (nothing changes)."""
+        of its blocks are cached now; ValueError on a bad prompt or TTL, PinQuotaError past `quota`'s bounds
+        or the bound on all pins (the pool's block count; pin_quota.py), and nothing changes."""
         ttl_s = check_float("ttl_s", ttl_s, low=0.0, high=MAX_PIN_TTL_S)
         _, token_ids, cache_salt = self.input_processor._parse_prompt(prompt, cache_salt)
         if not token_ids:
             raise ValueError("prompt is empty: at least one token is needed")
         if not self.kv.enable_prefix_caching:
             raise ValueError("pinning needs the paged KV layout with enable_prefix_caching")
-        return self.kv.pin_prefix(token_ids, ttl_s, cache_salt=cache_salt)
+        return self.pin_ledger.pin(token_ids, cache_salt, ttl_s, quota,
+                                   lambda: self.kv.pin_prefix(token_ids, ttl_s, cache_salt=cache_salt))
 
     def validate_prompt(self, prompt: str | Seq[int] | dict, params: SamplingParams | None = None) -> None:
         """Raise ValueError if `add_request` would reject this prompt (changes nothing)."""

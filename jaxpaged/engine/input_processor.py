@@ -20,7 +20,9 @@ from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sequence import Request, Sequence
 from jaxpaged.structured.grammar import compile_constraint
-from jaxpaged.validation import check_optional_str
+from jaxpaged.validation import INT32_MAX, check_int, check_optional_str
+
+MAX_PRIORITY = INT32_MAX  # |priority| bound: any int32, as vLLM accepts
 
 
 class InputProcessor:
@@ -63,7 +65,8 @@ class InputProcessor:
         return frozenset(ids)
 
     def process(self, request_id: str, prompt: str | Seq[int] | dict, params: SamplingParams, *,
-                cache_salt: str | None, arrival_time: float, arrival_order: int) -> Request:
+                cache_salt: str | None, arrival_time: float, arrival_order: int, priority: int = 0,
+                tenant: str | None = None) -> Request:
         """A new request with its first sequence(s); ValueError on bad input."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -72,7 +75,9 @@ class InputProcessor:
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         request = Request(
             request_id, token_ids, params, arrival_time=arrival_time, arrival_order=arrival_order,
-            prompt=text, cache_salt=cache_salt,
+            prompt=text, cache_salt=cache_salt, priority=check_int("priority", priority, low=-MAX_PRIORITY,
+                                                                   high=MAX_PRIORITY),
+            tenant=check_optional_str("tenant", tenant),
             max_len=min(len(token_ids) + params.max_tokens, self.max_model_len),
             stop_token_ids=frozenset(params.stop_token_ids) | eos, eos_token_ids=eos,
             base_seed=int(self._seed_rng.integers(2**31)) if params.seed is None else params.seed)

@@ -4,7 +4,8 @@
 unfinished prefill chunks, in arrival order), then waiting ones admitted FCFS
 while the token budget, the sequence cap and free blocks allow. When a running
 sequence cannot get a block, the latest-arrived running request is preempted
-by recompute: its blocks are freed (cached full blocks stay in the prefix
+(the scheduling policy, policy.py, can change both orders: by priority, or
+fair shares between tenants) by recompute: its blocks are freed (cached full blocks stay in the prefix
 cache) and it rejoins the front of the queue, where resuming re-hits those
 blocks. In swap mode (``preemption_mode="swap"``, needs the host tier) its
 computed blocks are first copied to the host and copied back on resume.
@@ -33,6 +34,8 @@ from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.logit_controls import RowControls
 from jaxpaged.scheduler.beam import beam_score, rank_candidates
+from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQueue, arrival_rank, priority_rank,
+                                       served_tokens)
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
@@ -48,6 +51,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES (policy.py)
 
 
 class Scheduler:
@@ -60,8 +64,15 @@ class Scheduler:
         self.kv = kv
         self.tiers = tiers
         self.clock = clock
-        self.waiting: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []  # in arrival order (request, then sequence index)
+        policy = config.scheduling_policy
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got {policy!r}")
+        # the waiting queue: a deque (fcfs), or a queue with the deque's methods that orders by the policy
+        self.waiting: collections.deque[Sequence] | PriorityQueue | FairQueue = (
+            PriorityQueue() if policy == "priority" else FairQueue(self._has_running) if policy == "fair"
+            else collections.deque())
+        self._rank = priority_rank if policy == "priority" else arrival_rank
+        self.running: list[Sequence] = []  # in rank order: arrival (request, then sequence index), or priority
         self.num_preemptions = 0
         self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
         self.num_top_logprob_requests = 0  # unfinished requests with logprobs > 0 (the step returns top-k)
@@ -148,7 +159,9 @@ class Scheduler:
         if preempted:
             self._drop_preempted(out)
         else:
-            self._admit_waiting(out, budget, now)
+            self._admit_waiting(out, budget, now, may_preempt=True)
+            if preempted:  # the priority policy made room for a waiting request that ranks first
+                self._drop_preempted(out)
         self._finish_schedule(out)
         if self.num_constrained_requests:
             if self.defer_token_masks and self.num_grammar_requests and out.seqs:
@@ -223,7 +236,7 @@ class Scheduler:
                                  preempted: list[Request]) -> BlockTableUpdate | None:
         """Preempt the latest arrivals until `seq` gets its slots; None if `seq` itself was preempted."""
         while True:
-            victim = self.running[-1].request  # the latest arrival: running is in arrival order
+            victim = self._victim()
             self.preempt(victim)
             preempted.append(victim)
             if victim is seq.request:
@@ -231,6 +244,17 @@ class Scheduler:
             update = self.kv.allocate_slots(seq.seq_id, num_new, num_computed_tokens=seq.num_computed_tokens)
             if update is not None:
                 return update
+
+    def _victim(self) -> Request:
+        """The running request to preempt first: the last-ranked (running is in rank order), or with the fair
+        policy the latest arrival of the tenant with the highest virtual token counter."""
+        if isinstance(self.waiting, FairQueue):
+            counters = self.waiting.counters
+            return max(self.running, key=lambda s: (counters.get(s.request.tenant, 0.0), arrival_rank(s))).request
+        return self.running[-1].request
+
+    def _has_running(self, tenant) -> bool:
+        return any(s.request.tenant == tenant for s in self.running)
 
     def _drop_preempted(self, out: SchedulerOutput) -> None:
         """Take sequences preempted late in the loop (after being scheduled) back out of the batch."""
@@ -255,6 +279,9 @@ class Scheduler:
 
     def _finish_schedule(self, out: SchedulerOutput) -> None:
         out.freed_seq_ids, self._freed = self._freed, []
+        if isinstance(self.waiting, FairQueue):
+            for seq, start, n, samples in zip(out.seqs, out.starts, out.num_tokens, out.samples):
+                self.waiting.charge(seq.request.tenant, served_tokens(seq, start, n, samples))
         if self.num_beam_requests or self.num_top_logprob_requests:
             # beams need 2 * width candidates; `logprobs=k` requests their top k
             top = max((2 * s.request.params.beam_width if s.request.use_beam_search
@@ -285,12 +312,17 @@ class Scheduler:
                 seq.status = SeqStatus.WAITING
                 self.waiting.appendleft(seq)
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float, may_preempt: bool = False) -> None:
+        """Admit waiting sequences in the queue's order while the budget, the sequence cap and free blocks allow.
+        With ``may_preempt`` and the priority policy, a sequence short of blocks preempts running requests of
+        a strictly higher ``priority`` value (last-ranked first) until it fits."""
         deferred = []
         kv, tiers = self.kv, self.tiers
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             request = seq.request
+            if out.preempted and any(r is request for r in out.preempted):
+                break  # preempted in this pass: its state settles in _drop_preempted; it resumes next step
             limit = seq.compute_limit
             tokens = seq.token_ids[:limit] if request.fork_pending else seq.token_ids
             if _needs_prompt_logits(request):
@@ -319,7 +351,9 @@ class Scheduler:
             num_new = max(min(limit - num_cached, budget), 0)
             if not kv.allocate_new(seq.seq_id, tokens, num_restored + num_new, match,
                                    cache_salt=request.cache_salt):
-                break  # not enough free blocks: FCFS, so nobody behind it goes first
+                if may_preempt and self._preempt_lower_priority(request, out):
+                    continue  # room was made: try again (the match is looked up afresh)
+                break  # not enough free blocks: in queue order, so nobody behind it goes first
             self.waiting.popleft()
             if tiers is not None:
                 tiers.admitted(seq.seq_id, restore)
@@ -329,11 +363,23 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(deferred))
 
+    def _preempt_lower_priority(self, request: Request, out: SchedulerOutput) -> bool:
+        """Priority policy: preempt the last-ranked running request if its priority value is strictly higher
+        than ``request``'s; whether one was."""
+        if not isinstance(self.waiting, PriorityQueue) or not self.running:
+            return False
+        victim = self.running[-1].request
+        if victim.priority <= request.priority:
+            return False
+        self.preempt(victim)
+        out.preempted.append(victim)
+        return True
+
     def _admitted(self, seq: Sequence, num_cached: int, out: SchedulerOutput, num_new: int, now: float) -> None:
         """`seq` got its blocks: it runs, with `num_new` tokens in this step."""
         seq.num_computed_tokens = num_cached
         seq.status = SeqStatus.RUNNING
-        bisect.insort(self.running, seq, key=_arrival)
+        bisect.insort(self.running, seq, key=self._rank)
         request = seq.request
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
@@ -434,7 +480,7 @@ class Scheduler:
         self.kv.fork(parent.seq_id, child.seq_id)
         parent.request.seqs.append(child)
         child.status = SeqStatus.RUNNING
-        bisect.insort(self.running, child, key=_arrival)
+        bisect.insort(self.running, child, key=self._rank)
         return child
 
     def _beam_step(self, request: Request, now: float) -> None:
@@ -571,10 +617,6 @@ def _row_controls(request: Request) -> RowControls | None:
                        stop_ids=tuple(sorted(request.stop_token_ids)) if p.min_tokens else (),
                        repetition=p.repetition_penalty, frequency=p.frequency_penalty,
                        presence=p.presence_penalty, bad_words=request.bad_words_token_ids)
-
-
-def _arrival(seq: Sequence) -> tuple[int, int]:
-    return seq.request.arrival_order, seq.index
 
 
 __all__ = ["Scheduler", "SchedulerConfig", "beam_score"]

@@ -3,7 +3,8 @@
 Every client's request goes into the one `EngineClient` (engine_client.py). Errors follow the
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
-unknown model, 413 for a body over `max_request_body_bytes`, 503 with
+unknown model, 401 / 403 for a missing key or a role that may not (auth.py, tenants.py), 429 with
+`Retry-After` past a tenant's limits or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
 `Retry-After` when the waiting queue is full or the engine loop is gone.
 
 No client can stop the engine, or keep it busy after leaving: a client that
@@ -17,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from jaxpaged.engine.pin_quota import PinQuotaError
+from jaxpaged.server.auth import Authenticate
 from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
@@ -32,23 +36,32 @@ from jaxpaged.server.http_metrics import CountRequests
 from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest, PinRequest
 from jaxpaged.server.routes import admin, cache, chat, completions, health, tokenize
 from jaxpaged.server.routes.state import ModelNotFound, ServerState
+from jaxpaged.server.tenants import PermissionDenied, TenantKeys
 
 RETRY_AFTER_S = 1
+log = logging.getLogger(__name__)
 
 
 def build_app(client: EngineClient, *, served_model_name: str, chat_template: ChatTemplate | None = None,
               registry: CollectorRegistry | None = None, enable_debug_endpoints: bool = False,
               max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
-              max_prompts_per_request: int | None = None) -> FastAPI:
+              max_prompts_per_request: int | None = None, keys: TenantKeys | None = None) -> FastAPI:
     """The app over a started-or-not `EngineClient` (`AsyncEngine`, `CoreClient`, `ReplicaPool`); it starts and
     stops with the app's lifespan. The routes are jaxpaged/server/routes/'s modules.
 
     `max_request_body_bytes` refuses larger bodies with a 413 before they are parsed (None: no limit).
     `max_prompts_per_request` bounds the prompts of one completion request (None: a quarter of the engine's
     waiting queue; limits.py has every per-request limit).
+    `keys`: the API keys and their tenants (tenants.py); None: every client is trusted, as without keys.
     """
     state = ServerState(client, served_model_name, chat_template or ChatTemplate(), registry or CollectorRegistry(),
-                        max_prompts_per_request)
+                        max_prompts_per_request, keys)
+    if keys is None:
+        log.warning("no API key configured: every client may use every route, and clients share the prefix "
+                    "cache unless they send a cache_salt (--api_key / --api_keys_file)")
+    else:
+        log.info("API keys: %d keys, %d tenants; /health and /metrics are open", len(keys.keys),
+                 len(keys.tenant_names))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -59,8 +72,10 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
     _count_requests(app, state.registry)
-    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # outermost: before anything reads the body
+    app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # before anything reads the body
                        max_json_values=lambda: state.limits.max_json_values)
+    if keys is not None:  # outermost: no byte of a client's body is read before its key is checked
+        app.add_middleware(Authenticate, keys=keys)
     _handle_errors(app)
     for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ()):
         app.include_router(module.router(state))
@@ -107,6 +122,14 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(ModelNotFound)
     async def no_model(request: Request, exc: ModelNotFound):
         return _error(404, f"The model `{exc}` does not exist.", "NotFoundError", "model")
+
+    @app.exception_handler(PinQuotaError)
+    async def over_pin_quota(request: Request, exc: PinQuotaError):
+        return _error(429, str(exc), "RateLimitError", "ttl_s", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.exception_handler(PermissionDenied)
+    async def not_allowed(request: Request, exc: PermissionDenied):
+        return _error(403, str(exc), "PermissionDeniedError")
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, exc: QueueFullError):

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from jaxpaged.engine import Engine
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
@@ -123,7 +124,7 @@ class AsyncEngine:
     # ---- what clients call ----------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
         """Queue a request; returns the stream of its outputs (the last one has `finished`).
 
         A text prompt is tokenized, and every prompt checked, on a worker
@@ -135,7 +136,8 @@ class AsyncEngine:
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
-                  "cache_salt": cache_salt, "arrival_time": self.engine.clock()}
+                  "cache_salt": cache_salt, "arrival_time": self.engine.clock(), "priority": priority,
+                  "tenant": tenant}
         try:
             await self._call(record, stream)
         except asyncio.CancelledError:
@@ -167,9 +169,12 @@ class AsyncEngine:
         False if some are still in use."""
         return await self._call({"op": "reset"})
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
-        """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`); blocks cached now."""
-        return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt})
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int:
+        """Pin the prompt's full blocks for `ttl_s` seconds (`Engine.pin_prefix`, charged to `quota`'s owner);
+        blocks cached now."""
+        return await self._call({"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt,
+                                 "quota": None if quota is None else quota.to_wire()})
 
     async def query(self, name: str):
         """The answer to a named engine query (`engine_queries.QUERIES`), read on the loop thread."""
@@ -310,14 +315,16 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
         params = params_from_dict(record["params"])
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
-                           arrival_time=record["arrival_time"])
+                           arrival_time=record["arrival_time"], priority=record.get("priority", 0),
+                           tenant=record.get("tenant"))
         return None
     if op == "abort":
         return engine.abort(record["id"])
     if op == "reset":
         return reset_prefix_cache(engine)
     if op == "pin":
-        return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"])
+        return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"],
+                                 quota=PinQuota.from_wire(record.get("quota")))
     if op == "stop":
         return None
     raise ValueError(f"unknown engine command {op!r}")

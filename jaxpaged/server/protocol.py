@@ -52,6 +52,7 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = None
+    priority: StrictInt = 0  # lower runs first under --scheduling_policy=priority (vLLM's extension)
     presence_penalty: Number = 0.0
     frequency_penalty: Number = 0.0
     repetition_penalty: Number = 1.0
@@ -203,6 +204,7 @@ class PinRequest(BaseModel):
     messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_generation_prompt: StrictBool = True
     cache_salt: StrictStr | None = None
+    tenant: StrictStr | None = None  # with API keys, an admin's pin in this tenant's namespace
     ttl_s: Number
 
 

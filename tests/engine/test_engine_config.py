@@ -39,6 +39,7 @@ BAD_VALUE = {
     "disk_cache_dir": 5,
     "disk_cache_bytes": 0,
     "preemption_mode": "teleport",
+    "scheduling_policy": "lottery",
     "tensor_parallel_size": 0,
     "eviction_policy": "random",
     "kv_cache_metrics_sample": 1.5,

@@ -22,6 +22,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from jaxpaged.engine.pin_quota import PinQuota, PinQuotaError
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
                                             refuse_overlong)
@@ -32,7 +33,7 @@ from jaxpaged.server.engine_client import ModelInfo
 log = logging.getLogger(__name__)
 
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "QueueFullError": QueueFullError,
-           "EngineDeadError": EngineDeadError}
+           "EngineDeadError": EngineDeadError, "PinQuotaError": PinQuotaError}
 
 
 class CoreClient:
@@ -126,9 +127,11 @@ class CoreClient:
         """As `AsyncEngine.reset_prefix_cache`, in the core."""
         return await self._call(M.Call(0, "reset_prefix_cache"))
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int:
         """As `AsyncEngine.pin_prefix`, in the core (a text prompt is tokenized there, as the engine would)."""
-        return await self._call(M.Call(0, "pin_prefix", [prompt, ttl_s, cache_salt]))
+        return await self._call(M.Call(0, "pin_prefix", [prompt, ttl_s, cache_salt,
+                                                         None if quota is None else quota.to_wire()]))
 
     async def query(self, name: str):
         """The answer to a named engine query (`engine_queries.QUERIES`), read in the core between two steps."""
@@ -137,7 +140,7 @@ class CoreClient:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
         """As `AsyncEngine.add_request`: tokenized here, checked and added by the core before this returns."""
         if not self.is_running:
             raise EngineDeadError(self.dead_reason())
@@ -151,7 +154,8 @@ class CoreClient:
         self._streams[request_id] = stream
         self._outputs.add(request_id, prompt, params)
         try:
-            await self._call(M.Add(0, request_id, prompt, params_to_dict(core_params(params)), cache_salt))
+            await self._call(M.Add(0, request_id, prompt, params_to_dict(core_params(params)), cache_salt,
+                                   priority, tenant))
         except BaseException as err:
             self._forget(request_id)
             if isinstance(err, asyncio.CancelledError):

@@ -40,6 +40,8 @@ import tempfile
 import threading
 import time
 
+from jaxpaged.server.tenants import TenantKeys
+
 log = logging.getLogger(__name__)
 
 _JOIN_SLACK_S = 10.0  # beyond the drain timeout, how long a child may take to exit before it is killed
@@ -59,6 +61,7 @@ class ApiSpec:
     drain_timeout_s: float = 30.0
     max_prompts_per_request: int | None = None
     chat_template: str | None = None  # a template file that replaces the model's own
+    keys: TenantKeys | None = None  # the API keys and their tenants (None: no authentication)
 
 
 def serve_split(core_spec, api: ApiSpec, *, api_server_count: int = 1, core_death_grace_s: float = 2.0,
@@ -167,7 +170,7 @@ def run_api_server(api: ApiSpec, listener: socket.socket, address: str, core_pid
                         chat_template=ChatTemplate.for_model(api.model, api.chat_template),
                         enable_debug_endpoints=api.enable_debug_endpoints,
                         max_request_body_bytes=api.max_request_body_bytes,
-                        max_prompts_per_request=api.max_prompts_per_request)
+                        max_prompts_per_request=api.max_prompts_per_request, keys=api.keys)
         gc.collect()
         gc.freeze()  # startup's objects (app, tokenizer) live on: no collection walks them again
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=api.drain_timeout_s)

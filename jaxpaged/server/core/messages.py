@@ -33,6 +33,8 @@ class Add(msgspec.Struct, tag=True, array_like=True):
     prompt_token_ids: list[int]
     params: dict
     cache_salt: str | None
+    priority: int = 0  # lower first, under the priority scheduling policy
+    tenant: str | None = None  # the authenticated tenant, for the fair scheduling policy
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):

@@ -218,12 +218,13 @@ class EngineCore:
     def _record_of(self, msg) -> dict | None:
         if isinstance(msg, M.Add):
             return {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids, "params": msg.params,
-                    "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock()}
+                    "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock(), "priority": msg.priority,
+                    "tenant": msg.tenant}
         if isinstance(msg, M.Call) and msg.name == "reset_prefix_cache":
             return {"op": "reset"}
         if isinstance(msg, M.Call) and msg.name == "pin_prefix":
-            prompt, ttl_s, cache_salt = msg.args
-            return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt}
+            prompt, ttl_s, cache_salt, quota = msg.args
+            return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt, "quota": quota}
         return None
 
     def _take_compiled(self) -> None:

@@ -30,6 +30,7 @@ import jaxpaged
 from jaxpaged.engine import EngineConfig
 from jaxpaged.router import POLICIES
 from jaxpaged.server.api import build_app
+from jaxpaged.server.tenants import TenantKeys
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.replicas.messages import ReplicaReport
@@ -54,8 +55,9 @@ class Ingress:
     async def __init__(self, replicas, *, served_model_name: str, model: str, policy: str,
                        enable_debug_endpoints: bool, liveness_timeout_s: float,
                        max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
-                       chat_template: str | None = None) -> None:
-        """``replicas``: the `EngineReplica` deployment's handle; ``chat_template``: a file replacing the model's."""
+                       chat_template: str | None = None, keys: TenantKeys | None = None) -> None:
+        """``replicas``: the `EngineReplica` deployment's handle; ``chat_template``: a file replacing the
+        model's; ``keys``: the API keys (None: none)."""
         info = await replicas.model_info.remote()
         self.pool = ReplicaPool(replicas, info, deployment=REPLICA_DEPLOYMENT, policy=policy,
                                 liveness_timeout_s=liveness_timeout_s)
@@ -63,11 +65,12 @@ class Ingress:
         self._chat_template = ChatTemplate.for_model(model, chat_template)
         self._debug = enable_debug_endpoints
         self._max_body = max_request_body_bytes
+        self._keys = keys
 
     def __serve_build_asgi_app__(self):
         """The app, built once the pool exists."""
         app = build_app(self.pool, served_model_name=self._served_model_name, chat_template=self._chat_template,
-                        enable_debug_endpoints=self._debug, max_request_body_bytes=self._max_body)
+                        enable_debug_endpoints=self._debug, max_request_body_bytes=self._max_body, keys=self._keys)
         if self._debug:
             add_debug_routes(app, self.pool)
         return app
@@ -113,12 +116,13 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
                       replica_env: dict[str, str] | None = None, liveness_timeout_s: float = 60.0,
                       report_interval_s: float = 0.05,
                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
-                      engine_core: str = "process", chat_template: str | None = None):
+                      engine_core: str = "process", chat_template: str | None = None,
+                      keys: TenantKeys | None = None):
     """The bound Serve application: ``num_replicas`` engines behind the routing ingress.
 
     ``engine_core``: "process", each replica actor owns one engine core process
     (the replica detokenizes, its core steps); "thread", the engine loop runs
-    in the actor.
+    in the actor. ``keys``: the API keys the ingress checks (None: none).
 
     ``replica_env``: environment variables of the replica processes (e.g. XLA
     thread limits). Replicas ask for no CPU from Ray's scheduler, so any
@@ -141,7 +145,7 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
                                ray_actor_options={"num_cpus": 0}, logging_config=QUIET)
     return ingress.bind(replica, served_model_name=served_model_name, model=config.model, policy=policy,
                         enable_debug_endpoints=enable_debug_endpoints, liveness_timeout_s=liveness_timeout_s,
-                        max_request_body_bytes=max_request_body_bytes, chat_template=chat_template)
+                        max_request_body_bytes=max_request_body_bytes, chat_template=chat_template, keys=keys)
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:

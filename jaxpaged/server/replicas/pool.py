@@ -23,6 +23,7 @@ from typing import AsyncIterator
 
 import ray.exceptions
 
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.cache.events import DEVICE_TIER, KVEvent
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
@@ -101,7 +102,7 @@ class ReplicaPool:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> AsyncIterator[RequestOutput]:
         """Routes and queues a request; returns its outputs' stream.
 
         Raises, before anything streams: ValueError / TypeError (bad input),
@@ -117,7 +118,7 @@ class ReplicaPool:
         while True:
             replica = self._choose(token_ids, cache_salt, exclude=tried)
             stream = self.handle.options(stream=True).generate.remote(request_id, prompt, params, cache_salt,
-                                                                      target_replica=replica)
+                                                                      priority, tenant, target_replica=replica)
             try:
                 first = await stream.__anext__()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
@@ -160,11 +161,14 @@ class ReplicaPool:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")
         return all(results)
 
-    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None) -> int:
+    async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
+                         quota: PinQuota | None = None) -> int:
         """Pins the prefix on every live replica (any of them may serve it); the blocks cached now, summed.
+        Each replica charges ``quota``'s owner on its own ledger.
 
         A bad prompt or TTL is the first replica's ValueError (every replica refuses it alike)."""
-        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt)
+        results = await self._ask_each(list(self._replicas), "pin_prefix", prompt, ttl_s, cache_salt,
+                                       None if quota is None else quota.to_wire())
         for r in results:
             if isinstance(r, ValueError):
                 raise r

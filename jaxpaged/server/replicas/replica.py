@@ -28,6 +28,7 @@ from typing import AsyncIterator
 from prometheus_client import generate_latest
 from ray import serve
 
+from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.cache.events import AllBlocksCleared, KVEvent
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
@@ -96,13 +97,15 @@ class EngineReplica:
     # ---- requests -------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt, params: SamplingParams, cache_salt: str | None = None,
+                       priority: int = 0, tenant: str | None = None,
                        target_replica: str | None = None) -> AsyncIterator:
         """`Accepted()` then the request's outputs; or one `RemoteError` when the engine refused it.
 
         Cancelling the stream (the client went away) aborts the request.
         """
         try:
-            stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt)
+            stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt,
+                                                   priority=priority, tenant=tenant)
         except (ValueError, TypeError, QueueFullError, EngineDeadError) as err:
             yield RemoteError.of(err)
             return
@@ -117,10 +120,11 @@ class EngineReplica:
         """Drops the unreferenced cached blocks; False if some are in use."""
         return await self.client.reset_prefix_cache()
 
-    async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None,
+    async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None, quota: list | None = None,
                          target_replica: str | None = None) -> int:
-        """Pins the prompt's blocks for ``ttl_s`` seconds (`Engine.pin_prefix`); the blocks cached now."""
-        return await self.client.pin_prefix(prompt, ttl_s, cache_salt=cache_salt)
+        """Pins the prompt's blocks for ``ttl_s`` seconds (`Engine.pin_prefix`, charged to ``quota``, a
+        `PinQuota.to_wire` list); the blocks cached now."""
+        return await self.client.pin_prefix(prompt, ttl_s, cache_salt=cache_salt, quota=PinQuota.from_wire(quota))
 
     async def metrics_text(self, target_replica: str | None = None) -> str:
         """This replica's engine metrics (Prometheus text), for the ingress's ``/metrics``."""

@@ -1,9 +1,12 @@
 """The prefix cache over HTTP: ``POST /reset_prefix_cache`` (409 while blocks are in use) and
-``POST /v1/cache/pin`` (keep a prefix's blocks for a TTL)."""
+``POST /v1/cache/pin`` (keep a prefix's blocks for a TTL).
+
+With API keys, resetting needs an admin key (it drops every tenant's cache), and a pin is made in the
+caller's own namespace; an admin may name another tenant's with ``tenant``."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from jaxpaged.server.errors import error_response
@@ -16,17 +19,20 @@ def router(state: ServerState) -> APIRouter:
     routes = APIRouter()
 
     @routes.post("/reset_prefix_cache")
-    async def reset_prefix_cache():
+    async def reset_prefix_cache(raw: Request):
+        state.require_admin(raw, "reset_prefix_cache")
         if not await state.client.reset_prefix_cache():
             return error_response(409, "some cached blocks are in use; nothing was reset", "ConflictError")
         return PlainTextResponse("")
 
     @routes.post("/v1/cache/pin")
-    async def pin_prefix(body: PinRequest):
+    async def pin_prefix(body: PinRequest, raw: Request):
+        cache_salt = state.cache_salt(raw, body.cache_salt, body.tenant)
         prompt = state.prompt_or_messages(body, "pin")
         if isinstance(prompt, list):
             state.limits.check_token_ids(prompt)
-        cached = await state.client.pin_prefix(prompt, body.ttl_s, cache_salt=body.cache_salt)
+        cached = await state.client.pin_prefix(prompt, body.ttl_s, cache_salt=cache_salt,
+                                               quota=state.pin_quota(raw))
         return {"cached_blocks": cached, "ttl_s": body.ttl_s}
 
     return routes

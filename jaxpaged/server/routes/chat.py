@@ -24,9 +24,9 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
-        return await unless_disconnected(raw, chat(body))
+        return await unless_disconnected(raw, chat(body, raw, state.cache_salt(raw, body.cache_salt)))
 
-    async def chat(body: ChatCompletionRequest):
+    async def chat(body: ChatCompletionRequest, raw: Request, cache_salt: str | None):
         state.check_model(body.model)
         if body.max_completion_tokens is not None and body.max_tokens is None:
             body.max_tokens = body.max_completion_tokens
@@ -44,8 +44,8 @@ def router(state: ServerState) -> APIRouter:
         params = body.sampling_params(default_max_tokens=default_max, logprobs=top_k,
                                       constraint=plan.constraint if plan else None)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        await state.pin_prompts(body, [prompt_ids])
-        streams = await state.submit(request_id, [prompt_ids], params, body.cache_salt)
+        await state.pin_prompts(raw, body, [prompt_ids], cache_salt)
+        streams = await state.submit(raw, request_id, [prompt_ids], params, cache_salt, body.priority)
         created = int(time.time())
         tokenizer = info.tokenizer
         if body.stream:

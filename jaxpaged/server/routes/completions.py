@@ -20,16 +20,16 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request):
-        return await unless_disconnected(raw, complete(body))
+        return await unless_disconnected(raw, complete(body, raw, state.cache_salt(raw, body.cache_salt)))
 
-    async def complete(body: CompletionRequest):
+    async def complete(body: CompletionRequest, raw: Request, cache_salt: str | None):
         state.check_model(body.model)
         prompts = body.prompts()
         state.check_request(body, prompts)
         params = body.completion_params(default_max_tokens=16)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        await state.pin_prompts(body, prompts)
-        streams = await state.submit(request_id, prompts, params, body.cache_salt)
+        await state.pin_prompts(raw, body, prompts, cache_salt)
+        streams = await state.submit(raw, request_id, prompts, params, cache_salt, body.priority)
         created = int(time.time())
         head = {"id": request_id, "object": "text_completion", "created": created, "model": state.served_model_name}
         tokenizer = state.client.model_info.tokenizer

@@ -12,6 +12,8 @@ from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
+from jaxpaged.engine.pin_quota import PinQuota
+from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt
 from jaxpaged.server.tools import template_messages
 
 
@@ -28,6 +30,7 @@ class ServerState:
     chat_template: ChatTemplate
     registry: CollectorRegistry
     max_prompts_per_request: int | None = None  # None: derived from the engine's waiting queue (limits.py)
+    keys: TenantKeys | None = None  # None: no authentication, the client's cache_salt is used as sent
 
     @functools.cached_property
     def limits(self) -> RequestLimits:
@@ -57,19 +60,48 @@ class ServerState:
             raise ValueError(f"{what} needs exactly one of 'prompt' and 'messages'")
         return body.prompt if body.prompt is not None else self.render_chat(body)
 
-    async def pin_prompts(self, body, prompts) -> None:
-        """The request's `pin_ttl_s`: pin each prompt's blocks before it is queued."""
+    def cache_salt(self, request, client_salt: str | None, tenant_name: str | None = None) -> str | None:
+        """The salt the request's blocks are hashed with: with API keys, its tenant's namespace (tenants.py),
+        or with ``tenant_name`` (admins only) that tenant's; without keys, the client's ``cache_salt`` as sent."""
+        if self.keys is None:
+            return client_salt
+        tenant: Tenant = request.state.tenant
+        if tenant_name is not None and tenant_name != tenant.name:
+            if not tenant.is_admin:
+                raise PermissionDenied(f"tenant: only an admin key may act in another tenant's namespace "
+                                       f"({tenant_name!r})")
+            if tenant_name not in self.keys.tenant_names:
+                raise ValueError(f"tenant: no tenant named {tenant_name!r} is configured")
+            tenant = Tenant(tenant_name)
+        return tenant_cache_salt(tenant, client_salt, self.keys.allow_sub_namespaces)
+
+    def require_admin(self, request, action: str) -> None:
+        """PermissionDenied (a 403) when API keys are configured and the request's tenant is not an admin."""
+        if self.keys is not None and not request.state.tenant.is_admin:
+            raise PermissionDenied(f"{action} needs an admin API key")
+
+    def pin_quota(self, request) -> PinQuota | None:
+        """What the request's pins are charged to: its tenant (None without API keys)."""
+        return None if self.keys is None else pin_quota(request.state.tenant)
+
+    async def pin_prompts(self, request, body, prompts, cache_salt: str | None) -> None:
+        """The request's `pin_ttl_s`: pin each prompt's blocks (in the namespace of ``cache_salt``, charged to
+        its tenant) before it is queued."""
         if body.pin_ttl_s is not None:
             for prompt in prompts:
-                await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=body.cache_salt)
+                await self.client.pin_prefix(prompt, body.pin_ttl_s, cache_salt=cache_salt,
+                                             quota=self.pin_quota(request))
 
-    async def submit(self, base_id: str, prompts, params, cache_salt) -> list:
-        """Queue every prompt; if one is refused (or the client leaves), abort those already queued."""
+    async def submit(self, request, base_id: str, prompts, params, cache_salt, priority: int = 0) -> list:
+        """Queue every prompt (with its ``priority`` and the request's tenant); if one is refused (or the client
+        leaves), abort those already queued."""
+        tenant = None if self.keys is None else request.state.tenant.name
         streams = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await self.client.add_request(f"{base_id}-{i}", prompt, params,
-                                                             cache_salt=cache_salt))
+                                                             cache_salt=cache_salt, priority=priority,
+                                                             tenant=tenant))
         except BaseException:
             close_streams(streams)
             raise

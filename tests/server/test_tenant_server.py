@@ -1,0 +1,167 @@
+"""A live `jaxpaged serve` with API keys (one server, engine core in its own process), driven by the official
+`openai` client: every refusal (missing key, wrong key, a user on an admin route or in another tenant's
+namespace, a tenant over its concurrency or pin limits) has its status and OpenAI error type, and one tenant's prompt
+is a cache miss for another whatever `cache_salt` the other sends."""
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.server.live_server import WAIT_S, keep_draining, free_port, start_server, wait_healthy, wait_idle
+
+PROMPT = list(range(1, 65))  # four full blocks: a hit reuses three (the last token is always recomputed)
+KEYS = {"keys": [
+    {"key": "sk-alice", "tenant": "alice", "max_concurrent_requests": 1},
+    {"key": "sk-bob", "tenant": "bob", "max_pins": 2, "max_pinned_blocks": 6},
+    {"key": "sk-ops", "tenant": "ops", "role": "admin"}]}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    port = free_port()
+    proc = start_server("--host=127.0.0.1", f"--port={port}", "--kv_budget_tokens=4096", "--max_model_len=512",
+                        f"--api_keys_file={keys_file}", "--scheduling_policy=fair")
+    log = keep_draining(proc)
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, [proc])
+    yield base
+    proc.terminate()
+    proc.wait(timeout=60)
+    assert not any("Traceback" in line for line in log), "".join(log)
+
+
+def client(base: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=WAIT_S)
+
+
+def cached_tokens(base: str, key: str, **extra) -> int:
+    out = client(base, key).completions.create(model="tiny", prompt=PROMPT, max_tokens=1, extra_body=extra)
+    return out.usage.prompt_tokens_details.cached_tokens
+
+
+def test_missing_or_wrong_key_is_401_but_health_and_metrics_are_open(base):
+    for key in ("sk-wrong", "sk-alic", "sk-alice-"):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client(base, key).completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1)
+        assert refused.value.status_code == 401
+        assert refused.value.body["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):  # the client sends no key at all
+        client(base, "sk-bob").completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1,
+                                                  extra_headers={"Authorization": ""})
+    for path in ("/v1/models", "/v1/completions", "/reset_prefix_cache", "/v1/cache/pin", "/tokenize"):
+        response = httpx.post(base + path, json={})
+        assert response.status_code == 401, path
+        assert response.json()["error"]["code"] == 401
+    assert httpx.get(base + "/v1/models", headers={"Authorization": "Basic sk-alice"}).status_code == 401
+    assert httpx.get(base + "/health").status_code == 200
+    assert httpx.get(base + "/metrics").status_code == 200
+    assert client(base, "sk-bob").models.list().data[0].id == "tiny"
+
+
+def test_another_tenants_prompt_is_a_miss_whatever_salt_is_sent(base):
+    wait_idle(base)
+    assert cached_tokens(base, "sk-alice") == 0
+    assert cached_tokens(base, "sk-alice") == 48  # alice hits her own blocks
+    assert cached_tokens(base, "sk-alice", cache_salt="anything") == 48  # her salt is her tenant's, not hers
+    assert cached_tokens(base, "sk-bob") == 0  # without isolation, the same unsalted prompt would hit 48
+    for salt in ("alice", '["tenant", "alice"]'):  # whatever bob sends, he hits only what he computed himself
+        assert cached_tokens(base, "sk-bob", cache_salt=salt) == 48
+    assert cached_tokens(base, "sk-ops", cache_salt='["tenant", "alice"]') == 0  # an admin too: own namespace
+
+
+def test_reset_and_foreign_pins_need_an_admin(base):
+    wait_idle(base)
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        client(base, "sk-bob").post("/../reset_prefix_cache", cast_to=httpx.Response)
+    assert refused.value.status_code == 403 and "admin" in refused.value.message
+    with pytest.raises(openai.PermissionDeniedError):
+        client(base, "sk-bob").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0, "tenant": "alice"},
+                                    cast_to=httpx.Response)
+    own = client(base, "sk-bob").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 60, "tenant": "bob"},
+                                      cast_to=httpx.Response)
+    assert own.status_code == 200
+    foreign = client(base, "sk-ops").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0, "tenant": "alice"},
+                                          cast_to=httpx.Response)
+    assert foreign.status_code == 200
+    with pytest.raises(openai.BadRequestError, match="no tenant named 'nobody'"):
+        client(base, "sk-ops").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 1, "tenant": "nobody"},
+                                    cast_to=httpx.Response)
+    assert cached_tokens(base, "sk-alice") == 48
+    reset = client(base, "sk-ops").post("/../reset_prefix_cache", cast_to=httpx.Response)
+    assert reset.status_code == 200
+    assert cached_tokens(base, "sk-alice") == 0  # the admin's reset dropped every namespace
+
+
+def test_a_tenant_past_its_concurrency_limit_gets_429_and_others_do_not(base):
+    wait_idle(base)
+    first_chunk = threading.Event()
+    done = threading.Event()
+
+    def long_stream():
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=WAIT_S,
+                          headers={"Authorization": "Bearer sk-alice"}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    first_chunk.set()
+                    if done.is_set():
+                        return
+
+    streamer = threading.Thread(target=long_stream, daemon=True)
+    streamer.start()
+    try:
+        assert first_chunk.wait(WAIT_S)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client(base, "sk-alice").completions.create(model="tiny", prompt=[1, 2], max_tokens=1)
+        assert refused.value.status_code == 429
+        assert refused.value.response.headers["retry-after"] == "1"
+        assert "max_concurrent_requests" in refused.value.message
+        assert client(base, "sk-bob").completions.create(model="tiny", prompt=[1, 2], max_tokens=1).choices
+    finally:
+        done.set()
+        streamer.join(WAIT_S)
+    wait_idle(base)
+    assert client(base, "sk-alice").completions.create(model="tiny", prompt=[1, 2], max_tokens=1).choices
+
+
+def test_pins_past_a_tenants_quota_get_429_and_nothing_is_pinned(base):
+    bob = client(base, "sk-bob")
+
+    def pin(prompt, ttl_s):
+        return bob.post("/cache/pin", body={"prompt": prompt, "ttl_s": ttl_s}, cast_to=httpx.Response)
+
+    bob.post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0}, cast_to=httpx.Response)  # a clean slate
+    assert pin(list(range(100, 132)), 60).status_code == 200  # 2 blocks
+    with pytest.raises(openai.RateLimitError, match="max_pinned_blocks=6") as refused:
+        pin(list(range(140, 220)), 60)  # 5 more blocks
+    assert refused.value.response.headers["retry-after"] == "1"
+    assert pin(list(range(140, 204)), 60).status_code == 200  # 4 more: 6 in all
+    with pytest.raises(openai.RateLimitError, match="max_pins=2"):
+        bob.completions.create(model="tiny", prompt=list(range(230, 246)), max_tokens=1,
+                               extra_body={"pin_ttl_s": 60})
+    assert pin(list(range(100, 132)), 0).status_code == 200  # unpinning frees its share
+    out = bob.completions.create(model="tiny", prompt=list(range(230, 246)), max_tokens=1,
+                                 extra_body={"pin_ttl_s": 60})
+    assert out.choices
+
+
+def test_priority_reaches_the_engine_and_a_bad_one_is_a_400(base):
+    bob = client(base, "sk-bob")
+    assert bob.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, extra_body={"priority": -3}).choices
+    with pytest.raises(openai.BadRequestError, match="priority") as refused:
+        bob.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2, extra_body={"priority": 2**40})
+    assert refused.value.body["param"] == "priority"
+
+
+def test_a_bad_keys_file_stops_the_server_before_it_starts(tmp_path):
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"keys": [{"key": "k", "tenant": "a", "role": "root"}]}))
+    proc = start_server("--port=1", f"--api_keys_file={keys_file}")
+    out, _ = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode != 0
+    assert "keys[0].role must be one of ['user', 'admin']" in out
