@@ -1,4 +1,8 @@
-"""N-gram prompt lookup: propose what followed the latest earlier occurrence of a sequence's suffix.
+"""N-gram prompt lookup: propose what followed the first earlier occurrence of a sequence's suffix.
+
+The first occurrence (as vLLM's original prompt lookup takes it) rather than
+the latest: in a sequence that repeats itself the latest occurrence sits just
+before the suffix and has a single token after it, the first has k.
 
 Vectorised over the batch with numpy: the sequences' last `window` tokens
 are right-aligned in one matrix, so every sequence's suffix sits in the same
@@ -18,7 +22,7 @@ DEFAULT_WINDOW = 1024  # tokens looked back over (bounds the host work per step)
 
 
 class NgramProposer:
-    """Prompt lookup (vLLM's "ngram" method): longest suffix first, latest occurrence first."""
+    """Prompt lookup (vLLM's "ngram" method): longest suffix first, its first occurrence."""
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
                  window: int = DEFAULT_WINDOW):
@@ -62,9 +66,9 @@ class NgramProposer:
             found = hits.any(axis=1)
             if not found.any():
                 continue
-            latest = hits.shape[1] - 1 - np.argmax(hits[:, ::-1], axis=1)  # last matching start
+            first = np.argmax(hits, axis=1)  # first matching start
             rows = np.flatnonzero(found)
-            follow = latest[rows] + n  # first token after the match
+            follow = first[rows] + n  # first token after the match
             take = padded[rows[:, None], follow[:, None] + np.arange(k)[None, :]]
             drafts[rows] = take
             counts[rows] = np.minimum(k, width - follow)

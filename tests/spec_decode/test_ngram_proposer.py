@@ -10,12 +10,12 @@ from jaxpaged.spec_decode import NgramProposer, SpeculativeConfig
 
 
 def lookup_reference(tokens: list[int], k: int, min_n: int, max_n: int, limit: int) -> list[int]:
-    """Longest suffix first (max_n down to min_n); its latest earlier occurrence; the k tokens after it."""
+    """Longest suffix first (max_n down to min_n); its first earlier occurrence; the k tokens after it."""
     for n in range(max_n, min_n - 1, -1):
         if len(tokens) <= n:
             continue
         suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
+        for start in range(len(tokens) - n):
             if tokens[start:start + n] == suffix:
                 return tokens[start + n:start + n + min(k, limit)]
     return []
@@ -34,6 +34,10 @@ def test_proposer_equals_python_reference(k, min_n, max_n):
         got = proposer.propose(batch, limits)
         want = [lookup_reference(t, k, min_n, max_n, max(limit, 0)) for t, limit in zip(batch, limits)]
         assert got == want
+
+
+def test_proposer_takes_k_tokens_in_a_loop():
+    assert NgramProposer(3, 1, 2).propose([[5, 1, 2, 1, 2, 1, 2]], [3]) == [[1, 2, 1]]
 
 
 def test_proposer_window_bounds_the_lookup():
