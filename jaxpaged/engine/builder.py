@@ -106,7 +106,8 @@ class EngineBuilder:
             blocks_for_tokens=self.kv.max_blocks_for if layout.is_hybrid and config.kv_layout == "paged" else None,
             computes_logits=getattr(runner, "computes_logits", True),
             samples_under_token_masks=getattr(runner, "samples_under_token_masks",
-                                              getattr(runner, "computes_logits", True)))
+                                              getattr(runner, "computes_logits", True)),
+            speculative=config.speculative_config is not None)
         parts = EngineParts(
             config=config, clock=self.clock, model_config=self.model_config, num_blocks=self.num_blocks,
             block_size=self.block_size, max_model_len=self.max_model_len, runner=runner, kv=self.kv,

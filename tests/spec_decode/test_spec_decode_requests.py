@@ -1,0 +1,45 @@
+"""Which requests speculate: greedy ones do; sampled ones run as before in the same batch; a grammar is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.structured.params import StructuredOutputsParams
+
+LOOP = [5, 6, 7, 8] * 6  # a repetitive prompt: prompt lookup always has a proposal
+
+
+def run(speculative: dict | None) -> tuple[Engine, dict[str, list[int]]]:
+    engine = Engine(EngineConfig(model="tiny", block_size=4, num_blocks=64, async_scheduling=False,
+                                 speculative_config=speculative))
+    engine.add_request("greedy", LOOP, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    engine.add_request("sampled", LOOP, SamplingParams(temperature=1.0, seed=3, max_tokens=20, ignore_eos=True))
+    engine.add_request("short", LOOP[:9], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        engine.kv.check_invariants()
+    assert engine.kv.stats.num_free_blocks == engine.num_blocks
+    return engine, finals
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run(None), run({"method": "ngram", "num_speculative_tokens": 4})
+
+
+def test_mixed_batch_equals_speculation_off(runs):
+    (_, want), (spec, got) = runs
+    assert got == want
+    assert len(got["short"]) == 2 and len(got["greedy"]) == 20  # max_tokens never exceeded by accepted drafts
+    assert spec.stats.spec_num_drafts > 0
+
+
+def test_grammar_is_refused_and_nothing_is_disturbed(runs):
+    _, (spec, _) = runs
+    params = SamplingParams(temperature=0, max_tokens=4, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    with pytest.raises(ValueError, match="structured_outputs is not supported with speculative decoding"):
+        spec.add_request("grammar", LOOP, params)
+    assert not spec.has_unfinished_requests() and spec.kv.stats.num_free_blocks == spec.num_blocks
