@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.structured.params import StructuredOutputsParams
 
@@ -35,6 +36,21 @@ def test_mixed_batch_equals_speculation_off(runs):
     assert got == want
     assert len(got["short"]) == 2 and len(got["greedy"]) == 20  # max_tokens never exceeded by accepted drafts
     assert spec.stats.spec_num_drafts > 0
+
+
+def test_prometheus_counters_as_vllm_names_them(runs):
+    _, (spec, _) = runs
+    metrics = EngineMetrics()
+    metrics(spec, [])
+    values = metrics.snapshot()
+    stats = spec.stats
+    assert values["jaxpaged:spec_decode_num_drafts_total"] == stats.spec_num_drafts > 0
+    assert values["jaxpaged:spec_decode_num_draft_tokens_total"] == stats.spec_num_draft_tokens
+    accepted = values["jaxpaged:spec_decode_num_accepted_tokens_total"]
+    assert accepted == sum(v for k, v in values.items() if k.startswith("jaxpaged:spec_decode_num_accepted_tokens_per_pos"))
+    assert 0 < accepted <= stats.spec_num_draft_tokens
+    per_pos = stats.spec_accepted_per_position  # a draft is accepted only after every one before it
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:])) and per_pos[0] <= stats.spec_num_drafts
 
 
 def test_grammar_is_refused_and_nothing_is_disturbed(runs):
