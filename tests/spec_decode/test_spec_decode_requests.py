@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.report import summarize
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.structured.params import StructuredOutputsParams
+from jaxpaged.workloads import WorkloadRequest
 
 LOOP = [5, 6, 7, 8] * 6  # a repetitive prompt: prompt lookup always has a proposal
 
@@ -59,3 +62,16 @@ def test_grammar_is_refused_and_nothing_is_disturbed(runs):
     with pytest.raises(ValueError, match="structured_outputs is not supported with speculative decoding"):
         spec.add_request("grammar", LOOP, params)
     assert not spec.has_unfinished_requests() and spec.kv.stats.num_free_blocks == spec.num_blocks
+
+
+def test_benchmark_summary_reports_mean_acceptance_length(runs):
+    (plain, _), (spec, _) = runs
+    workload = [WorkloadRequest("w0", LOOP, 12)]
+    plain_summary = summarize(run_workload(plain, workload))
+    drafts_before = spec.stats.spec_num_drafts
+    summary = summarize(run_workload(spec, workload))
+    assert plain_summary["spec_decode_mean_acceptance_length"] == 1.0  # no speculation: one token per step
+    assert spec.stats.spec_num_drafts > drafts_before  # the workload's request speculated
+    # the record keeps the engine's running totals: the length covers both runs of this engine
+    total_drafts, total_accepted = spec.stats.spec_num_drafts, spec.stats.spec_num_accepted_tokens
+    assert summary["spec_decode_mean_acceptance_length"] == pytest.approx(1 + total_accepted / total_drafts)
