@@ -50,7 +50,8 @@ def test_prometheus_counters_as_vllm_names_them(runs):
     assert values["jaxpaged:spec_decode_num_drafts_total"] == stats.spec_num_drafts > 0
     assert values["jaxpaged:spec_decode_num_draft_tokens_total"] == stats.spec_num_draft_tokens
     accepted = values["jaxpaged:spec_decode_num_accepted_tokens_total"]
-    assert accepted == sum(v for k, v in values.items() if k.startswith("jaxpaged:spec_decode_num_accepted_tokens_per_pos"))
+    per_position = "jaxpaged:spec_decode_num_accepted_tokens_per_pos"
+    assert accepted == sum(v for k, v in values.items() if k.startswith(per_position))
     assert 0 < accepted <= stats.spec_num_draft_tokens
     per_pos = stats.spec_accepted_per_position  # a draft is accepted only after every one before it
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:])) and per_pos[0] <= stats.spec_num_drafts
