@@ -113,6 +113,13 @@ class EngineMetrics:
         self.preemptions = counter("num_preemptions", "Requests preempted (recompute).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (cache hits excluded).")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        # speculative decoding, as vLLM names them
+        self.spec_num_drafts = counter("spec_decode_num_drafts", "Sequences that verified draft tokens, per step.")
+        self.spec_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.")
+        self.spec_num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position among a step's drafts.",
+                                             ["position"], registry=r)
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
@@ -161,6 +168,9 @@ class EngineMetrics:
             "preemptions": engine.num_preemptions,
             "prompt_tokens": engine.stats.prompt_tokens,
             "generation_tokens": engine.stats.generation_tokens,
+            "spec_num_drafts": engine.stats.spec_num_drafts,
+            "spec_num_draft_tokens": engine.stats.spec_num_draft_tokens,
+            "spec_num_accepted_tokens": engine.stats.spec_num_accepted_tokens,
         }
         busy_s = engine.device_busy_s()  # the simulated devices count their busy time
         if busy_s is not None:
@@ -191,6 +201,8 @@ class EngineMetrics:
         self.pinned_blocks.set(kv.num_pinned_blocks)
         labeled = [(self.evictions_by_reason, f"reason:{k}", k, v) for k, v in kv.evictions_by_reason.items()]
         labeled += [(self.tier_hits, f"tier:{k}", k, v) for k, v in tier_hit_tokens(engine).items()]
+        labeled += [(self.spec_accepted_per_pos, f"position:{p}", str(p), v)
+                    for p, v in enumerate(engine.stats.spec_accepted_per_position)]
         for metric, key, label, total in labeled:
             delta = total - self._last.get(key, 0)
             if delta > 0:

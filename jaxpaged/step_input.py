@@ -74,6 +74,8 @@ class StepInput:
     prompt_logprob_rows: np.ndarray | None = None  # [P] int32
     prompt_logprob_targets: np.ndarray | None = None  # [P] int32
     num_prompt_top_logprobs: int = 0
+    # speculative decoding: token rows whose greedy next token (and its logprob) is returned (padded)
+    verify_rows: np.ndarray | None = None  # [V] int32
     # structured output / allowed_token_ids: packed masks of the constrained rows (None: no row has one)
     token_masks: TokenMasks | None = None
 

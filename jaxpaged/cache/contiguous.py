@@ -209,6 +209,10 @@ class ContiguousKVCacheManager:
         first = region.index * self.region_blocks
         return BlockTableUpdate(old_blocks, list(range(first + old_blocks, first + new_blocks)))
 
+    def release_slots_after(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Nothing to release: a region reserves max_model_len slots for its whole life; returns 0."""
+        return 0
+
     def commit(self, seq_id: Hashable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Record that the first ``num_computed_tokens`` tokens now have K/V.
 

@@ -386,6 +386,35 @@ class KVCacheManager(ManagerQueries):
         flat = interleave_tables([table[first_changed:] for table in tables], PAD_BLOCK)
         return BlockTableUpdate(first_changed * num_groups, flat, copies)
 
+    def release_slots_after(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Frees, in every group, the blocks past the first ``num_tokens`` slots; returns how many blocks.
+
+        Speculative decoding's rollback: ``allocate_slots`` gave the draft tokens
+        slots before the step; once the step is verified the sequence keeps only
+        the slots of its accepted tokens (``num_tokens``, its rewound computed
+        count). The blocks released were never committed, so never hashed or
+        cached: they go straight back to the free queue. A partly filled last
+        block is kept; its rejected slots are masked by the context length and
+        overwritten by the next write.
+
+        Raises:
+          ValueError: unknown sequence, or ``num_tokens`` before the committed tokens.
+        """
+        seq = self._seq(seq_id)
+        if num_tokens < seq.num_computed:
+            raise ValueError(f"release_slots_after({seq_id!r}, {num_tokens}): the sequence has "
+                             f"{seq.num_computed} committed tokens; their slots cannot be released")
+        keep = cdiv(num_tokens, self.block_size)
+        if keep >= len(seq.tables[0]):
+            return 0
+        blocks = self._pool.blocks
+        dropped = [blocks[b] for table in seq.tables for b in reversed(table[keep:]) if b != NULL_BLOCK]
+        for table in seq.tables:
+            del table[keep:]
+        self._pool.release(dropped)
+        self._sync_in_flight(seq)
+        return len(dropped)
+
     def _copy_on_write(self, tables: list[list[int]], groups: Sequence[int],
                        index: int) -> tuple[tuple[int, int], ...]:
         """Replaces block ``index`` of each of these groups' tables (shared, about to be written) by a private

@@ -64,6 +64,10 @@ class KVManager(Protocol):
         """The first `num_computed_tokens` of `token_ids` now have K/V."""
         ...
 
+    def release_slots_after(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free the blocks past the first `num_tokens` slots (rejected draft tokens'); returns how many."""
+        ...
+
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """Start `child_id` sharing the parent's computed blocks (every scheduled token committed first)."""
         ...

@@ -24,6 +24,7 @@ from absl import flags
 
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.engine import EngineConfig
+from jaxpaged.spec_decode.config import SpeculativeConfig
 
 
 def engine_fields() -> list[dataclasses.Field]:
@@ -35,6 +36,7 @@ def _kind(field: dataclasses.Field) -> type:
     hint = typing.get_type_hints(EngineConfig)[field.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     args = [str if isinstance(a, type) and issubclass(a, os.PathLike) else a for a in args]  # a path: its text
+    args = [str if a is SpeculativeConfig else a for a in args]  # its JSON text
     if len(args) != 1 or args[0] not in (bool, int, float, str):
         raise TypeError(f"EngineConfig.{field.name}: no flag type for {hint} "
                         "(declare it with knob(..., flag=False) or add its type here)")

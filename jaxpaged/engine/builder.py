@@ -34,6 +34,7 @@ from jaxpaged.model import LlamaModel
 from jaxpaged.offload.setup import build_tiers
 from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
+from jaxpaged.spec_decode import make_proposer
 
 
 class EngineBuilder:
@@ -97,7 +98,8 @@ class EngineBuilder:
         scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
                             config.scheduling_policy),
-            self.kv, tiers, clock=self.clock)
+            self.kv, tiers, clock=self.clock,
+            proposer=make_proposer(config.speculative_config) if config.speculative_config else None)
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,
@@ -105,7 +107,8 @@ class EngineBuilder:
             blocks_for_tokens=self.kv.max_blocks_for if layout.is_hybrid and config.kv_layout == "paged" else None,
             computes_logits=getattr(runner, "computes_logits", True),
             samples_under_token_masks=getattr(runner, "samples_under_token_masks",
-                                              getattr(runner, "computes_logits", True)))
+                                              getattr(runner, "computes_logits", True)),
+            speculative=config.speculative_config is not None)
         parts = EngineParts(
             config=config, clock=self.clock, model_config=self.model_config, num_blocks=self.num_blocks,
             block_size=self.block_size, max_model_len=self.max_model_len, runner=runner, kv=self.kv,
@@ -126,6 +129,9 @@ class EngineBuilder:
         owns_pool = isinstance(runner, KVPoolRunner)
         if self.config.host_cache_bytes is not None and not owns_pool:
             raise ValueError("host_cache_bytes needs a runner that owns a device KV pool (ModelRunner)")
+        if self.config.speculative_config is not None and not isinstance(runner, ModelRunner):
+            raise ValueError("speculative_config needs the model runner (its step verifies the draft tokens); "
+                             f"got {type(runner).__name__}")
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
         if jax.process_count() > 1 and (self.config.host_cache_bytes is not None

@@ -23,6 +23,7 @@ from jaxpaged.config import DEFAULT_BLOCK_SIZE, DTYPE_ALIASES, SUPPORTED_DTYPES,
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
 from jaxpaged.scheduler import PREEMPTION_MODES
 from jaxpaged.scheduler.policy import SCHEDULING_POLICIES
+from jaxpaged.spec_decode.config import SpeculativeConfig
 from jaxpaged.validation import (INT32_MAX, check_bool, check_float, check_int, check_optional_int,
                                  check_optional_str, check_str)
 
@@ -95,6 +96,10 @@ class EngineConfig:
                                 choices=EVICTION_POLICIES)
     kv_cache_metrics_sample: float = knob(0.0, "fraction of cached blocks whose lifetime, idle-before-evict and "
                                                "reuse gaps are measured (0 = off)")
+    speculative_config: SpeculativeConfig | None = knob(
+        None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
+              "prompt lookup), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; greedy requests "
+              "only, and needs async_scheduling=False")
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "
                                          "directory: $JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or "
@@ -112,6 +117,8 @@ class EngineConfig:
         `kv_cache_bytes` against one block, the runner's geometry, tensor-parallel
         splits, sliding-window support) wait for `EngineBuilder`.
         """
+        # a dict or JSON text (the flag, the server's config) becomes a SpeculativeConfig, checked by it
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
         self._check_types()
         self._check_choices()
         self._check_combinations()
@@ -157,6 +164,12 @@ class EngineConfig:
             raise ValueError("disk_cache_dir needs the host tier in front of it: set host_cache_bytes")
         if self.preemption_mode == "swap" and self.host_cache_bytes is None:
             raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
+        if self.speculative_config is not None:
+            if self.async_scheduling:
+                raise ValueError("speculative_config needs async_scheduling=False: the next step's drafts "
+                                 "depend on this step's accepted tokens (the overlapped step is not supported yet)")
+            if self.kv_layout != "paged":
+                raise ValueError("speculative_config needs kv_layout='paged'")
         if self.host_cache_bytes is not None and self.kv_layout != "paged":
             raise ValueError("host_cache_bytes (the host tier) needs kv_layout='paged'")
 

@@ -31,7 +31,7 @@ class InputProcessor:
     def __init__(self, model_config: ModelConfig, *, max_model_len: int, num_blocks: int, block_size: int,
                  load_tokenizer: Callable[[], object], seed: int = 0,
                  blocks_for_tokens: Callable[[int], int] | None = None, computes_logits: bool = True,
-                 samples_under_token_masks: bool = True):
+                 samples_under_token_masks: bool = True, speculative: bool = False):
         """`load_tokenizer()` is called once, when the first string prompt or text output needs it.
 
         `computes_logits=False` (a simulated device, which samples a fixed token) refuses what needs
@@ -39,7 +39,11 @@ class InputProcessor:
 
         `blocks_for_tokens(n)`: the most blocks one sequence of n tokens holds at once, when
         that is not `cdiv(n, block_size)` (KV cache groups: `KVCacheManager.max_blocks_for`).
+
+        `speculative` (speculative decoding on) refuses a grammar (`structured_outputs`): its matcher
+        would have to roll back with rejected drafts, which is not built yet.
         """
+        self.speculative = speculative
         self.blocks_for_tokens = blocks_for_tokens
         self.computes_logits = computes_logits
         # a simulated device that draws constrained rows' tokens from their masks serves structured output
@@ -179,6 +183,9 @@ class InputProcessor:
                 if asked:
                     raise ValueError(f"{field} needs a device that computes logits; this engine's simulated "
                                      "device samples a fixed token")
+        if self.speculative and params.structured_outputs is not None:
+            raise ValueError("structured_outputs is not supported with speculative decoding yet "
+                             "(engine built with speculative_config): drop one of them")
         vocab = self.model_config.vocab_size
         if params.top_k > vocab:
             raise ValueError(f"top_k must be -1 or at most the vocabulary size ({vocab}), got {params.top_k}")

@@ -181,6 +181,8 @@ class InputBatch:
                                                     out.samples, out.seqs)
         if out.prompt_logprob_spans:
             _lay_out_prompt_logprobs(step, out, first_token)
+        if out.verify_spans:
+            _lay_out_verify_rows(step, out, first_token)
         if out.token_mask_indices:
             step.token_masks = pad_token_masks(batch_row[out.token_mask_indices], out.token_masks)
         return step
@@ -206,6 +208,17 @@ class InputBatch:
                 table = np.where(np.arange(width)[None, :] < first[:, None], 0, table)
             tables[g, batch_row] = table
         step.slot_mapping, step.block_tables = slots, tables
+
+
+def _lay_out_verify_rows(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:
+    """The token rows of each verifying sequence's k + 1 positions (its last known token, then its drafts)."""
+    spans = np.array(out.verify_spans, np.int64).reshape(-1, 2)
+    lengths = spans[:, 1] + 1
+    total = int(lengths.sum())
+    offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rows = np.zeros(pow2_bucket(total, 16), np.int32)
+    rows[:total] = np.repeat(first_token[spans[:, 0]], lengths) + offsets
+    step.verify_rows = rows
 
 
 def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:

@@ -68,6 +68,7 @@ class DeviceStepInput(NamedTuple):
     token_masks: TokenMasks
     prompt_logprob_rows: jax.Array
     prompt_logprob_targets: jax.Array
+    verify_rows: jax.Array
 
 
 class PendingStep:
@@ -90,6 +91,8 @@ class PendingStep:
             prompt_logprobs=host.get("prompt_logprobs"),  # span order, not row order
             prompt_top_ids=host.get("prompt_top_ids"),
             prompt_top_logprobs=host.get("prompt_top_logprobs"),
+            verify_ids=host.get("verify_ids"),  # span order, not row order
+            verify_logprobs=host.get("verify_logprobs"),
         )
 
 
@@ -135,6 +138,15 @@ def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str
     if k:
         out["prompt_top_logprobs"], out["prompt_top_ids"] = jax.lax.top_k(logprobs, k)
     return out
+
+
+def _verify(model, hidden, rows: jax.Array) -> dict[str, jax.Array]:
+    """The greedy next token after each listed token row and its log-probability (raw logits, as greedy
+    sampling takes its argmax)."""
+    logits = model.logits(hidden[rows]).astype(jnp.float32)  # as `jaxpaged.sampling.sample` takes it
+    ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    return {"verify_ids": ids, "verify_logprobs": jnp.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]}
 
 
 def _or_empty(array: np.ndarray | None) -> np.ndarray:
@@ -312,6 +324,8 @@ class ModelRunner:
             out["top_logprobs"], out["top_ids"] = top_lp, top_ids
         if inputs.prompt_logprob_rows.shape[0]:
             out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
+        if inputs.verify_rows.shape[0]:
+            out.update(_verify(model, hidden, inputs.verify_rows))
         if not sample:
             out["raw_logits"] = logits
             return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed
@@ -403,6 +417,7 @@ class ModelRunner:
             token_masks=step.token_masks if step.token_masks is not None else empty_token_masks(),
             prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
             prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
+            verify_rows=_or_empty(step.verify_rows),
         )
 
     # ---- the pool -------------------------------------------------------------------------------

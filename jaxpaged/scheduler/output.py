@@ -68,6 +68,11 @@ class SchedulerOutput:
     # the masks are filled after the previous step's tokens are read, while this step's forward pass runs
     # (asynchronous scheduling with a grammar row): the runner dispatches the sampling half then
     token_masks_deferred: bool = False
+    # speculative decoding: (index in seqs, number of draft tokens k) per sequence that verifies drafts; its
+    # step computes its last known token then the k drafts, and returns the greedy token after each of
+    # those k + 1 positions (spans concatenated in this order)
+    verify_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    draft_token_ids: list[list[int]] = dataclasses.field(default_factory=list)  # each span's drafts
 
     @property
     def num_seqs(self) -> int:
@@ -96,6 +101,9 @@ class ModelOutput:
     prompt_logprobs: np.ndarray | None = None  # [P] logprob of the next prompt token
     prompt_top_ids: np.ndarray | None = None  # [P, k] when num_prompt_top_logprobs > 0
     prompt_top_logprobs: np.ndarray | None = None
+    # speculative decoding: the verify spans' positions, concatenated (padded past their total)
+    verify_ids: np.ndarray | None = None  # [V] greedy (argmax) token after each position
+    verify_logprobs: np.ndarray | None = None  # [V] its log-probability
 
 
 @dataclasses.dataclass
@@ -107,6 +115,11 @@ class SchedulerStats:
     generation_tokens: int = 0
     last_step_tokens: int = 0
     last_step_seqs: int = 0
+    # speculative decoding (vLLM's spec_decode counters): verify steps' sequences, drafts and accepted drafts
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         self._last_batch: tuple[list[Sequence], list[int]] = ([], [])

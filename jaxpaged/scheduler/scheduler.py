@@ -20,6 +20,15 @@ forks n > 1 prompts, runs beam steps and finishes sequences. With asynchronous
 scheduling it runs one step late (after the next step was scheduled), so a
 sequence can have one step in flight past its stop; that step's token is
 dropped here and its blocks are already free.
+
+With a `proposer` (speculative decoding, synchronous steps only), each
+running greedy decode first gets draft tokens; it is scheduled with its last
+token and the k drafts (slots allocated up front, through `allocate_slots`),
+and the step returns the greedy token after each of those k + 1 positions.
+`update_from_output` accepts the drafts that match, appends the matching
+tokens plus the one after them, commits (hashes) only those accepted tokens'
+blocks, rewinds the computed count, and releases the slots of the rejected
+ones (`release_slots_after`).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQ
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
+from jaxpaged.spec_decode.proposer import Proposer
 from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -58,9 +68,13 @@ class Scheduler:
     """Decides each step's batch and applies its results; owns the waiting queue and the running list."""
 
     def __init__(self, config: SchedulerConfig, kv: KVManager, tiers=None, *,
-                 clock: Callable[[], float] = time.monotonic):
-        """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it."""
+                 clock: Callable[[], float] = time.monotonic, proposer: Proposer | None = None):
+        """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it.
+
+        `proposer` turns on speculative decoding for greedy requests (steps must be synchronous).
+        """
         self.config = config
+        self.proposer = proposer
         self.kv = kv
         self.tiers = tiers
         self.clock = clock
@@ -139,6 +153,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         preempted = out.preempted
         allocate_slots = self.kv.allocate_slots
+        drafts_of = self._propose_drafts() if self.proposer is not None else None
         for seq in list(self.running):  # kept in arrival order (insort), no per-step sort
             if budget == 0:
                 break
@@ -147,6 +162,14 @@ class Scheduler:
             num_new = seq.num_schedulable_tokens
             if num_new == 0:
                 continue
+            if drafts_of and budget > 1 and seq.seq_id in drafts_of:
+                drafts = drafts_of[seq.seq_id][:budget - 1]
+                # the drafts' slots come first; without room for them the sequence decodes plainly
+                update = allocate_slots(seq.seq_id, 1 + len(drafts), num_computed_tokens=seq.num_computed_tokens)
+                if update is not None:
+                    self._add(out, seq, 1 + len(drafts), update, now, drafts)
+                    budget -= 1 + len(drafts)
+                    continue
             if num_new > budget:
                 num_new = budget
             update = allocate_slots(seq.seq_id, num_new, num_computed_tokens=seq.num_computed_tokens)
@@ -197,14 +220,33 @@ class Scheduler:
         out.freed_seq_ids, self._freed = self._freed, []
         return out
 
+    def _propose_drafts(self) -> dict[int, list[int]]:
+        """Draft tokens for the running sequences that speculate, by sequence id (none: not listed).
+
+        A sequence speculates when it is a greedy decode with every token known
+        (no step in flight) and none of what speculation does not handle yet
+        (sampling, beams, logprobs, grammars, logit controls, stop strings).
+        Its drafts never take it past `max_len` (max_tokens, max_model_len):
+        all k accepted plus the token after them still fit.
+        """
+        seqs = [seq for seq in self.running if _speculates(seq)]
+        if not seqs:
+            return {}
+        limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
+        proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
+        return {seq.seq_id: drafts for seq, drafts in zip(seqs, proposals) if drafts}
+
     def _add(self, out: SchedulerOutput, seq: Sequence, num_new: int, update: BlockTableUpdate,
-             now: float) -> None:
-        """Put `num_new` tokens of `seq` in the batch and count them as being computed."""
+             now: float, drafts: list[int] | None = None) -> None:
+        """Put `num_new` tokens of `seq` in the batch and count them as being computed.
+
+        With `drafts`, the last `len(drafts)` of those tokens are draft tokens to verify.
+        """
         start = seq.num_computed_tokens
         end = start + num_new
         tokens = seq.token_ids
         known = len(tokens)
-        samples = end == known + seq.num_placeholders
+        samples = end == known + seq.num_placeholders or bool(drafts)
         request = seq.request
         if request.prompt_logprobs is not None and start < len(request.prompt_token_ids) - 1:
             count = min(end, len(request.prompt_token_ids) - 1) - start
@@ -213,7 +255,12 @@ class Scheduler:
         out.starts.append(start)
         out.num_tokens.append(num_new)
         out.samples.append(samples)
-        if num_new == 1:
+        if drafts:
+            out.verify_spans.append((len(out.seqs) - 1, len(drafts)))
+            out.draft_token_ids.append(drafts)
+            out.token_ids.extend(tokens[start:known])
+            out.token_ids.extend(drafts)
+        elif num_new == 1:
             out.token_ids.append(tokens[start] if start < known else TOKEN_ON_DEVICE)
         else:
             out.token_ids.extend(_input_tokens(tokens, start, end))
@@ -270,12 +317,20 @@ class Scheduler:
         new_index = {old: new for new, old in enumerate(kept)}
         out.prompt_logprob_spans = [(new_index[i], start, n) for i, start, n in out.prompt_logprob_spans
                                     if i in new_index]
+        drafts_at = {new_index[i]: drafts for (i, _), drafts in zip(out.verify_spans, out.draft_token_ids)
+                     if i in new_index}
+        out.verify_spans = [(i, len(drafts)) for i, drafts in drafts_at.items()]
+        out.draft_token_ids = list(drafts_at.values())
         out.seqs = [out.seqs[i] for i in kept]
         out.starts = [out.starts[i] for i in kept]
         out.num_tokens = [out.num_tokens[i] for i in kept]
         out.samples = [out.samples[i] for i in kept]
-        out.token_ids = [t for seq, s, n in zip(out.seqs, out.starts, out.num_tokens)
-                         for t in _input_tokens(seq.token_ids, s, s + n)]
+        token_ids = []
+        for i, (seq, s, n) in enumerate(zip(out.seqs, out.starts, out.num_tokens)):
+            drafts = drafts_at.get(i, ())
+            token_ids += _input_tokens(seq.token_ids, s, s + n - len(drafts))
+            token_ids += drafts
+        out.token_ids = token_ids
 
     def _finish_schedule(self, out: SchedulerOutput) -> None:
         out.freed_seq_ids, self._freed = self._freed, []
@@ -404,12 +459,16 @@ class Scheduler:
             _record_prompt_logprobs(out, result)
         touched: dict[Request, None] = {}
         beam_ready = []
+        verified = self._verified_tokens(out, result) if out.verify_spans else None
         for i, (seq, start, count, samples) in enumerate(zip(out.seqs, out.starts, out.num_tokens, out.samples)):
             status = seq.status
             if status is SeqStatus.FINISHED:
                 continue
             request = seq.request
             touched[request] = None
+            if verified and i in verified:
+                self._accept_drafts(seq, start, *verified[i], now)
+                continue
             end = start + count
             # A decode that leaves its block partial has nothing to hash: its commit waits for the one
             # that fills the block (the manager's growth follows the scheduled tokens). Requests that
@@ -440,6 +499,59 @@ class Scheduler:
             if len(request.seqs) > 1:
                 self.record_block_usage(request)
         return touched_list
+
+    @staticmethod
+    def _verified_tokens(out: SchedulerOutput, result: ModelOutput
+                         ) -> dict[int, tuple[list[int], list[int], list[float]]]:
+        """Per verifying sequence (index in `out.seqs`): its drafts, and the greedy token (and its
+        logprob) after each of its k + 1 positions."""
+        ids, logprobs = result.verify_ids.tolist(), result.verify_logprobs.tolist()
+        verified, at = {}, 0
+        for (i, k), drafts in zip(out.verify_spans, out.draft_token_ids):
+            verified[i] = (drafts, ids[at:at + k + 1], logprobs[at:at + k + 1])
+            at += k + 1
+        return verified
+
+    def _accept_drafts(self, seq: Sequence, start: int, drafts: list[int], targets: list[int],
+                       logprobs: list[float], now: float) -> None:
+        """Greedy verification: keep the drafts the target agrees with, then its own next token.
+
+        The emitted tokens are exactly what plain greedy decoding would give,
+        cut where one ends the sequence. Only the positions whose tokens are
+        accepted are committed (hashed, cached); the computed count rewinds to
+        them and the rejected drafts' slots are released.
+        """
+        seq.num_placeholders -= 1
+        num_accepted = 0
+        while num_accepted < len(drafts) and drafts[num_accepted] == targets[num_accepted]:
+            num_accepted += 1
+        emitted = targets[:num_accepted + 1]
+        request = seq.request
+        length = len(seq.token_ids)
+        for j, token in enumerate(emitted):  # only the last emitted token may end the sequence
+            if token in request.stop_token_ids or length + j + 1 >= request.max_len:
+                emitted = emitted[:j + 1]
+                break
+        self._count_spec_step(len(drafts), num_accepted)
+        for token, logprob in zip(emitted[:-1], logprobs):
+            self._append(seq, token, logprob, now)
+        if seq.status is SeqStatus.RUNNING:
+            computed = start + len(emitted)  # the last known token and the accepted drafts
+            self.kv.commit(seq.seq_id, seq.token_ids, computed)
+            self.kv.release_slots_after(seq.seq_id, computed)
+            seq.num_computed_tokens = computed
+        self._append(seq, emitted[-1], logprobs[len(emitted) - 1], now)
+
+    def _count_spec_step(self, num_drafts: int, num_accepted: int) -> None:
+        stats = self.stats
+        stats.spec_num_drafts += 1
+        stats.spec_num_draft_tokens += num_drafts
+        stats.spec_num_accepted_tokens += num_accepted
+        per_position = stats.spec_accepted_per_position
+        if len(per_position) < num_drafts:
+            per_position.extend([0] * (num_drafts - len(per_position)))
+        for p in range(num_accepted):
+            per_position[p] += 1
 
     def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
         seq.token_ids.append(token)
@@ -546,6 +658,16 @@ class Scheduler:
         tables = [held(s.seq_id) for s in request.seqs if s.status is SeqStatus.RUNNING]
         request.peak_blocks_shared = max(request.peak_blocks_shared, len(set().union(*tables)) if tables else 0)
         request.peak_blocks_unshared = max(request.peak_blocks_unshared, sum(map(len, tables)))
+
+
+def _speculates(seq: Sequence) -> bool:
+    """Whether `seq` takes draft tokens this step (see `Scheduler._propose_drafts`)."""
+    request = seq.request
+    p = request.params
+    return (seq.status is SeqStatus.RUNNING and not seq.num_placeholders and not request.fork_pending
+            and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.pending_candidates is None
+            and p.greedy and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
+            and _row_controls(request) is None)
 
 
 def _needs_prompt_logits(request: Request) -> bool:

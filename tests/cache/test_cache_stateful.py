@@ -19,6 +19,7 @@ from jaxpaged.cache import KVCacheManager
 
 NUM_BLOCKS = 10
 BS = 4
+REJECTED = 999  # a rejected draft token's K/V: never a token id, so reading it anywhere shows
 BASE = [7, 3, 9, 1, 4, 4, 2, 8, 6, 5, 0, 1, 3, 3, 7, 2, 9, 9, 1, 0, 5, 6, 2, 4]
 prompts = st.builds(
     lambda k, tail: BASE[:k] + tail,
@@ -114,6 +115,37 @@ class CacheMachine(RuleBasedStateMachine):
         for src, dst in update.copies:
             self.device[dst] = self.device[src]
         self._run_step(sid, start, count)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def speculative_step(self, data):
+        """A decode with k draft tokens: slots for all, the device writes all, only m are accepted.
+
+        The rejected drafts' slots hold a value no token has; the manager must
+        commit (hash) only the accepted tokens and release the blocks past them.
+        """
+        sid = data.draw(st.sampled_from(sorted(self.tokens)))
+        tokens = self.tokens[sid]
+        start = self.mgr.num_computed_tokens(sid)
+        k = data.draw(st.integers(1, 5))
+        if start != len(tokens) or start + 1 + k > NUM_BLOCKS * BS:
+            return
+        before = snapshot(self.mgr)
+        update = self.mgr.allocate_slots(sid, 1 + k, num_computed_tokens=start)
+        if update is None:
+            assert snapshot(self.mgr) == before
+            return
+        for src, dst in update.copies:
+            self.device[dst] = self.device[src]
+        accepted = data.draw(st.lists(st.integers(0, 3), max_size=k))
+        written = [data.draw(st.integers(0, 3))] + accepted + [REJECTED] * (k - len(accepted))
+        table = self.mgr.block_table(sid)
+        for offset, token in enumerate(written):
+            self.device[table[(start + offset) // BS], (start + offset) % BS] = token
+        tokens.extend(written[:1 + len(accepted)])
+        self.mgr.commit(sid, tokens, len(tokens))
+        self.mgr.release_slots_after(sid, len(tokens))
+        assert len(self.mgr.block_table(sid)) == -(-len(tokens) // BS)  # rejected slots' blocks are free
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())

@@ -9,10 +9,12 @@ from absl import flags
 from jaxpaged.cli.engine_flags import EngineFlags, engine_fields
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.engine import EngineConfig
+from jaxpaged.spec_decode import SpeculativeConfig
 
 # what a field needs beside it to be valid (EngineConfig's cross-field rules)
 NEEDS = {"disk_cache_dir": ["--host_cache_bytes=1048576"], "preemption_mode": ["--host_cache_bytes=1048576"],
-         "save_prefix_cache_on_shutdown": ["--prefix_cache_snapshot=snap"]}
+         "save_prefix_cache_on_shutdown": ["--prefix_cache_snapshot=snap"],
+         "speculative_config": ["--noasync_scheduling"]}
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,8 @@ def _other_value(field: dataclasses.Field):
     """A valid value of ``field`` that is not its default, and how it is written on the command line."""
     hint = typing.get_type_hints(EngineConfig)[field.name]
     kind = next(a for a in (typing.get_args(hint) or (hint,)) if a is not type(None))
+    if kind is SpeculativeConfig:  # its flag is JSON text
+        return SpeculativeConfig(num_speculative_tokens=2), '--speculative_config={"num_speculative_tokens": 2}'
     if "choices" in field.metadata:
         value = next(c for c in field.metadata["choices"] if c != field.default)
     elif kind is bool:
@@ -46,7 +50,9 @@ def test_each_flag_round_trips_to_its_field(every_field, field):
     fs.parse(["prog", arg, *NEEDS.get(field.name, [])])
     config = engine.config()
     assert getattr(config, field.name) == value != field.default
-    others = {f.name for f in engine_fields()} - {field.name} - {a[2:].split("=")[0] for a in NEEDS.get(field.name, [])}
+    needed = {a[2:].split("=")[0] for a in NEEDS.get(field.name, [])}
+    needed |= {name.removeprefix("no") for name in needed}  # --noflag sets a boolean flag
+    others = {f.name for f in engine_fields()} - {field.name} - needed
     assert all(getattr(config, n) == getattr(EngineConfig(), n) for n in others)  # nothing else moved
 
 

@@ -44,9 +44,10 @@ BAD_VALUE = {
     "eviction_policy": "random",
     "kv_cache_metrics_sample": 1.5,
     "compile_cache_dir": 8,
+    "speculative_config": 5,
 }
 # what a field needs beside it so that only the field itself is wrong
-CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}}
+CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}, "speculative_config": {"async_scheduling": False}}
 
 
 def test_every_field_has_a_refusal_case():
@@ -66,6 +67,9 @@ def test_each_refusal_names_its_field(field):
     (dict(disk_cache_dir="/tmp/d"), "disk_cache_dir", "host_cache_bytes"),
     (dict(preemption_mode="swap"), "preemption_mode", "host_cache_bytes"),
     (dict(host_cache_bytes=1 << 20, kv_layout="contiguous"), "host_cache_bytes", "kv_layout='paged'"),
+    (dict(speculative_config={"method": "ngram"}), "speculative_config", "async_scheduling=False"),
+    (dict(speculative_config={}, async_scheduling=False, kv_layout="contiguous"), "speculative_config",
+     "kv_layout='paged'"),
 ])
 def test_combinations_name_both_fields(kwargs, field, limit):
     with pytest.raises(ValueError) as err:

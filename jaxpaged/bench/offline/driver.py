@@ -40,6 +40,8 @@ class RunRecord:
     prefix_queries_tokens: int
     prefix_hits_tokens: int
     num_evictions: int
+    spec_num_drafts: int = 0  # speculative decoding: verify steps' sequences, and drafts they accepted
+    spec_num_accepted_tokens: int = 0
 
 
 def _params(request: WorkloadRequest) -> SamplingParams:
@@ -90,5 +92,7 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
             if on_finish is not None:
                 on_finish(out)
     kv = engine.kv_stats()
+    stats = engine.stats
     return RunRecord(outputs, samples, start, clock(), engine.num_preemptions,
-                     kv.prefix_queries_tokens, kv.prefix_hits_tokens, kv.num_evictions)
+                     kv.prefix_queries_tokens, kv.prefix_hits_tokens, kv.num_evictions,
+                     stats.spec_num_drafts, stats.spec_num_accepted_tokens)

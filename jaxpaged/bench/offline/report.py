@@ -48,6 +48,9 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
         "max_running_seqs": max((s.num_running for s in record.samples), default=0),
         "num_preemptions": record.num_preemptions,
         "num_evictions": record.num_evictions,
+        # tokens a verify step emits per sequence, as vLLM reports it (1.0: no speculation)
+        "spec_decode_mean_acceptance_length": (1.0 + record.spec_num_accepted_tokens / record.spec_num_drafts
+                                               if record.spec_num_drafts else 1.0),
         "num_compiles": num_compiles,
         "compile_s": compile_s,
     }

@@ -1,0 +1,59 @@
+"""`SpeculativeConfig`: which proposer drafts tokens and how many, as vLLM's ``speculative_config`` takes it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from jaxpaged.validation import check_int, check_optional_str, check_str
+
+SPECULATIVE_METHODS = ("ngram",)  # the draft-model and EAGLE proposers are not built yet
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """How draft tokens are proposed; checked on creation (ValueError naming the field and its limit).
+
+    `method` "ngram" is prompt lookup: the longest suffix of a sequence (between
+    `prompt_lookup_min` and `prompt_lookup_max` tokens) that occurred earlier in
+    it proposes the `num_speculative_tokens` tokens that followed it there.
+    `model` is for the draft-model method (not yet supported).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    model: str | None = None
+
+    def __post_init__(self):
+        check_str("speculative_config.method", self.method, choices=SPECULATIVE_METHODS)
+        check_int("speculative_config.num_speculative_tokens", self.num_speculative_tokens, low=1,
+                  high=MAX_SPECULATIVE_TOKENS)
+        check_int("speculative_config.prompt_lookup_min", self.prompt_lookup_min, low=1, high=1024)
+        check_int("speculative_config.prompt_lookup_max", self.prompt_lookup_max, low=self.prompt_lookup_min,
+                  high=1024)
+        check_optional_str("speculative_config.model", self.model)
+        if self.model is not None:
+            raise ValueError("speculative_config.model (a draft model) is not supported yet; use method='ngram'")
+
+    @classmethod
+    def from_value(cls, value) -> "SpeculativeConfig | None":
+        """A `SpeculativeConfig` from None, an instance, a mapping of its fields, or a JSON object string."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            import json
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config must be a JSON object, got {value!r}: {e}") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"speculative_config must be a mapping of {[f.name for f in dataclasses.fields(cls)]}, "
+                             f"got {type(value).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**value)
