@@ -53,7 +53,9 @@ def checkpoint(tmp_path_factory):
     save_hf_checkpoint(model, path)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+         # a real checkpoint without a template is refused for chat: this one ships its own
+         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"}))
     return path, tok
 
 
