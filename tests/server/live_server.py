@@ -131,3 +131,21 @@ def children_of(pid: int) -> list[int]:
             except (FileNotFoundError, ProcessLookupError):
                 pass
     return found
+
+
+def offline_greedy_text(prompt: str, num_blocks: int, max_model_len: int, max_tokens: int = 8) -> str:
+    """The tiny model's greedy continuation of `prompt` from `LLM.generate`: what a live server must serve."""
+    from jaxpaged.llm import LLM
+    from jaxpaged.sampling_params import SamplingParams
+
+    llm = LLM(model="tiny", num_blocks=num_blocks, max_model_len=max_model_len)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].text
+
+
+def served_greedy_text(base: str, prompt: str, max_tokens: int = 8) -> str:
+    """The same greedy continuation from a live server's /v1/completions (asserting a 200)."""
+    response = httpx.post(base + "/v1/completions", timeout=WAIT_S, json={
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]

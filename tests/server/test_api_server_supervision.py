@@ -17,10 +17,8 @@ import time
 import httpx
 import pytest
 
-from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
-from tests.server.live_server import (WAIT_S, free_port, keep_draining, listening_inodes, start_server,
-                                     wait_healthy, wait_idle)
+from tests.server.live_server import (WAIT_S, free_port, keep_draining, listening_inodes, offline_greedy_text,
+                                      served_greedy_text, start_server, wait_healthy, wait_idle)
 
 KV_TOKENS = 2048
 MAX_MODEL_LEN = 512
@@ -60,17 +58,12 @@ def launcher():
 
 @pytest.fixture(scope="module")
 def expected_probe():
-    llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=MAX_MODEL_LEN)
-    out = llm.generate([PROBE], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
-    return out.outputs[0].text
+    return offline_greedy_text(PROBE, KV_TOKENS // 16, MAX_MODEL_LEN)
 
 
 def _probe(base: str) -> str:
     """A later, unrelated greedy request: it must be served, correctly."""
-    response = httpx.post(base + "/v1/completions", timeout=WAIT_S, json={
-        "prompt": PROBE, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["text"]
+    return served_greedy_text(base, PROBE)
 
 
 def test_a_killed_api_server_is_restarted_and_its_request_aborted(launcher, expected_probe):

@@ -17,9 +17,8 @@ import httpx
 import openai
 import pytest
 
-from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
-from tests.server.live_server import WAIT_S, free_port, read_metrics, start_server, wait_healthy, wait_idle
+from tests.server.live_server import (WAIT_S, free_port, offline_greedy_text, read_metrics, served_greedy_text,
+                                      start_server, wait_healthy, wait_idle)
 
 KV_TOKENS = 4096
 MAX_MODEL_LEN = 512
@@ -49,17 +48,12 @@ def base(server):
 
 @pytest.fixture(scope="module")
 def expected_probe():
-    llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=MAX_MODEL_LEN)
-    out = llm.generate([PROBE], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
-    return out.outputs[0].text
+    return offline_greedy_text(PROBE, KV_TOKENS // 16, MAX_MODEL_LEN)
 
 
 def _probe(base: str) -> str:
     """A later, unrelated request: it must be served, correctly."""
-    response = httpx.post(base + "/v1/completions", timeout=WAIT_S, json={
-        "model": "tiny", "prompt": PROBE, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["text"]
+    return served_greedy_text(base, PROBE)
 
 
 def _long(prompt, **extra) -> dict:
