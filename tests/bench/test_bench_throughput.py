@@ -9,7 +9,6 @@ the real `LlamaForCausalLM`.
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,14 +23,14 @@ from jaxpaged.bench.offline.throughput import (
 )
 from jaxpaged.checkpoint import read_hf_config
 from jaxpaged.cli import main as cli
+from tests.suite_cache import SUITE_CACHE
 
 # the tests that run transformers need the hf extra (`make test` installs it); the rest run without it
 needs_hf = pytest.mark.skipif(importlib.util.find_spec("torch") is None
                               or importlib.util.find_spec("transformers") is None,
                               reason="torch/transformers missing: pip install -e '.[hf]'")
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 OUTPUT_LEN = 10
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from jaxpaged.cli import main as cli
+from tests.suite_cache import SUITE_CACHE
 
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 TINY = ["--model=tiny", "--num_requests=3", "--system_len=16", "--user_len=8", "--prompt_len=24",
         "--output_len=3", "--kv_budget_tokens=256", "--max_model_len=64", f"--compile_cache_dir={CACHE}"]
 

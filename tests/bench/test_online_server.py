@@ -1,7 +1,6 @@
 """The online benchmark end to end against one live `jaxpaged serve` subprocess (tiny model, loopback)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,9 +9,9 @@ from jaxpaged.bench.online.online_client import fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.tokenizer import ByteTokenizer
+from tests.suite_cache import SUITE_CACHE
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 # the engine settings of the server, which `jaxpaged bench http-overhead` must mirror offline
 ENGINE = {"block_size": 16, "kv_budget_tokens": 1024, "max_model_len": 128, "max_num_seqs": 8,
           "max_num_batched_tokens": 256}

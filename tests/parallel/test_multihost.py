@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from jaxpaged import distributed
+from tests.suite_cache import SUITE_CACHE
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "multihost_worker.py"
-CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 
 
 def _free_port() -> int:

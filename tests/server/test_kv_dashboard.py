@@ -6,7 +6,6 @@ blocks would keep the unpinned control prefix too), every cached block sampled.
 """
 
 import itertools
-from pathlib import Path
 
 import httpx
 import promql_parser
@@ -16,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxpaged.bench.online.dashboard import dashboard_queries
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
+from tests.suite_cache import SUITE_CACHE
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".pytest_cache" / "jax-compile"
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0",
        "JAX_COMPILATION_CACHE_DIR": str(CACHE), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 BS, NUM_BLOCKS = 16, 32

@@ -13,9 +13,10 @@ import pytest
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
-from tests.server.live_server import ROOT, WAIT_S, children_of, free_port, start_server, wait_healthy
+from tests.server.live_server import WAIT_S, children_of, free_port, start_server, wait_healthy
+from tests.suite_cache import SUITE_CACHE
 
-CACHE = ROOT / ".pytest_cache" / "jax-compile"  # the suite's shared compile cache (tests/conftest.py)
+CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)
 
 
 def _start(process_id: int, coordinator: str, port: int):

@@ -25,6 +25,7 @@ from jaxpaged.llm import LLM
 from jaxpaged.router import RequestHasher
 from jaxpaged.sampling_params import SamplingParams
 from tests.server.live_server import ROOT, WAIT_S, free_port
+from tests.suite_cache import SUITE_CACHE
 
 pytest.importorskip("ray.serve", reason="the replicas need the serve extra (ray[serve])")
 
@@ -32,7 +33,7 @@ KV_TOKENS = 1024  # 64 blocks per replica: small enough that the eviction test e
 MAX_MODEL_LEN = 512
 BLOCK = 16
 ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false",
-       "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".pytest_cache" / "jax-compile"),
+       "JAX_COMPILATION_CACHE_DIR": str(SUITE_CACHE),
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
        "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu"}
 

@@ -1,0 +1,46 @@
+"""The order in which `pytest -n 2 --dist loadfile` hands test modules to its workers: longest first.
+
+xdist gives each worker one module at a time and, by default, takes modules in
+decreasing number of tests. The suite's longest modules have few tests (one
+live server, one subprocess, one real model), so that order starts them last,
+and the run ends with one worker alone on a two-minute module while the other
+idles. Handing out the longest modules first (the classic longest-processing-
+time rule) leaves only short modules for the end, where they even out.
+
+`LONGEST_MODULES` is measured, not guessed: whole-module times of a cold-cache
+run on a 2-core machine, longest first. A module not listed keeps xdist's own
+rule (more tests first) after the listed ones; re-measure with
+`pytest -n 2 --dist loadfile --durations=0` when a module grows past the last
+listed one.
+"""
+
+from __future__ import annotations
+
+import collections
+
+LONGEST_MODULES = [
+    "tests/kernels/test_ragged_paged_attention_mgpu.py",
+    "tests/pretrained/test_smollm2.py",
+    "tests/structured/test_structured_server.py",
+    "tests/server/test_request_limits.py",
+    "tests/kernels/test_chunked_xla_attention.py",
+    "tests/checkpoint/test_checkpoint_gguf.py",
+    "tests/server/test_replicas.py",
+    "tests/kernels/test_ragged_paged_attention.py",
+    "tests/server/test_openai_server.py",
+    "tests/parallel/test_tensor_parallel.py",
+    "tests/server/test_http_fuzz.py",
+    "tests/parallel/test_multihost.py",
+    "tests/server/test_eval_harness.py",
+]
+
+
+def longest_first(items: list) -> list:
+    """`items` (collected tests) regrouped module by module: listed modules in their order, then the others
+    by decreasing number of tests (xdist's own rule), each module's tests in their collected order."""
+    by_module: dict[str, list] = collections.defaultdict(list)
+    for item in items:
+        by_module[item.nodeid.split("::", 1)[0]].append(item)
+    rank = {module: i for i, module in enumerate(LONGEST_MODULES)}
+    order = sorted(by_module, key=lambda m: (rank.get(m, len(rank)), -len(by_module[m])))
+    return [item for module in order for item in by_module[module]]
