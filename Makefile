@@ -13,6 +13,8 @@ MODEL_FILE := data/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 setup: $(STAMP)
 
+# pip --no-compile: no .pyc for the ~25k files of torch, ray, transformers... up front; Python writes
+# them for the modules it imports, as it imports them.
 $(STAMP): pyproject.toml
 	@if [ ! -x "$(VPY)" ]; then \
 	  py="$(PYTHON)"; \
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml
 	  if [ -z "$$py" ]; then echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON=/path/to/python3.12" >&2; exit 1; fi; \
 	  echo "creating $(VENV) with $$py"; "$$py" -m venv $(VENV); fi
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test,serve-test,hf,eval,structured]'
+	$(VPY) -m pip install --quiet --no-compile -e '.[test,serve-test,hf,eval,structured]'
 	touch $(STAMP)
 
 model: $(MODEL_FILE)
