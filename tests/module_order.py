@@ -7,11 +7,12 @@ and the run ends with one worker alone on a two-minute module while the other
 idles. Handing out the longest modules first (the classic longest-processing-
 time rule) leaves only short modules for the end, where they even out.
 
-`LONGEST_MODULES` is measured, not guessed: whole-module times of a cold-cache
-run on a 2-core machine, longest first. A module not listed keeps xdist's own
-rule (more tests first) after the listed ones; re-measure with
-`pytest -n 2 --dist loadfile --durations=0` when a module grows past the last
-listed one.
+`LONGEST_MODULES` comes from module times of partial cold-cache runs of
+2026-12-02 on a shared 2-core machine, plus the `--durations` of the
+full run before them, longest first; a full quiet run should refine it. A
+module not listed keeps xdist's own rule (more tests first), after the listed
+ones. Re-measure with `pytest -n 2 --dist loadfile --durations=0` when a module
+grows past the last listed one.
 """
 
 from __future__ import annotations
