@@ -23,7 +23,8 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.gguf_file import GGUFFile, is_gguf_file, open_gguf
 from jaxpaged.model.llama import LlamaModel
 
-__all__ = ["SUPPORTED_TENSOR_TYPES", "is_gguf_file", "load_gguf_checkpoint", "read_gguf_config"]
+__all__ = ["SUPPORTED_TENSOR_TYPES", "check_gguf_checkpoint", "is_gguf_file", "load_gguf_checkpoint",
+           "read_gguf_config"]
 
 # ggml types read: plain floats, the legacy block quants and the K-quants (all dequantized by `gguf` in numpy).
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
@@ -107,6 +108,21 @@ def unpermute_rope_rows(tensor: np.ndarray, num_heads: int) -> np.ndarray:
     half = tensor.shape[0] // num_heads // 2
     pairs = tensor.reshape(num_heads, half, 2, *tensor.shape[1:])
     return np.ascontiguousarray(pairs.swapaxes(1, 2).reshape(tensor.shape))
+
+
+def check_gguf_checkpoint(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of the GGUF file `path` once its metadata and tensor list are checked, nothing dequantized.
+
+    Raises the `ValueError` loading would (not a GGUF file, an unsupported
+    architecture or tensor type, a missing, unexpected or mis-shaped tensor),
+    so a command can refuse the file before it starts anything.
+    """
+    path = Path(path)
+    gguf = open_gguf(path)
+    config = read_gguf_config(path)
+    _check_tensors(path, config, tensor_mappings(config), abstract_params(config, config.dtype),
+                   GGUFTensors(gguf, config))
+    return config
 
 
 def load_gguf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
