@@ -165,14 +165,16 @@ def tenant_keys() -> TenantKeys | None:
 
 
 def check_gguf_model() -> None:
-    """A GGUF --model that cannot be served (unsupported architecture or tensor type, missing tensors) is a usage
-    error before anything starts, not a traceback from the engine core (`--model` itself is checked to be a
-    GGUF file, a directory, a config JSON or a shipped config name by its flag validator)."""
+    """A GGUF --model that cannot be served (unsupported architecture, tensor type or tokenizer, missing tensors)
+    is a usage error before anything starts, not a traceback from the engine core (`--model` itself is checked
+    to be a GGUF file, a directory, a config JSON or a shipped config name by its flag validator)."""
     from jaxpaged.checkpoint import check_gguf_checkpoint, is_gguf_file
     if not is_gguf_file(MODEL.value):
         return
+    from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
     try:
         check_gguf_checkpoint(MODEL.value)
+        load_gguf_tokenizer(MODEL.value)
     except ValueError as error:
         raise app.UsageError(f"--model={MODEL.value}: {error}") from None
 
