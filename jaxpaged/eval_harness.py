@@ -5,7 +5,8 @@ choice, perplexity) with `echo=true, logprobs=1, max_tokens=1` requests and
 runs `generate_until` tasks as plain completions. It tokenizes on the client:
 with `tokenized_requests=True` it sends token ids, so the server scores exactly
 the tokens the harness counted (`tokenizer=` is the checkpoint directory that
-holds `tokenizer.json`; the server has no `/tokenizer_info`, so the harness's
+holds `tokenizer.json`, or a GGUF file's tokenizer written out by
+`tokenizer_dir`; the server has no `/tokenizer_info`, so the harness's
 "remote" tokenizer is not used).
 """
 
@@ -20,6 +21,20 @@ def served_model(base_url: str) -> tuple[str, int]:
     """The served model's name and `max_model_len`, from `GET /v1/models`."""
     data = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]
     return data["id"], int(data["max_model_len"])
+
+
+def tokenizer_dir(tokenizer: str, scratch: str) -> str:
+    """A directory the harness loads with `AutoTokenizer`: `tokenizer` itself, or for a GGUF file its tokenizer
+    written as `tokenizer.json` (and `tokenizer_config.json`) into `scratch`."""
+    from pathlib import Path
+
+    from jaxpaged.gguf_file import is_gguf_file
+
+    if not is_gguf_file(tokenizer):
+        return tokenizer
+    from jaxpaged.checkpoint.convert import write_gguf_tokenizer_files
+    write_gguf_tokenizer_files(Path(tokenizer), Path(scratch))
+    return scratch
 
 
 def lm_eval_command(base_url: str, tokenizer: str, tasks: list[str], *, model: str, max_length: int,

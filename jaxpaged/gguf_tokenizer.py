@@ -5,9 +5,12 @@ each token's type and the special ids under llama.cpp's keys. A byte-level BPE
 vocabulary (`tokenizer.ggml.model == "gpt2"`) becomes a Hugging Face
 `tokenizers` BPE with the pre-tokenizer llama.cpp uses for the file's
 `tokenizer.ggml.pre`; control tokens are special (matched whole, skipped when
-decoding). Other vocabularies (sentencepiece `llama`, `t5`, ...) and unknown
-pre-tokenizers are refused naming them, rather than tokenizing differently
-from the model's own tokenizer.
+decoding). A sentencepiece BPE vocabulary (`llama`: Llama 2, Mistral, TinyLlama)
+becomes a BPE over `▁`-spelled pieces with byte fallback (`<0x41>` tokens),
+its merges from the file or, as llama.cpp files usually carry none, implied by
+the pieces' scores. Other vocabularies (Gemma's sentencepiece, whose scores do
+not order its merges, `t5`, ...) and unknown pre-tokenizers are refused naming
+them, rather than tokenizing differently from the model's own tokenizer.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ REGEX_SPLITS = {"llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT, "llama-bpe": L
                 "qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT}
 SUPPORTED_PRE_TOKENIZERS = GPT2_REGEX_DIGITS_SPLIT + GPT2_REGEX + tuple(REGEX_SPLITS)
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+# Gemma's sentencepiece scores do not follow its merge order, and it spells runs of spaces differently
+SENTENCEPIECE_REFUSED_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+SPACE_PIECE = "\u2581"  # sentencepiece's "▁"
 
 
 def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
@@ -45,9 +51,12 @@ def build_tokenizer(gguf: GGUFFile) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = gguf.get("tokenizer.ggml.model")
+    if kind == "llama" and gguf.architecture not in SENTENCEPIECE_REFUSED_ARCHITECTURES:
+        return build_sentencepiece_tokenizer(gguf)
     if kind != "gpt2":
-        raise ValueError(f"{gguf.path}: GGUF tokenizer model {kind!r} is not supported; only byte-level BPE "
-                         "('gpt2') is built from GGUF metadata")
+        raise ValueError(f"{gguf.path}: GGUF tokenizer model {kind!r} is not supported for architecture "
+                         f"{gguf.architecture!r}; built from GGUF metadata: byte-level BPE ('gpt2') and "
+                         "sentencepiece BPE ('llama', but not Gemma's)")
     pre = gguf.get("tokenizer.ggml.pre", "default")
     if pre not in SUPPORTED_PRE_TOKENIZERS:
         raise ValueError(f"{gguf.path}: GGUF pre-tokenizer {pre!r} is not supported; "
@@ -78,6 +87,57 @@ def build_tokenizer(gguf: GGUFFile) -> Any:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, bos)])
     return tokenizer
+
+
+def build_sentencepiece_tokenizer(gguf: GGUFFile) -> Any:
+    """A `tokenizers.Tokenizer` for a sentencepiece BPE vocabulary (`tokenizer.ggml.model == "llama"`).
+
+    Text is spelled with `▁` for spaces and one `▁` in front (sentencepiece's dummy prefix); pieces
+    missing from the vocabulary fall back to their UTF-8 bytes (`<0xNN>` tokens). BOS is added unless the
+    file says `add_bos_token = false` (llama.cpp's default for this kind of vocabulary).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokens: list[str] = gguf.get("tokenizer.ggml.tokens")
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if gguf.has("tokenizer.ggml.merges"):
+        merges = [tuple(m.split(" ", 1)) for m in gguf.get("tokenizer.ggml.merges")]
+    else:
+        merges = merges_from_scores(tokens, gguf.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    unk = gguf.get("tokenizer.ggml.unknown_token_id")
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
+                                     unk_token=tokens[unk] if unk is not None else None))
+    add_prefix = gguf.get("tokenizer.ggml.add_space_prefix", True)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE_PIECE, split=False,
+                                                       prepend_scheme="first" if add_prefix else "never")
+    steps = [decoders.Replace(SPACE_PIECE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tokenizer.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if add_prefix else []))
+    types = gguf.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t, kind in zip(tokens, types) if kind == CONTROL])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
+                          for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    bos = gguf.get("tokenizer.ggml.bos_token_id")
+    if gguf.get("tokenizer.ggml.add_bos_token", True) and bos is not None:
+        bos_text = tokens[bos]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, bos)])
+    return tokenizer
+
+
+def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """The BPE merges a sentencepiece vocabulary implies: every split of a piece into two pieces of the
+    vocabulary, best first by the merged piece's score (sentencepiece merges the pair whose result scores
+    highest), then by the longer left part; equal keys keep vocabulary order."""
+    ids = {token: i for i, token in enumerate(tokens)}
+    candidates = []
+    for token, score in zip(tokens, scores):
+        splits = [(token[:cut], token[cut:]) for cut in range(1, len(token))
+                  if token[:cut] in ids and token[cut:] in ids]
+        splits.sort(key=lambda pair: (ids[pair[0]], ids[pair[1]]))
+        candidates += [(left, right, score) for left, right in splits]
+    candidates.sort(key=lambda c: (c[2], len(c[0]), len(c[1])), reverse=True)
+    return [(left, right) for left, right, _ in candidates]
 
 
 def gguf_chat_template(path: str | Path) -> tuple[str | None, str, str]:

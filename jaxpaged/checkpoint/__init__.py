@@ -8,7 +8,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from jaxpaged.checkpoint.convert import convert_hf_to_orbax
-from jaxpaged.checkpoint.gguf import is_gguf_file, load_gguf_checkpoint, read_gguf_config
+from jaxpaged.checkpoint.gguf import check_gguf_checkpoint, is_gguf_file, load_gguf_checkpoint, read_gguf_config
 from jaxpaged.checkpoint.hf import (hf_config_to_model_config, is_hf_checkpoint_dir,
                                     load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
 from jaxpaged.checkpoint.orbax_io import (is_orbax_checkpoint_dir, load_params, read_saved_config,
@@ -17,8 +17,8 @@ from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.model.llama import LlamaModel, init_model
 from jaxpaged.parallel import TensorParallel
 
-__all__ = ["convert_hf_to_orbax", "hf_config_to_model_config", "is_gguf_file", "is_hf_checkpoint_dir",
-           "is_orbax_checkpoint_dir", "load_gguf_checkpoint", "load_hf_checkpoint", "load_model", "load_params",
+__all__ = ["check_gguf_checkpoint", "convert_hf_to_orbax", "hf_config_to_model_config", "is_gguf_file",
+           "is_hf_checkpoint_dir", "is_orbax_checkpoint_dir", "load_gguf_checkpoint", "load_hf_checkpoint", "load_model", "load_params",
            "model_config", "read_gguf_config", "save_hf_checkpoint", "save_params"]
 
 

@@ -4,8 +4,9 @@ Every tensor is dequantized by the `gguf` package to float32 numpy, then cast
 to the serving dtype: weights stay dequantized on the device (there are no
 quantized matmul kernels). llama.cpp's converter interleaves the two RoPE
 halves of each Llama q/k head (`permute` in convert_hf_to_gguf.py); it is
-undone here so the weights are the Hugging Face ones again. Qwen GGUFs keep
-the Hugging Face row order (llama.cpp runs them with NeoX-style RoPE).
+undone here so the weights are the Hugging Face ones again. Qwen and Gemma GGUFs
+keep the Hugging Face row order (llama.cpp runs them with NeoX-style RoPE).
+llama.cpp stores Gemma's norm weights as `1 + w`, which is undone too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxpaged.checkpoint.gguf_config import gguf_to_hf_config
+from jaxpaged.checkpoint.gguf_config import GEMMA_ARCHITECTURES, gguf_to_hf_config
 from jaxpaged.checkpoint.hf import _check_tensors, _to_flax
 from jaxpaged.checkpoint.hf_config import hf_config_to_model_config
 from jaxpaged.checkpoint.hf_names import tensor_mappings
@@ -23,7 +24,8 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.gguf_file import GGUFFile, is_gguf_file, open_gguf
 from jaxpaged.model.llama import LlamaModel
 
-__all__ = ["SUPPORTED_TENSOR_TYPES", "is_gguf_file", "load_gguf_checkpoint", "read_gguf_config"]
+__all__ = ["SUPPORTED_TENSOR_TYPES", "check_gguf_checkpoint", "is_gguf_file", "load_gguf_checkpoint",
+           "read_gguf_config"]
 
 # ggml types read: plain floats, the legacy block quants and the K-quants (all dequantized by `gguf` in numpy).
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
@@ -37,6 +39,10 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# Gemma's four norms per layer: llama.cpp calls the pre-feed-forward one `ffn_norm` (Llama's second norm)
+GEMMA_LAYER_NAMES = LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm"}
 # llama.cpp permutes q/k rows for these architectures only
 PERMUTED_ARCHITECTURES = ("llama",)
 
@@ -47,13 +53,14 @@ def read_gguf_config(path: str | Path) -> ModelConfig:
     return hf_config_to_model_config(gguf_to_hf_config(gguf), name=Path(path).name.removesuffix(".gguf"))
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor name (None for a name no supported family has)."""
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor name of `architecture` (None for a name it does not have)."""
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
+    layer_names = GEMMA_LAYER_NAMES if architecture in GEMMA_ARCHITECTURES else LAYER_NAMES
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -67,11 +74,13 @@ class GGUFTensors:
         if unsupported:
             raise ValueError(f"{gguf.path}: unsupported GGUF tensor type(s) {unsupported}; "
                              f"supported: {list(SUPPORTED_TENSOR_TYPES)}")
-        unknown = sorted(n for n in gguf.tensor_names() if hf_name(n) is None)
+        arch = gguf.architecture
+        unknown = sorted(n for n in gguf.tensor_names() if hf_name(n, arch) is None)
         if unknown:
-            raise ValueError(f"{gguf.path}: tensors no {gguf.architecture} model has: {unknown[:8]}")
-        self._by_hf_name = {hf_name(n): n for n in gguf.tensor_names()}
-        self._permuted = gguf.architecture in PERMUTED_ARCHITECTURES
+            raise ValueError(f"{gguf.path}: tensors no {arch} model has: {unknown[:8]}")
+        self._by_hf_name = {hf_name(n, arch): n for n in gguf.tensor_names()}
+        self._permuted = arch in PERMUTED_ARCHITECTURES
+        self._norms_offset = arch in GEMMA_ARCHITECTURES
 
     def names(self) -> set[str]:
         """Every tensor's Hugging Face name."""
@@ -82,8 +91,11 @@ class GGUFTensors:
         return self._gguf.tensor_shape(self._by_hf_name[name])
 
     def get(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to float32, q/k rows back in Hugging Face order."""
+        """Tensor `name` dequantized to float32, q/k rows back in Hugging Face order, Gemma norms as `w` again
+        (llama.cpp stores Gemma's `1 + w`)."""
         tensor = dequantized(self._gguf, self._by_hf_name[name])
+        if self._norms_offset and name.endswith("norm.weight"):
+            return tensor - 1.0
         if self._permuted and ".self_attn.q_proj." in name:
             tensor = unpermute_rope_rows(tensor, self._config.num_heads)
         elif self._permuted and ".self_attn.k_proj." in name:
@@ -107,6 +119,21 @@ def unpermute_rope_rows(tensor: np.ndarray, num_heads: int) -> np.ndarray:
     half = tensor.shape[0] // num_heads // 2
     pairs = tensor.reshape(num_heads, half, 2, *tensor.shape[1:])
     return np.ascontiguousarray(pairs.swapaxes(1, 2).reshape(tensor.shape))
+
+
+def check_gguf_checkpoint(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of the GGUF file `path` once its metadata and tensor list are checked, nothing dequantized.
+
+    Raises the `ValueError` loading would (not a GGUF file, an unsupported
+    architecture or tensor type, a missing, unexpected or mis-shaped tensor),
+    so a command can refuse the file before it starts anything.
+    """
+    path = Path(path)
+    gguf = open_gguf(path)
+    config = read_gguf_config(path)
+    _check_tensors(path, config, tensor_mappings(config), abstract_params(config, config.dtype),
+                   GGUFTensors(gguf, config))
+    return config
 
 
 def load_gguf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:

@@ -12,7 +12,10 @@ from typing import Any
 from jaxpaged.gguf_file import GGUFFile
 
 # GGUF `general.architecture` -> Hugging Face `model_type`. Mistral's GGUFs say "llama" (same tensors, same RoPE).
-GGUF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
+# llama.cpp's Gemma 3 graph rotates its sliding layers with this base; no GGUF key carries it
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 # Whole-tensor float types pick the serving dtype when every matrix has one; anything quantized serves in float32.
 FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -55,11 +58,37 @@ def gguf_to_hf_config(gguf: GGUFFile) -> dict[str, Any]:
         "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id"),
     }
+    if arch in GEMMA_ARCHITECTURES:
+        hf |= gemma_keys(gguf, head_dim)
     missing = [key for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
                if hf[key] is None]
     if missing or not hf["vocab_size"]:
         raise ValueError(f"{gguf.path}: GGUF metadata lacks the {arch}. keys for {missing or ['vocab_size']}")
     return hf
+
+
+def gemma_keys(gguf: GGUFFile, head_dim: int) -> dict[str, Any]:
+    """What a Gemma 2 / Gemma 3 GGUF adds, read as llama.cpp runs the file.
+
+    GGUF has no `query_pre_attn_scalar`: llama.cpp scales queries by `1/sqrt(head_dim)`, so the scalar is
+    `head_dim` (the Gemma 2 27B's `hidden/heads` differs and is not recoverable from the file; transformers'
+    GGUF loader uses its config default, 256, which is `head_dim` for the released 2B-27B Gemma 3 and
+    2B/9B Gemma 2). Gemma 3's local RoPE base is llama.cpp's constant; its layer pattern is
+    `attention.sliding_window_pattern` when the file has it, else every 6th layer global (both loaders' default).
+    """
+    keys: dict[str, Any] = {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": head_dim,
+                            "sliding_window": gguf.arch_get("attention.sliding_window", 4096)}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if gguf.has(f"{gguf.architecture}.{key}"):
+            keys[key] = float(gguf.arch_get(key))
+    if gguf.architecture == "gemma3":
+        keys["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_BASE
+        pattern = gguf.arch_get("attention.sliding_window_pattern")
+        if isinstance(pattern, int):
+            keys["sliding_window_pattern"] = pattern
+        elif isinstance(pattern, list):  # per layer: true where the layer slides
+            keys["layer_types"] = ["sliding_attention" if slides else "full_attention" for slides in pattern]
+    return keys
 
 
 def serving_dtype(gguf: GGUFFile) -> str:

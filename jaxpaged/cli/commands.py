@@ -50,6 +50,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("bench cpu-efficiency", "bench.cpu_efficiency", "a step against its matmul floor on this CPU"),
     _c("bench host-overhead", "bench.host_overhead", "host overhead of a step at GPU batch sizes (simulated device)"),
     _c("bench http-overhead", "bench.http_overhead", "the same request set offline and over HTTP"),
+    _c("bench quality", "bench.quality", "real-text perplexity and fp8-vs-bf16 agreement on the pretrained model"),
     _c("bench hybrid-kv", "bench.hybrid_kv", "sliding-window KV cache groups against one full-attention pool"),
     _c("bench logit-controls", "bench.logit_controls", "what logit controls and prompt logprobs cost a step"),
     _c("bench prompt-stall", "bench.prompt_stall", "how long a long prompt stalls running decodes"),

@@ -6,23 +6,28 @@
 
 The model name and `max_model_len` come from the server's `/v1/models`; the
 tokenizer is the checkpoint directory's `tokenizer.json` (the harness tokenizes
-and sends token ids). `--include_path` adds a directory of local task YAMLs;
+and sends token ids), or a GGUF file's, written to a temporary directory
+(`--tokenizer=data/models/SmolLM2-135M-Instruct.Q4_1.gguf`). The repository
+ships a small local task on the pretrained model, run from the repository root:
+`--include_path=data/eval --tasks=jaxpaged_real_mc,jaxpaged_real_gen`. `--include_path` adds a directory of local task YAMLs;
 set HF_DATASETS_OFFLINE=1 for tasks whose data is local. Extra flags after
 `--` go to lm_eval unchanged.
 """
 
 import subprocess
 import sys
+import tempfile
 
 import httpx
 from absl import app
 
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.eval_harness import lm_eval_command, served_model
+from jaxpaged.eval_harness import lm_eval_command, served_model, tokenizer_dir
 
 FLAGS = FlagSet()
 BASE_URL = FLAGS.DEFINE_string("base_url", "http://127.0.0.1:8000", "the server's address")
-TOKENIZER = FLAGS.DEFINE_string("tokenizer", None, "directory with the served checkpoint's tokenizer.json (required)")
+TOKENIZER = FLAGS.DEFINE_string("tokenizer", None, "directory with the served checkpoint's tokenizer.json, or the "
+                                "served GGUF file (required)")
 TASKS = FLAGS.DEFINE_list("tasks", None, "lm-eval task names (required)")
 INCLUDE = FLAGS.DEFINE_string("include_path", None, "directory of extra task YAMLs")
 OUTPUT = FLAGS.DEFINE_string("output_path", None, "where lm_eval writes its results JSON")
@@ -43,7 +48,12 @@ def main(argv):
         model, max_len = served_model(BASE_URL.value)
     except httpx.HTTPError as err:
         sys.exit(f"no jaxpaged server answers at --base_url={BASE_URL.value}: {err}")
-    cmd = lm_eval_command(BASE_URL.value, TOKENIZER.value, TASKS.value, model=model, max_length=max_len,
-                          num_concurrent=CONCURRENT.value, include_path=INCLUDE.value, output_path=OUTPUT.value,
-                          limit=LIMIT.value, num_fewshot=FEWSHOT.value, log_samples=LOG_SAMPLES.value)
-    sys.exit(subprocess.call(cmd + argv[1:]))
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            tokenizer = tokenizer_dir(TOKENIZER.value, scratch)
+        except ValueError as error:
+            raise app.UsageError(f"--tokenizer={TOKENIZER.value}: {error}") from None
+        cmd = lm_eval_command(BASE_URL.value, tokenizer, TASKS.value, model=model, max_length=max_len,
+                              num_concurrent=CONCURRENT.value, include_path=INCLUDE.value, output_path=OUTPUT.value,
+                              limit=LIMIT.value, num_fewshot=FEWSHOT.value, log_samples=LOG_SAMPLES.value)
+        sys.exit(subprocess.call(cmd + argv[1:]))

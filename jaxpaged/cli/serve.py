@@ -164,9 +164,25 @@ def tenant_keys() -> TenantKeys | None:
         raise app.UsageError(f"--api_key/--api_keys_file: {error}") from None
 
 
+def check_gguf_model() -> None:
+    """A GGUF --model that cannot be served (unsupported architecture, tensor type or tokenizer, missing tensors)
+    is a usage error before anything starts, not a traceback from the engine core (`--model` itself is checked
+    to be a GGUF file, a directory, a config JSON or a shipped config name by its flag validator)."""
+    from jaxpaged.checkpoint import check_gguf_checkpoint, is_gguf_file
+    if not is_gguf_file(MODEL.value):
+        return
+    from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
+    try:
+        check_gguf_checkpoint(MODEL.value)
+        load_gguf_tokenizer(MODEL.value)
+    except ValueError as error:
+        raise app.UsageError(f"--model={MODEL.value}: {error}") from None
+
+
 def main(argv):
     """Serve until SIGTERM / Ctrl-C: replicas, a multi-host follower, the split (default) or one process."""
     del argv
+    check_gguf_model()
     logging.basicConfig(level=logging.INFO)
     tenant_keys()  # a bad keys file stops the server before anything starts
     if DP.value > 1:

@@ -3,7 +3,8 @@
 `write_gguf` takes Hugging Face names and `[out, in]` weights (e.g. from
 `test_checkpoint_hf.random_hf_weights`), renames them to llama.cpp's names,
 interleaves the RoPE halves of each Llama q/k head as llama.cpp's `permute`
-does (written here from its definition, not through jaxpaged), and stores each
+does (written here from its definition, not through jaxpaged), stores Gemma's
+norm weights as `1 + w` as llama.cpp's Gemma converters do, and stores each
 tensor as the ggml type `qtype_of(name)` picks.
 """
 
@@ -21,13 +22,19 @@ LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def gguf_name(hf_name: str) -> str:
+# Gemma (llama.cpp's Gemma2Model / Gemma3Model): four norms per layer, the pre-feed-forward one is `ffn_norm`
+GEMMA_LAYER = LAYER | {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                       "post_feedforward_layernorm": "post_ffw_norm"}
+GEMMA_ARCHS = ("gemma2", "gemma3")
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     """llama.cpp's name for a Hugging Face tensor name."""
     if hf_name in GLOBAL:
         return GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, suffix = rest.rsplit(".", 1)
-    return f"blk.{layer}.{LAYER[module]}.{suffix}"
+    return f"blk.{layer}.{(GEMMA_LAYER if arch in GEMMA_ARCHS else LAYER)[module]}.{suffix}"
 
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -92,11 +99,13 @@ def write_gguf(path: Path, hf: dict, weights: dict[str, np.ndarray], *, qtype_of
     if extra is not None:
         extra(writer)
     for name, tensor in weights.items():
+        if arch in GEMMA_ARCHS and name.endswith("norm.weight"):
+            tensor = tensor + 1.0  # llama.cpp's Gemma converter stores 1 + w
         if arch == "llama" and ".self_attn.q_proj." in name:
             tensor = llama_cpp_permute(tensor, heads)
         elif arch == "llama" and ".self_attn.k_proj." in name:
             tensor = llama_cpp_permute(tensor, kv_heads)
-        store(writer, gguf_name(name), tensor, qtype_of(name) if tensor.ndim == 2 else "F32")
+        store(writer, gguf_name(name, arch), tensor, qtype_of(name) if tensor.ndim == 2 else "F32")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -54,6 +54,7 @@ BAD = [
     ("bench engine-core", "--concurrency=64,0", "concurrency"),
     ("simulate hybrid-kv", "--max_tokens=0", "max_tokens"),
     ("bench hybrid-kv", "--window=0", "window"),
+    ("bench quality", "--parts=perplexity,speed", "parts"),
 ]
 
 

@@ -1,0 +1,243 @@
+"""Real-text quality of the serving numerics on a pretrained model (`jaxpaged bench quality`).
+
+Two figures, both on the pretrained GGUF (SmolLM2-135M-Instruct by default):
+
+- **Perplexity** of the shipped public-domain passages (data/quality/passages.jsonl),
+  each passage one request whose prompt logprobs score every token after its
+  first, under several numerics and KV layouts: float32 weights and KV (the
+  reference), bfloat16 weights and KV, fp8 KV on float32 and bfloat16 weights
+  with three kinds of scale, the contiguous KV layout, and a hybrid layout
+  (sliding-window KV cache groups imposed on the model).
+- **FP8 agreement with bf16** over the shipped chat prompts
+  (data/quality/chat_prompts.jsonl): the bf16 engine answers greedily; the
+  bf16-weight fp8-KV engine (a) answers greedily too (answers identical token for
+  token, and the tokens before the first difference) and (b) is teacher-forced
+  on the bf16 answers (prompt logprobs with the top-1 token), which gives top-1
+  agreement at every answer position without one early difference snowballing.
+
+fp8 scales: `unit` is 1.0 everywhere (what vLLM uses when no scales are given);
+`per-tensor` is one scale per layer for K and one for V (the largest of the
+calibrated per-head scales); `per-head` is jaxpaged's calibration
+(`jaxpaged.runner.calibrate_kv_scales`: the K/V absmax of the calibration text per
+layer and KV head, times the margin, over 448). The calibration text is the
+first chat prompt, as the engine calibrates on its first prefill (a short
+prompt); `per-head-long` calibrates the same way on the first passage instead
+(in-sample for that passage's tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxpaged.bench.output import markdown_table
+from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.sampling_params import SamplingParams
+
+DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "quality"
+PASSAGES = DATA_DIR / "passages.jsonl"
+CHAT_PROMPTS = DATA_DIR / "chat_prompts.jsonl"
+FP8_SCALES = ("unit", "per-tensor", "per-head", "per-head-long")
+_REQUEST_IDS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way of serving the model: weight dtype, KV dtype, fp8 scale kind, KV layout, sliding window."""
+
+    name: str
+    dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    scales: str | None = None  # one of FP8_SCALES for an fp8 pool
+    kv_layout: str = "paged"
+    window: int | None = None  # hybrid: every layer but each 6th slides with this window
+
+
+def perplexity_variants(window: int) -> list[Variant]:
+    """The variants the perplexity table compares, the float32 reference first."""
+    return [
+        Variant("float32 (reference)"),
+        Variant("bfloat16 weights + KV", dtype="bfloat16"),
+        *[Variant(f"fp8 KV, {s} scales (float32 weights)", kv_cache_dtype="fp8_e4m3", scales=s) for s in FP8_SCALES],
+        Variant("fp8 KV, per-head scales (bfloat16 weights)", dtype="bfloat16", kv_cache_dtype="fp8_e4m3",
+                scales="per-head"),
+        Variant("contiguous KV layout (float32)", kv_layout="contiguous"),
+        Variant(f"hybrid: 5 of 6 layers slide, window {window} (float32)", window=window),
+    ]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a JSON-lines file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def windowed(model, window: int):
+    """The same weights with a Gemma-3-like layer pattern: every 6th layer full, the others sliding `window`."""
+    from jaxpaged.checkpoint.skeleton import assemble_model, model_params
+
+    config = model.config
+    types = tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(config.num_layers))
+    return assemble_model(config.replace(sliding_window=window, layer_types=types), model_params(model))
+
+
+class QualityBench:
+    """The model loaded once per weight dtype and one engine per (weights, KV dtype, layout, window)."""
+
+    def __init__(self, model_path: str, block_size: int, max_model_len: int, calibration_ids: list[int],
+                 long_calibration_ids: list[int]):
+        """`calibration_ids`: the tokens fp8 scales are calibrated on (`per-head`, and `per-tensor` from them);
+        `long_calibration_ids`: those of `per-head-long`."""
+        self.model_path, self.block_size, self.max_model_len = model_path, block_size, max_model_len
+        self.calibration_ids = {"short": calibration_ids, "long": long_calibration_ids}
+        self._models: dict[tuple[str, int | None], Any] = {}
+        self._engines: dict[tuple, Any] = {}
+        self._scales: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+        self.compiles = 0
+
+    def model(self, dtype: str, window: int | None = None):
+        """The pretrained model in `dtype` (with sliding windows when `window`)."""
+        key = (dtype, window)
+        if key not in self._models:
+            from jaxpaged.checkpoint import load_model
+            base = self._models.get((dtype, None)) or load_model(self.model_path, dtype=dtype)
+            self._models[(dtype, None)] = base
+            self._models[key] = base if window is None else windowed(base, window)
+        return self._models[key]
+
+    def scales(self, kind: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """fp8 `(k_scale, v_scale)` of `kind` (see the module docstring), calibrated on the model in `dtype`."""
+        from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
+        from jaxpaged.runner import calibrate_kv_scales
+
+        config = self.model(dtype).config
+        if kind == "unit":
+            ones = np.ones((config.num_layers, config.num_kv_heads), np.float32)
+            return ones, ones
+        source = "long" if kind == "per-head-long" else "short"
+        if (dtype, source) not in self._scales:
+            self._scales[(dtype, source)] = calibrate_kv_scales(self.model(dtype), self.calibration_ids[source],
+                                                                self.block_size, DEFAULT_SCALE_MARGIN)
+        k, v = self._scales[(dtype, source)]
+        if kind == "per-tensor":
+            return (np.broadcast_to(k.max(axis=1, keepdims=True), k.shape).copy(),
+                    np.broadcast_to(v.max(axis=1, keepdims=True), v.shape).copy())
+        return k, v
+
+    def engine(self, variant: Variant):
+        """The engine of `variant`: built once per (weights, KV dtype, layout, window); fp8 scales are set on
+        its pool for each variant (they are data, so a new scale kind compiles nothing)."""
+        from jaxpaged.engine import Engine, EngineConfig
+
+        key = (variant.dtype, variant.kv_cache_dtype, variant.kv_layout, variant.window)
+        model = self.model(variant.dtype, variant.window)
+        if key not in self._engines:
+            fp8 = variant.kv_cache_dtype == "fp8_e4m3"
+            config = EngineConfig(model=self.model_path, dtype=variant.dtype, kv_cache_dtype=variant.kv_cache_dtype,
+                                  kv_layout=variant.kv_layout, block_size=self.block_size,
+                                  max_model_len=self.max_model_len, num_blocks=None,
+                                  kv_cache_bytes=256 << 20, max_num_batched_tokens=self.max_model_len,
+                                  max_num_seqs=64, enable_prefix_caching=False,
+                                  kv_scales=self.scales("unit", variant.dtype) if fp8 else None)
+            self._engines[key] = Engine(config, model=model)
+        engine = self._engines[key]
+        if variant.scales is not None:
+            engine.runner.set_kv_scales(*self.scales(variant.scales, variant.dtype))
+        return engine
+
+
+def run_requests(engine, prompts: list[list[int]], params: SamplingParams) -> list:
+    """Every prompt to completion on `engine`, submitted together; outputs in prompt order."""
+    names = [f"q{next(_REQUEST_IDS)}" for _ in prompts]
+    for name, prompt in zip(names, prompts):
+        engine.add_request(name, prompt, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done |= {out.request_id: out for out in engine.step() if out.finished}
+    return [done[name] for name in names]
+
+
+def passage_logprobs(engine, passages: list[list[int]]) -> list[np.ndarray]:
+    """log p(token i | tokens before it) for every token after the first of each passage."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+    outs = run_requests(engine, passages, params)
+    return [np.array([entry[token] for entry, token in zip(out.prompt_logprobs[1:], ids[1:])])
+            for out, ids in zip(outs, passages)]
+
+
+def perplexity_rows(bench: QualityBench, variants: list[Variant], passages: list[list[int]]) -> list[dict]:
+    """Per variant: perplexity over all passage tokens, per passage, and the gap to the first variant's logprobs."""
+    rows, reference = [], None
+    for variant in variants:
+        engine = bench.engine(variant)
+        compiles_before, start = engine.num_compiles, time.perf_counter()
+        logprobs = passage_logprobs(engine, passages)
+        every = np.concatenate(logprobs)
+        reference = every if reference is None else reference
+        rows.append({"variant": variant.name, **dataclasses.asdict(variant),
+                     "tokens_scored": int(every.size), "perplexity": float(math.exp(-every.mean())),
+                     "per_passage_perplexity": [float(math.exp(-lp.mean())) for lp in logprobs],
+                     "max_abs_logprob_diff_vs_reference": float(np.abs(every - reference).max()),
+                     "mean_abs_logprob_diff_vs_reference": float(np.abs(every - reference).mean()),
+                     "seconds": time.perf_counter() - start, "compiles": engine.num_compiles - compiles_before})
+        bench.compiles += rows[-1]["compiles"]
+    return rows
+
+
+def until_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    """`tokens` up to (without) the first stop token."""
+    for i, token in enumerate(tokens):
+        if token in stops:
+            return tokens[:i]
+    return tokens
+
+
+def fp8_agreement(bench: QualityBench, prompts: list[list[int]], max_tokens: int, stops: set[int]) -> dict:
+    """bf16 KV against fp8 KV (per-head scales), both on bf16 weights, over the chat prompts (module docstring)."""
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
+    bf16 = bench.engine(Variant("bf16", dtype="bfloat16"))
+    fp8 = bench.engine(Variant("fp8", dtype="bfloat16", kv_cache_dtype="fp8_e4m3", scales="per-head"))
+    reference = [until_stop(list(o.outputs[0].token_ids), stops) for o in run_requests(bf16, prompts, greedy)]
+    answers = [until_stop(list(o.outputs[0].token_ids), stops) for o in run_requests(fp8, prompts, greedy)]
+    common = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+              for x, y in zip(reference, answers)]
+    # teacher-forced: the fp8 engine reads each bf16 answer; its top-1 at every answer position against bf16's token
+    scored = [p + r for p, r in zip(prompts, reference) if r]
+    forced = run_requests(fp8, scored, SamplingParams(max_tokens=1, prompt_logprobs=1,
+                                                      output_kind=RequestOutputKind.FINAL_ONLY))
+    agree = total = 0
+    for out, prompt, answer in zip(forced, (p for p, r in zip(prompts, reference) if r), (r for r in reference if r)):
+        for position, token in enumerate(answer):
+            entry = out.prompt_logprobs[len(prompt) + position]
+            agree += int(max(entry, key=entry.get) == token)
+            total += 1
+    return {"prompts": len(prompts), "max_tokens": max_tokens,
+            "answers_identical": sum(a == r for a, r in zip(answers, reference)),
+            "mean_tokens_before_first_difference": float(np.mean(common)),
+            "mean_answer_tokens_bf16": float(np.mean([len(r) for r in reference])),
+            "teacher_forced_positions": total, "teacher_forced_top1_agreement": agree / max(total, 1)}
+
+
+def perplexity_table(rows: list[dict]) -> str:
+    """The perplexity rows as a Markdown table."""
+    return markdown_table(
+        ["variant", "tokens", "perplexity", "vs float32", "max |dlogp|", "mean |dlogp|"],
+        [[r["variant"], r["tokens_scored"], f"{r['perplexity']:.3f}",
+          f"{r['perplexity'] / rows[0]['perplexity']:.4f}x", f"{r['max_abs_logprob_diff_vs_reference']:.4f}",
+          f"{r['mean_abs_logprob_diff_vs_reference']:.5f}"] for r in rows])
+
+
+def agreement_table(result: dict) -> str:
+    """The fp8-vs-bf16 agreement as a Markdown table."""
+    return markdown_table(
+        ["chat prompts", "answers identical", "tokens before first difference (mean)", "answer tokens (mean)",
+         "teacher-forced positions", "top-1 agreement"],
+        [[result["prompts"], result["answers_identical"], f"{result['mean_tokens_before_first_difference']:.1f}",
+          f"{result['mean_answer_tokens_bf16']:.1f}", result["teacher_forced_positions"],
+          f"{result['teacher_forced_top1_agreement']:.4f}"]])
