@@ -30,7 +30,14 @@ So a request's TTFT is its prefill-side queueing and prefill, the transfer
 (with its wait for the link), the decode-side queueing and that first decode
 step. As in vLLM's disaggregated serving, the prefill's own token is not sent
 to the client. Multiturn turns arrive after the previous turn finished, as in
-`jaxpaged.sim.driver`. Steps are taken one at a time (no decode fast-forward).
+`jaxpaged.sim.driver`.
+
+Decode (and colocated) instances whose running sequences are all plain
+decodes take their steps in jumps (`Engine.fast_forward`), up to the next
+thing due anywhere in the loop: the next arrival or transfer, or the clock of
+the next instance to step, so nothing is routed or submitted in between and
+the outcome is the same as stepping one at a time (the KV events of a jump are
+published at its end, before anything reads them).
 """
 
 from __future__ import annotations
@@ -173,6 +180,11 @@ class PoolsResult:
         }
 
 
+# as `jaxpaged.sim.driver`: after a jump of fewer steps, take this many ordinary steps before trying again
+_FAST_FORWARD_MIN_STEPS = 4
+_FAST_FORWARD_BACKOFF_STEPS = 16
+
+
 @dataclasses.dataclass
 class _Instance:
     pool: "_Pool"
@@ -180,6 +192,7 @@ class _Instance:
     engine: object
     clock: object
     busy: bool = False
+    skip_fast_forward: int = 0  # ordinary steps to take before trying a jump again
 
 
 class _Pool:
@@ -237,11 +250,12 @@ def decode_engine_config(deployment: Deployment):
 
 @collect_cycles_rarely()
 def simulate_pools(deployment: Deployment, pools: Pools, requests: list[WorkloadRequest], *, link: KVLink,
-                   policy: str = "prefix_aware") -> PoolsResult:
+                   policy: str = "prefix_aware", decode_fast_forward: bool = True) -> PoolsResult:
     """Serve `requests` (arrival times set, fixed output lengths) on `pools` of `deployment`'s instances.
 
     `policy` (a `jaxpaged.router` policy name) routes within each pool;
-    `link` prices the K/V transfers. Returns when every request has finished.
+    `link` prices the K/V transfers. `decode_fast_forward=False` takes every
+    step one at a time (same result, slower). Returns when every request has finished.
     """
     wall_start = time.perf_counter()
     config = deployment.engine_config()
@@ -265,6 +279,9 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
         else:
             due.append((r.arrival_time, order, _ARRIVAL, r))
     heapq.heapify(due)
+    # a turn's finish submits the next turn: a jump must stop there
+    has_next_turn = {r.request_id for r in requests
+                     if r.conversation_id is not None and r.turn + 1 in later_turns.get(r.conversation_id, {})}
     order = len(requests)
     busy: list[tuple[float, int, _Instance]] = []  # (instance clock, place, instance) of instances with work
     history = ConversationHistory()
@@ -328,14 +345,22 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
             continue
         _, _, instance = heapq.heappop(busy)
         engine = instance.engine
-        finished = engine.step()
+        num_steps = 0
+        if decode_fast_forward and instance.pool.role != "prefill" and not instance.skip_fast_forward:
+            until = min(due[0][0] if due else math.inf, busy[0][0] if busy else math.inf)
+            num_steps, finished = engine.fast_forward(until=until, stop_after=has_next_turn)
+            if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:
+                instance.skip_fast_forward = _FAST_FORWARD_BACKOFF_STEPS
+        if not num_steps:
+            instance.skip_fast_forward = max(instance.skip_fast_forward - 1, 0)
+            finished = engine.step()
+            if not engine.stats.last_step_batch and not finished:
+                raise RuntimeError(f"{instance.pool.role} instance {instance.index} scheduled nothing with "
+                                   "requests in flight")
         now = instance.clock()
         events = engine.take_kv_events()
         if events:
             instance.pool.publish(now, instance.index, events)
-        if not engine.stats.last_step_batch and not finished:
-            raise RuntimeError(f"{instance.pool.role} instance {instance.index} scheduled nothing with requests "
-                               "in flight")
         for out in finished:
             if instance.pool is back or back is None:
                 finish(instance, now, out)

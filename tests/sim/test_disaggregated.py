@@ -141,6 +141,15 @@ def test_colocated_reproduces_the_existing_simulators(workload):
     assert all(r.transfer_bytes == 0 and r.prefill_instance is None for r in three.records)
 
 
+@pytest.mark.parametrize("workload", ["chatbot", "multiturn"])
+def test_decode_fast_forward_changes_nothing(workload):
+    requests = _requests(workload, 40, rate=300.0)
+    for pools in (Pools(colocated=2), Pools(prefill=1, decode=2)):
+        fast, slow = (simulate_pools(TINY, pools, _copies(requests), link=LINK, decode_fast_forward=ff)
+                      for ff in (True, False))
+        assert fast.records == slow.records and fast.duration_s == slow.duration_s
+
+
 def test_disaggregated_multiturn_finishes_every_turn():
     requests = _requests("multiturn", 30, rate=300.0)
     result = simulate_pools(TINY, Pools(prefill=2, decode=1), _copies(requests), link=LINK)
