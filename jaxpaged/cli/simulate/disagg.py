@@ -48,6 +48,8 @@ MODEL, BLOCK_SIZE, TP = ENGINE.holders["model"], ENGINE.holders["block_size"], E
 MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
 NUM_INSTANCES = FLAGS.DEFINE_integer("num_instances", 4, "instances of --tensor_parallel_size devices each, the same "
                                      "for the colocated run and every split")
+COLOCATED = FLAGS.DEFINE_bool("colocated", True, "also run the N instances colocated (--nocolocated: the splits "
+                              "only, e.g. when only the link changes)")
 PREFILL = FLAGS.DEFINE_list("prefill_instances", [], "prefill instances of each split (default: 1 to N - 1)")
 TRACE = FLAGS.DEFINE_string("trace", str(CONVERSATION_TRACE), "Mooncake-format JSONL trace")
 TRACE_LIMIT = FLAGS.DEFINE_integer("trace_limit", 1000, "serve only the trace's first N requests")
@@ -98,7 +100,7 @@ def main(argv):
     base = deployment()
     n = NUM_INSTANCES.value
     try:
-        layouts = splits(n, [int(p) for p in PREFILL.value] or None)
+        layouts = splits(n, [int(p) for p in PREFILL.value] or None)[0 if COLOCATED.value else 1:]
     except ValueError as error:
         raise app.UsageError(f"{error} (--prefill_instances)") from None
     slos = [SLO(float(t), float(b) / 1e3, TBT_STAT.value) for t, b in itertools.product(TTFT_SLO.value, TBT_SLO.value)]
