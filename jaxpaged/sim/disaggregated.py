@@ -33,7 +33,8 @@ to the client. Multiturn turns arrive after the previous turn finished, as in
 `jaxpaged.sim.driver`.
 
 Decode (and colocated) instances whose running sequences are all plain
-decodes take their steps in jumps (`Engine.fast_forward`), up to the next
+decodes, and (decode instances) with no pulled request waiting to be
+admitted, take their steps in jumps (`Engine.fast_forward`), up to the next
 thing due anywhere in the loop: the next arrival or transfer, or the clock of
 the next instance to step, so nothing is routed or submitted in between and
 the outcome is the same as stepping one at a time (the KV events of a jump are
@@ -346,7 +347,9 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
         _, _, instance = heapq.heappop(busy)
         engine = instance.engine
         num_steps = 0
-        if decode_fast_forward and instance.pool.role != "prefill" and not instance.skip_fast_forward:
+        # a jump admits waiting requests at the cost model's full price: not while a pulled prompt waits
+        if (decode_fast_forward and instance.pool.role != "prefill" and not instance.skip_fast_forward
+                and not (instance.pool is back and engine.runner.num_pending_pulls)):
             until = min(due[0][0] if due else math.inf, busy[0][0] if busy else math.inf)
             num_steps, finished = engine.fast_forward(until=until, stop_after=has_next_turn)
             if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:

@@ -13,6 +13,7 @@ from jaxpaged.sim.kv_link import KVLink, LinkSchedule
 from jaxpaged.sim.pulled_kv import uncovered_chunks
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, attainment
+from jaxpaged.traces import load_trace, trace_workload
 from jaxpaged.workloads import WorkloadRequest, assign_arrivals, make_workload
 
 BS = 4
@@ -141,11 +142,23 @@ def test_colocated_reproduces_the_existing_simulators(workload):
     assert all(r.transfer_bytes == 0 and r.prefill_instance is None for r in three.records)
 
 
+def test_a_jump_does_not_admit_a_pulled_prompt_at_full_price():
+    """On trace-sized prompts pulled requests reach decode instances mid-decode; a jump must not admit
+    one (it would cost its whole prompt). The tiny workloads above do not reach that case."""
+    deployment = Deployment(model="llama3-8b", profile="h200-141gb", kv_cache_bytes=int(2e9))
+    requests = trace_workload(load_trace(limit=40), time_scale=0.5, max_model_len=8192)
+    fast, slow = (simulate_pools(deployment, Pools(prefill=2, decode=1), _copies(requests), link=KVLink(50e9),
+                                 decode_fast_forward=ff) for ff in (True, False))
+    assert fast.records == slow.records
+
+
 @pytest.mark.parametrize("workload", ["chatbot", "multiturn"])
-def test_decode_fast_forward_changes_nothing(workload):
-    requests = _requests(workload, 40, rate=300.0)
-    for pools in (Pools(colocated=2), Pools(prefill=1, decode=2)):
-        fast, slow = (simulate_pools(TINY, pools, _copies(requests), link=LINK, decode_fast_forward=ff)
+@pytest.mark.parametrize("link", [LINK, KVLink(1e12)], ids=["slow_link", "fast_link"])
+def test_decode_fast_forward_changes_nothing(workload, link):
+    # long outputs: pulled requests reach decode instances that are running plain decodes
+    requests = assign_arrivals(make_workload(workload, num_requests=40, seed=2, user_len=16, output_len=40), 300.0, 2)
+    for pools in (Pools(colocated=2), Pools(prefill=2, decode=1)):
+        fast, slow = (simulate_pools(TINY, pools, _copies(requests), link=link, decode_fast_forward=ff)
                       for ff in (True, False))
         assert fast.records == slow.records and fast.duration_s == slow.duration_s
 
