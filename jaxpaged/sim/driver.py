@@ -69,9 +69,9 @@ class SimResult:
         return len(self.records) / self.duration_s if self.duration_s > 0 else float("inf")
 
 
-def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
-                    cost_model: CostModel) -> tuple[Engine, SimClock]:
-    """An engine whose runner is simulated and whose clock is the simulation's.
+def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig, cost_model: CostModel, *,
+                    runner_type: type[SimulatedRunner] = SimulatedRunner) -> tuple[Engine, SimClock]:
+    """An engine whose runner is simulated (a `runner_type`) and whose clock is the simulation's.
 
     Scheduling is synchronous: the simulated device has no host work to hide,
     steps run back to back either way, and the decode fast-forward replays the
@@ -80,7 +80,7 @@ def make_sim_engine(engine_config: EngineConfig, model_config: ModelConfig,
     clock = SimClock()
     engine_config = dataclasses.replace(engine_config, async_scheduling=False)
     num_blocks = engine_config.resolve_num_blocks(model_config, model_config.dtype)
-    runner = SimulatedRunner(model_config, cost_model, clock, num_blocks=num_blocks)
+    runner = runner_type(model_config, cost_model, clock, num_blocks=num_blocks)
     return Engine(engine_config, runner=runner, clock=clock), clock
 
 

@@ -92,6 +92,11 @@ class SimulatedRunner:
         self.busy_s += seconds
         self.num_steps += 1
 
+    def computed_chunks(self, scheduler_output: SchedulerOutput) -> list[tuple[int, int]]:
+        """The step's work as `(num_new_tokens, num_context_tokens_before)` per chunk: each scheduled
+        sequence's tokens (a subclass may leave out tokens whose K/V arrived from elsewhere)."""
+        return list(zip(scheduler_output.num_tokens, scheduler_output.starts))
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> _SimulatedStep:
         """Occupy the device for the copy-on-write copies and the step's predicted time."""
         if scheduler_output.num_top_logprobs:
@@ -100,7 +105,7 @@ class SimulatedRunner:
         if scheduler_output.copies:
             seconds += self.cost_model.copy_time(len(scheduler_output.copies))
         if scheduler_output.seqs:
-            seconds += self.cost_model.step_time(zip(scheduler_output.num_tokens, scheduler_output.starts))
+            seconds += self.cost_model.step_time(self.computed_chunks(scheduler_output))
             self.num_steps += 1
         self.busy_s += seconds
         self.device_free_at = max(self.clock.now, self.device_free_at) + seconds

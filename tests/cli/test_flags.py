@@ -53,6 +53,8 @@ BAD = [
     ("bench logit-controls", "--prefill_len=1", "prefill_len"),
     ("bench engine-core", "--concurrency=64,0", "concurrency"),
     ("simulate hybrid-kv", "--max_tokens=0", "max_tokens"),
+    ("simulate disagg", "--prefill_instances=2,0", "prefill_instances"),
+    ("simulate disagg", "--tbt_stat=p50", "tbt_stat"),
     ("bench hybrid-kv", "--window=0", "window"),
     ("bench quality", "--parts=perplexity,speed", "parts"),
 ]
