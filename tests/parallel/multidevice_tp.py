@@ -29,6 +29,9 @@ SHARED = list(range(40, 61))  # 5 full blocks shared by half the prompts
 TINY = load_config("tiny")  # 4 query heads, 2 KV heads: N = 4 replicates each KV head twice
 TINY8 = TINY.replace(name="tiny8", num_heads=8, num_kv_heads=2, head_dim=8)  # N = 8: four copies
 CASES = [(TINY, 2), (TINY, 4), (TINY8, 8)]
+# The whole engine (17 compiles) runs at N = 2 and 4; N = 8 checks the runner's logits, blocks and shards,
+# which is where four copies of a KV head differ from two (the engine above the runner is the same code).
+ENGINE_CASES = CASES[:2]
 
 
 def test_eight_host_devices():
@@ -73,10 +76,10 @@ def _run(model, n, num_blocks=40):
 
 @pytest.fixture(scope="module")
 def single_device(models):
-    return {name: _run(model, 1) for name, model in models.items()}
+    return {TINY.name: _run(models[TINY.name], 1)}
 
 
-@pytest.mark.parametrize("config,n", CASES, ids=lambda c: getattr(c, "name", c))
+@pytest.mark.parametrize("config,n", ENGINE_CASES, ids=lambda c: getattr(c, "name", c))
 def test_engine_tokens_equal_single_device(models, single_device, config, n):
     ref_engine, ref_tokens = single_device[config.name]
     assert ref_engine.scheduler.num_preemptions > 0 and ref_engine.kv.stats.prefix_hits_tokens > 0
@@ -114,6 +117,9 @@ def test_logits_and_blocks_match_single_device(models, config, n):
     runners[1].write_blocks([0], [ref_blocks[0] + 1.0])
     np.testing.assert_allclose(runners[1].read_blocks([0])[0], ref_blocks[0] + 1.0, atol=2e-5)
     assert all(a.sharding == runners[1].tp.pool_pages for a in runners[1].pool.k)  # the scatter kept the split
+    shards = runners[1].pool.k[0].addressable_shards  # 1/N of the pool, or one KV head's worth when replicated
+    assert len({s.device for s in shards}) == n
+    assert all(s.data.nbytes == runners[0].pool.k[0].nbytes // min(n, config.num_kv_heads) for s in shards)
 
 
 def test_pool_donated_and_not_copied(models):
