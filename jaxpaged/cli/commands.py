@@ -36,6 +36,7 @@ def _c(words: str, module: str, help: str) -> Command:
 
 COMMANDS: tuple[Command, ...] = (
     _c("serve", "serve", "OpenAI-compatible HTTP server over one engine (or replicas on Ray Serve)"),
+    _c("proxy", "proxy", "disaggregation proxy: a prefill engine for the prompt, then a decode engine"),
     _c("bench serving", "bench.serving", "one workload through the KV modes side by side, offline or over HTTP"),
     _c("bench throughput", "bench.throughput", "offline throughput against Hugging Face transformers"),
     _c("bench latency", "bench.latency", "end-to-end latency of one batch of requests, over repeated runs"),
