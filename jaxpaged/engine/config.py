@@ -195,8 +195,6 @@ class EngineConfig:
                                  "(blocks move by their hashes)")
             if self.kv_role in ("decode", "both") and not self.kv_peers:
                 raise ValueError(f"kv_role={self.kv_role!r} needs kv_peers (the prefill engines' endpoints)")
-        elif self.kv_peers or self.kv_listen:
-            raise ValueError("kv_peers and kv_listen need kv_role (prefill, decode or both)")
         if self.host_cache_bytes is not None and self.kv_layout != "paged":
             raise ValueError("host_cache_bytes (the host tier) needs kv_layout='paged'")
 
