@@ -39,6 +39,7 @@ BAD = [
     ("serve", "--port=0", "port"),
     ("serve", "--kv_role=middle", "kv_role"),
     ("proxy", "--port=0", "port"),
+    ("bench disagg", "--transports=zmq,rdma", "transports"),
     ("serve", "--kv_cache_dtype=int4", "kv_cache_dtype"),
     ("serve", "--data_parallel_size=0", "data_parallel_size"),
     ("serve", "--device_profile=tpu-v9", "device_profile"),
