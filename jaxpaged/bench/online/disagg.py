@@ -85,7 +85,7 @@ def _serve_args(model: str, kv_budget_tokens: int, max_model_len: int) -> list[s
 
 def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
                    max_model_len: int, transport: str | None = None) -> dict:
-    """Start ``name``'s processes, warm them up with one request of each class, run the workload, stop them."""
+    """Start ``name``'s processes, run the workload on other prompts (warm-up), then timed, and stop them."""
     requests, offsets = workload.requests()
     base = _serve_args(model, kv_budget_tokens, max_model_len)
     servers, proxy = [], None
@@ -106,10 +106,9 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
                                      stderr=subprocess.DEVNULL)
             url = f"http://127.0.0.1:{port}"
             _wait_healthy(url)
-        warmup = [dataclasses.replace(requests[0], request_id="warm-decode", output_len=4),
-                  dataclasses.replace(requests[-1], request_id="warm-long", output_len=4,
-                                      prompt=list(reversed(requests[-1].prompt)))]
-        run_requests(url, model, warmup, [0.0, 0.0])
+        # the same workload on other prompts first: every step shape compiles before the timed run
+        warmup, warmup_offsets = dataclasses.replace(workload, seed=workload.seed + 1000).requests()
+        run_requests(url, model, warmup, warmup_offsets)
         results, duration = run_requests(url, model, requests, offsets)
     finally:
         if proxy is not None:
