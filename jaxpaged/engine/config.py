@@ -108,7 +108,8 @@ class EngineConfig:
                                     "(jax.experimental.transfer, device to device)", choices=("zmq", "jax"))
     kv_listen: str | None = knob(None, "prefill/both: the ZeroMQ endpoint serving KV pulls (tcp://host:port; "
                                        "port 0 picks one; default tcp://127.0.0.1:0)")
-    kv_peers: str | None = knob(None, "decode/both: comma-separated endpoints of the prefill engines to pull from")
+    kv_peers: str | None = knob(None, "decode/both: comma-separated endpoints of the prefill engines to pull from "
+                                      "(unset: none until set at run time, as the Ray Serve ingress does)")
     kv_outbox_blocks: int = knob(4096, "prefill/both: finished prompts' blocks kept for pullers (LRU)")
     kv_transfer_timeout_s: float = knob(10.0, "decode/both: a pull with no whole answer by then fails and the "
                                               "prompt is computed here")
@@ -193,8 +194,6 @@ class EngineConfig:
             if self.kv_layout != "paged" or not self.enable_prefix_caching:
                 raise ValueError(f"kv_role={self.kv_role!r} needs kv_layout='paged' with enable_prefix_caching "
                                  "(blocks move by their hashes)")
-            if self.kv_role in ("decode", "both") and not self.kv_peers:
-                raise ValueError(f"kv_role={self.kv_role!r} needs kv_peers (the prefill engines' endpoints)")
         if self.host_cache_bytes is not None and self.kv_layout != "paged":
             raise ValueError("host_cache_bytes (the host tier) needs kv_layout='paged'")
 

@@ -106,6 +106,10 @@ class PeerKVConnector:
         """Where this engine serves its blocks (``tcp://host:port``), or None if it does not."""
         return None if self.server is None else self.server.address
 
+    def set_peers(self, peers) -> None:
+        """Pull from ``peers`` (ZeroMQ endpoints) from now on (pulls under way keep their list)."""
+        self.peers = tuple(peers)
+
     def set_identity(self, identity: bytes) -> None:
         """This engine's identity digest (``jaxpaged.snapshot.identity_digest``): sent and required."""
         self.identity = identity

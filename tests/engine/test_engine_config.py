@@ -75,7 +75,6 @@ def test_each_refusal_names_its_field(field):
     (dict(preemption_mode="swap"), "preemption_mode", "host_cache_bytes"),
     (dict(host_cache_bytes=1 << 20, kv_layout="contiguous"), "host_cache_bytes", "kv_layout='paged'"),
     (dict(speculative_config={"method": "ngram"}), "speculative_config", "async_scheduling=False"),
-    (dict(kv_role="decode"), "kv_role", "kv_peers"),
     (dict(kv_role="prefill", enable_prefix_caching=False), "kv_role", "enable_prefix_caching"),
     (dict(speculative_config={}, async_scheduling=False, kv_layout="contiguous"), "speculative_config",
      "kv_layout='paged'"),
