@@ -156,3 +156,23 @@ def test_a_request_aborted_while_its_blocks_load_leaks_nothing(tiny_model):
     assert decode.kv.stats.num_used_blocks == 0
     decode.shutdown()
     slow.shutdown()
+
+
+def test_a_sliding_window_model_moves_each_groups_blocks(tiny_config):
+    """KV cache groups (a sliding group of window 16, a full group): keys are (hash, group); the pools start
+    as NaN, so a sliding group reading a block it did not get back would turn the tokens into NaN."""
+    hybrid = init_model(tiny_config.replace(sliding_window=16, layer_types=("sliding_attention", "full_attention")),
+                        seed=3)
+    prefill = Engine(_config(kv_role="prefill"), model=hybrid)
+    decode = _decode(hybrid, prefill)
+    prompt = list(range(100, 140))  # 9 full blocks admission can restore, 4 tokens each
+    _run(prefill, [("h", prompt, None)], params=PREFILL_ONLY)
+    got = _run(decode, [("h", prompt, None)])
+    want = _run(Engine(_config(enable_prefix_caching=False), model=hybrid), [("h", prompt, None)])
+    stats = decode.kv_connector.stats
+    assert stats.blocks_wanted == 9 * 2 and stats.refused == stats.failed == 0
+    assert 9 < stats.blocks_received <= 9 * 2  # every full-group block, and the sliding group's that were kept
+    assert got["h"].num_cached_tokens == 9 * BS and _tokens(got, "h") == _tokens(want, "h")
+    decode.kv.check_invariants()
+    decode.shutdown()
+    prefill.shutdown()
