@@ -137,8 +137,8 @@ class EngineBuilder:
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
         if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
-                                        or self.config.prefix_cache_snapshot):
-            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
+                                        or self.config.prefix_cache_snapshot or self.config.kv_role != "none"):
+            raise ValueError("host_cache_bytes, prefix_cache_snapshot and kv_role are single-process only: with "
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self, layout: KVCacheLayout) -> KVManager:
