@@ -34,6 +34,7 @@ LONG_INTERVAL = FLAGS.DEFINE_float("long_interval_s", 1.5, "seconds between long
 TRANSPORT_BLOCKS = FLAGS.DEFINE_integer("transport_blocks", 256, "blocks in the bandwidth pull", lower_bound=1)
 REPEATS = FLAGS.DEFINE_integer("repeats", 20, "pulls per transport measurement (medians)", lower_bound=1)
 SKIP_SERVING = FLAGS.DEFINE_bool("skip_serving", False, "measure the transports only")
+SKIP_TRANSPORTS = FLAGS.DEFINE_bool("skip_transports", False, "measure the deployments only")
 OUT = OutputFlags(FLAGS)
 FLAGS.register_validator("transports", lambda v: bool(v) and set(v) <= {"zmq", "jax"},
                          message="--transports must be a non-empty subset of zmq,jax")
@@ -58,8 +59,9 @@ def main(argv):
     block_size = EngineConfig().block_size
     dtype = kv_dtype_from_name("auto", config.dtype)
     shape = (2, config.num_layers, config.num_kv_heads, block_size, config.head_dim)
-    transports = [measure_transport(t, shape, str(dtype), num_blocks=TRANSPORT_BLOCKS.value,
-                                    repeats=REPEATS.value) for t in TRANSPORTS.value]
+    transports = [] if SKIP_TRANSPORTS.value else [
+        measure_transport(t, shape, str(dtype), num_blocks=TRANSPORT_BLOCKS.value, repeats=REPEATS.value)
+        for t in TRANSPORTS.value]
     result = {"model": MODEL.value, "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
               "workload": dataclasses.asdict(workload),
               "serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": str(dtype)}
