@@ -136,6 +136,14 @@ class EngineMetrics:
         self.tier_hits = Counter(PREFIX + "prefix_cache_tier_hits",
                                  "Prompt tokens served from a KV tier (device prefix cache, host, disk).",
                                  ["tier"], registry=r)
+        self.kv_transfer_blocks = Counter(PREFIX + "kv_transfer_blocks",
+                                          "KV connector blocks: saved for pullers, received from peers, or "
+                                          "already held here (not pulled).", ["event"], registry=r)
+        self.kv_transfer_bytes = counter("kv_transfer_received_bytes", "KV connector payload bytes received.")
+        self.kv_transfer_pulls = Counter(PREFIX + "kv_transfer_pulls",
+                                         "KV connector pulls: requests that waited for blocks, and pulls whose "
+                                         "blocks were refused (identity, layout, digest) or that failed.",
+                                         ["outcome"], registry=r)
         self.residency = {
             "lifetime": histogram("kv_block_lifetime_seconds",
                                   "Cached KV block lifetime, cached to evicted (sampled).", _RESIDENCY_BUCKETS),
@@ -150,6 +158,10 @@ class EngineMetrics:
             self.evictions_by_reason.labels(reason)
         for tier in TIERS:
             self.tier_hits.labels(tier)
+        for event in ("saved", "received", "already_held"):
+            self.kv_transfer_blocks.labels(event)
+        for outcome in ("requests", "refused", "failed"):
+            self.kv_transfer_pulls.labels(outcome)
         self._window = WindowedHitRate()
         self._seen: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -181,6 +193,8 @@ class EngineMetrics:
                 getattr(self, name).inc(delta)
             self._last[name] = total
         self._update_residency(engine, kv)
+        if engine.kv_connector is not None:
+            self._update_kv_transfer(engine.kv_connector.stats)
         if engine.stats.num_steps > self._last_step:  # a step that ran on the device
             self._last_step = engine.stats.num_steps
             self.iteration_tokens.observe(engine.stats.last_step_tokens)
@@ -194,6 +208,19 @@ class EngineMetrics:
                 self.e2e.observe(m.e2e_latency)
             for gap in m.inter_token_latencies:
                 self.itl.observe(gap)
+
+    def _update_kv_transfer(self, stats) -> None:
+        """Feed the connector's cumulative counters (`jaxpaged.kv_transfer.TransferStats`) as deltas."""
+        series = {("blocks", "saved"): stats.blocks_saved, ("blocks", "received"): stats.blocks_received,
+                  ("blocks", "already_held"): stats.blocks_already_held, ("bytes", ""): stats.bytes_received,
+                  ("pulls", "requests"): stats.loads, ("pulls", "refused"): stats.refused,
+                  ("pulls", "failed"): stats.failed}
+        for (kind, label), total in series.items():
+            delta = total - self._seen.get(f"kv_transfer_{kind}_{label}", 0)
+            if delta > 0:
+                metric = {"blocks": self.kv_transfer_blocks, "pulls": self.kv_transfer_pulls}.get(kind)
+                (metric.labels(label) if metric is not None else self.kv_transfer_bytes).inc(delta)
+            self._seen[f"kv_transfer_{kind}_{label}"] = total
 
     def _update_residency(self, engine: Engine, kv) -> None:
         self.hit_rate_window.set(self._window.update(engine.clock(), kv.prefix_queries_tokens,

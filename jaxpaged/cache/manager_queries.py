@@ -161,6 +161,11 @@ class ManagerQueries:
             evictions_by_reason=dict(pool.evictions_by_reason),
         )
 
+    def cached_block_id(self, key: bytes) -> int | None:
+        """The pool block that holds prefix-cache entry ``key`` (a group key), or None (read-only)."""
+        block = self._pool.cached.get(key)
+        return None if block is None else block.block_id
+
     def cached_blocks(self) -> list[CachedBlockInfo]:
         """Every prefix-cache entry, coldest first: evictable ones in eviction order, then in-use ones.
 

@@ -36,6 +36,7 @@ def _c(words: str, module: str, help: str) -> Command:
 
 COMMANDS: tuple[Command, ...] = (
     _c("serve", "serve", "OpenAI-compatible HTTP server over one engine (or replicas on Ray Serve)"),
+    _c("proxy", "proxy", "disaggregation proxy: a prefill engine for the prompt, then a decode engine"),
     _c("bench serving", "bench.serving", "one workload through the KV modes side by side, offline or over HTTP"),
     _c("bench throughput", "bench.throughput", "offline throughput against Hugging Face transformers"),
     _c("bench latency", "bench.latency", "end-to-end latency of one batch of requests, over repeated runs"),
@@ -54,6 +55,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("bench hybrid-kv", "bench.hybrid_kv", "sliding-window KV cache groups against one full-attention pool"),
     _c("bench logit-controls", "bench.logit_controls", "what logit controls and prompt logprobs cost a step"),
     _c("bench prompt-stall", "bench.prompt_stall", "how long a long prompt stalls running decodes"),
+    _c("bench disagg", "bench.disagg", "colocated vs one prefill + one decode process, and the KV transports"),
     _c("bench tensor-parallel", "bench.tensor_parallel", "step time and memory per device at several TP sizes"),
     _c("bench profile", "bench.profile", "a jax.profiler trace of a workload and the host share of step time"),
     _c("bench replay-cache", "bench.replay_cache", "a request trace replayed through the cache manager alone"),

@@ -89,6 +89,10 @@ DEVICE_PROFILE = FLAGS.DEFINE_string("device_profile", "h200-141gb",
                                      "the device --device=simulated stands in for: a GPU profile name "
                                      f"({', '.join(sorted(GPU_PROFILES))}), cpu, or a profile JSON")
 DP = FLAGS.DEFINE_integer("data_parallel_size", 1, "engine replicas; > 1 serves them on Ray Serve")
+PREFILL_REPLICAS = FLAGS.DEFINE_integer("prefill_replicas", 0, "disaggregated on Ray Serve: prefill replicas (with "
+                                        "--decode_replicas; docs/disaggregation.md)", lower_bound=0)
+DECODE_REPLICAS = FLAGS.DEFINE_integer("decode_replicas", 0, "disaggregated on Ray Serve: decode replicas",
+                                       lower_bound=0)
 POLICY = FLAGS.DEFINE_enum("routing_policy", "prefix_aware", ["prefix_aware", "round_robin", "least_loaded"],
                            "how the replicas' ingress picks a replica (with --data_parallel_size > 1)")
 ENGINE_CORE = FLAGS.DEFINE_enum("engine_core", "process", ["process", "thread"],
@@ -185,7 +189,9 @@ def main(argv):
     check_gguf_model()
     logging.basicConfig(level=logging.INFO)
     tenant_keys()  # a bad keys file stops the server before anything starts
-    if DP.value > 1:
+    if PREFILL_REPLICAS.value or DECODE_REPLICAS.value:
+        serve_disaggregated()
+    elif DP.value > 1:
         serve_data_parallel()
     elif distributed.PROCESS_ID.value > 0:
         serve_follower()
@@ -244,3 +250,17 @@ def serve_data_parallel() -> None:
                             chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
+
+def serve_disaggregated() -> None:
+    """--prefill_replicas and --decode_replicas on a local Ray Serve cluster, until SIGTERM / Ctrl-C."""
+    from jaxpaged.server.replicas.app import serve_replicas_forever
+    from jaxpaged.server.replicas.disagg import build_disagg_app
+    if not (PREFILL_REPLICAS.value and DECODE_REPLICAS.value):
+        raise app.UsageError("--prefill_replicas and --decode_replicas go together (both at least 1)")
+    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
+    api = build_disagg_app(engine_config(), num_prefill=PREFILL_REPLICAS.value, num_decode=DECODE_REPLICAS.value,
+                           served_model_name=SERVED_NAME.value or MODEL.value, policy=POLICY.value,
+                           max_waiting_requests=MAX_WAITING.value, enable_debug_endpoints=DEBUG.value,
+                           replica_env=replica_env, max_request_body_bytes=MAX_BODY.value,
+                           chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
+    serve_replicas_forever(api, host=HOST.value, port=PORT.value)

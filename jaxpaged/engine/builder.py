@@ -94,7 +94,9 @@ class EngineBuilder:
         self.runner = runner
         layout = kv_cache_layout(self.model_config.layer_windows)
         self.kv: KVManager = self._make_kv_manager(layout)
-        tiers = build_tiers(config, self.kv, runner)
+        # a decode engine's pulled blocks land in the host tier: one pool's worth unless host_cache_bytes says
+        tiers = build_tiers(config, self.kv, runner, host_cache_bytes=(
+            self.num_blocks * _block_bytes(runner) if config.kv_role in ("decode", "both") else None))
         scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
                             config.scheduling_policy),
@@ -114,7 +116,7 @@ class EngineBuilder:
             block_size=self.block_size, max_model_len=self.max_model_len, runner=runner, kv=self.kv,
             tiers=tiers, scheduler=scheduler, input_processor=input_processor,
             output_processor=OutputProcessor(lambda: input_processor.tokenizer),
-            calibrate_kv_scales=calibrate_kv_scales)
+            calibrate_kv_scales=calibrate_kv_scales, kv_connector=_build_kv_connector(config, self.kv, runner, tiers))
         if not calibrate_kv_scales:
             tie_disk_tier_to_identity(parts)
         return parts
@@ -135,8 +137,8 @@ class EngineBuilder:
         if self.config.prefix_cache_snapshot and not owns_pool:
             raise ValueError("prefix_cache_snapshot needs a runner that owns a device KV pool (ModelRunner)")
         if jax.process_count() > 1 and (self.config.host_cache_bytes is not None
-                                        or self.config.prefix_cache_snapshot):
-            raise ValueError("host_cache_bytes and prefix_cache_snapshot are single-process only: with "
+                                        or self.config.prefix_cache_snapshot or self.config.kv_role != "none"):
+            raise ValueError("host_cache_bytes, prefix_cache_snapshot and kv_role are single-process only: with "
                              f"{jax.process_count()} processes no process can read a whole pool block")
 
     def _make_kv_manager(self, layout: KVCacheLayout) -> KVManager:
@@ -174,10 +176,34 @@ def _longest_that_fits(kv: KVCacheManager, limit: int) -> int:
 
 
 def tie_disk_tier_to_identity(parts: EngineParts) -> None:
-    """Disk-tier files are tied to the engine's identity (model, weights, layout, final fp8 scales)."""
-    if parts.tiers is not None and parts.tiers.disk is not None:
+    """Disk-tier files and KV transfers are tied to the engine's identity (model, weights, layout, final fp8
+    scales)."""
+    has_disk = parts.tiers is not None and parts.tiers.disk is not None
+    if has_disk or parts.kv_connector is not None:
         from jaxpaged.snapshot import engine_identity, identity_digest
-        parts.tiers.set_format(identity_digest(engine_identity(parts)))
+        identity = identity_digest(engine_identity(parts))
+        if has_disk:
+            parts.tiers.set_format(identity)
+        if parts.kv_connector is not None:
+            parts.kv_connector.set_identity(identity)
+
+
+def _block_bytes(runner) -> int:
+    return int(np.prod(runner.kv_block_shape)) * np.dtype(runner.kv_dtype).itemsize
+
+
+def _build_kv_connector(config: EngineConfig, kv, runner, tiers):
+    """The KV connector of `config.kv_role` (None for "none"); needs a runner that owns a device pool."""
+    if config.kv_role == "none":
+        return None
+    if not isinstance(runner, KVPoolRunner):
+        raise ValueError("kv_role needs a runner that owns a device KV pool (ModelRunner)")
+    from jaxpaged.kv_transfer import PeerKVConnector
+    peers = tuple(p.strip() for p in (config.kv_peers or "").split(",") if p.strip())
+    return PeerKVConnector(config.kv_role, kv, runner, tiers.host if tiers is not None else None,
+                           transport=config.kv_transport, listen=config.kv_listen, peers=peers,
+                           outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
+                           serve_delay_s=config.kv_serve_delay_s)
 
 
 def restore_prefix_cache_at_start(engine) -> None:

@@ -100,6 +100,20 @@ class EngineConfig:
         None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
               "prompt lookup), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; greedy requests "
               "only, and needs async_scheduling=False")
+    # disaggregated prefill and decode (jaxpaged.kv_transfer, docs/disaggregation.md)
+    kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
+                                "(pulls the prompt blocks it lacks from kv_peers before admitting a request), "
+                                "both, or none", choices=("none", "prefill", "decode", "both"))
+    kv_transport: str = knob("zmq", "how KV blocks travel: zmq (host memory over ZeroMQ) or jax "
+                                    "(jax.experimental.transfer, device to device)", choices=("zmq", "jax"))
+    kv_listen: str | None = knob(None, "prefill/both: the ZeroMQ endpoint serving KV pulls (tcp://host:port; "
+                                       "port 0 picks one; default tcp://127.0.0.1:0)")
+    kv_peers: str | None = knob(None, "decode/both: comma-separated endpoints of the prefill engines to pull from "
+                                      "(unset: none until set at run time, as the Ray Serve ingress does)")
+    kv_outbox_blocks: int = knob(4096, "prefill/both: finished prompts' blocks kept for pullers (LRU)")
+    kv_transfer_timeout_s: float = knob(10.0, "decode/both: a pull with no whole answer by then fails and the "
+                                              "prompt is computed here")
+    kv_serve_delay_s: float = knob(0.0, "tests only: delay before each KV pull is answered")
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "
                                          "directory: $JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or "
@@ -149,6 +163,12 @@ class EngineConfig:
             raise ValueError(f"kv_scales must be None or a pair (k_scale, v_scale), "
                              f"got {type(self.kv_scales).__name__}")
         compile_cache.validate_setting("compile_cache_dir", self.compile_cache_dir)
+        check_optional_str("kv_listen", self.kv_listen)
+        check_optional_str("kv_peers", self.kv_peers)
+        check_int("kv_outbox_blocks", self.kv_outbox_blocks, low=1, high=MAX_NUM_BLOCKS)
+        check_float("kv_transfer_timeout_s", self.kv_transfer_timeout_s, low=0.001, high=3600.0)
+        check_float("kv_serve_delay_s", self.kv_serve_delay_s, low=0.0, high=3600.0)
+
 
     def _check_choices(self) -> None:
         for field in dataclasses.fields(self):
@@ -170,6 +190,10 @@ class EngineConfig:
                                  "depend on this step's accepted tokens (the overlapped step is not supported yet)")
             if self.kv_layout != "paged":
                 raise ValueError("speculative_config needs kv_layout='paged'")
+        if self.kv_role != "none":
+            if self.kv_layout != "paged" or not self.enable_prefix_caching:
+                raise ValueError(f"kv_role={self.kv_role!r} needs kv_layout='paged' with enable_prefix_caching "
+                                 "(blocks move by their hashes)")
         if self.host_cache_bytes is not None and self.kv_layout != "paged":
             raise ValueError("host_cache_bytes (the host tier) needs kv_layout='paged'")
 

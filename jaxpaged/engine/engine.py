@@ -68,6 +68,7 @@ class Engine(EngineQueries):
         self.runner, self.kv, self.tiers, self.scheduler = parts.runner, parts.kv, parts.tiers, parts.scheduler
         self.input_processor, self.output_processor = parts.input_processor, parts.output_processor
         self._calibrate_kv_scales = parts.calibrate_kv_scales
+        self.kv_connector = parts.kv_connector  # disaggregated prefill/decode (jaxpaged.kv_transfer), or None
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
@@ -120,6 +121,8 @@ class Engine(EngineQueries):
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             arrival_order=next(self._arrivals), priority=priority, tenant=tenant)
         self._requests[request_id] = request
+        if self.kv_connector is not None and self.kv_connector.start_load(request):
+            return  # its prompt's blocks are being pulled: step() queues it once they are in
         self.scheduler.add_request(request)
 
     def pin_prefix(self, prompt: str | Seq[int] | dict, ttl_s: float, *, cache_salt: str | None = None,
@@ -149,6 +152,9 @@ class Engine(EngineQueries):
         request = self._requests.get(request_id)
         if request is None or request.finish_time is not None:
             return
+        if self.kv_connector is not None and self.kv_connector.is_loading(request_id):
+            self.kv_connector.cancel(request_id)
+            self.scheduler.add_request(request)  # queued only to be finished as aborted, as any waiting one
         self.scheduler.abort_request(request, self.clock())
 
     def set_output_processor(self, processor: OutputProcessor) -> None:
@@ -211,6 +217,8 @@ class Engine(EngineQueries):
         """End of service: saves the prefix cache if `save_prefix_cache_on_shutdown`."""
         if self.config.save_prefix_cache_on_shutdown:
             self.save_prefix_cache()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -221,10 +229,23 @@ class Engine(EngineQueries):
         `output_kind` asks) and for every request that finished. With
         asynchronous scheduling the results processed are the previous step's.
         """
+        if self.kv_connector is not None:
+            self._admit_loaded_requests()
         outputs = self._collect_outputs(self._run_step())
         for logger in self.stat_loggers:
             logger(self, outputs)
         return outputs
+
+    def _admit_loaded_requests(self) -> None:
+        """Queue the requests whose KV pull ended; with nothing else to run, wait briefly for one."""
+        connector = self.kv_connector
+        if (connector.num_loading and self._in_flight is None and not self.scheduler.running
+                and not self.scheduler.waiting):
+            connector.wait(0.005)  # idle: no busy loop while the only requests wait for their blocks
+        for request_id in connector.take_loaded():
+            request = self._requests.get(request_id)
+            if request is not None and request.finish_time is None:
+                self.scheduler.add_request(request)
 
     def _sync_step(self) -> list[Request]:
         """Schedule, dispatch and wait: the requests this step advanced."""
@@ -321,6 +342,8 @@ class Engine(EngineQueries):
             seq.stop_reason = stop
             self.scheduler.finish_seq(seq, "stop", self.clock())
         finished = self.scheduler.take_finished_requests()
+        if self.kv_connector is not None:  # prefill side: keep their prompt blocks for pullers
+            self.kv_connector.request_finished(finished)
         for request in finished:
             del self._requests[request.request_id]
         with self._phases.outputs:

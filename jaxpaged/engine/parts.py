@@ -36,3 +36,4 @@ class EngineParts:
     input_processor: InputProcessor
     output_processor: OutputProcessor
     calibrate_kv_scales: bool  # fp8 without given scales: calibrate on the first prefill
+    kv_connector: object | None = None  # a jaxpaged.kv_transfer.PeerKVConnector when kv_role is set

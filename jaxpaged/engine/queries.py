@@ -19,8 +19,10 @@ class EngineQueries:
     """Public read-side questions (and the cache reset) answered from the engine's parts."""
 
     def load(self) -> ReplicaLoad:
-        """Requests waiting and running, and the fraction of KV blocks held by requests."""
-        return ReplicaLoad(num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+        """Requests waiting (those whose KV blocks are still being pulled included) and running, and the
+        fraction of KV blocks held by requests."""
+        loading = self.kv_connector.num_loading if self.kv_connector is not None else 0
+        return ReplicaLoad(num_waiting=len(self.scheduler.waiting) + loading, num_running=len(self.scheduler.running),
                            kv_usage=self.kv.stats.usage)
 
     @property

@@ -44,7 +44,13 @@ def cache_view(engine) -> tuple[set[bytes], ReplicaLoad, int]:
     return cached_hashes(engine), engine_load(engine), engine.kv_stats().num_evictions
 
 
-QUERIES = {"kv_events": kv_events, "kv_full_state": kv_full_state, "cache_view": cache_view}
+def kv_address(engine) -> str | None:
+    """Where the engine's KV connector serves its blocks (a prefill engine), or None."""
+    return engine.kv_connector.address if engine.kv_connector is not None else None
+
+
+QUERIES = {"kv_events": kv_events, "kv_full_state": kv_full_state, "cache_view": cache_view,
+           "kv_address": kv_address}
 
 
 def answer(engine, name: str):

@@ -71,7 +71,8 @@ def test_each_flags_help_and_values_are_its_fields_own(every_field):
         prefix = f"<{'|'.join(choices)}>: " if choices else ""  # absl lists an enum's values first
         assert flag.help == f"{prefix}{help_text} (EngineConfig.{name})"
         assert (list(flag.parser.enum_values) if choices else None) == (list(choices) if choices else None)
-        needs = {"host_cache_bytes": 1 << 20} if name == "preemption_mode" else {}
+        needs = ({"host_cache_bytes": 1 << 20} if name == "preemption_mode"
+                 else {"kv_peers": "tcp://127.0.0.1:5600"} if name == "kv_role" else {})
         for value in choices or ():
             assert getattr(EngineConfig(**{name: value}, **needs), name) == value  # the flag offers what it takes
     assert "<paged|contiguous>: paged, or contiguous" in fs.values.get_help()

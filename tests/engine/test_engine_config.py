@@ -45,6 +45,13 @@ BAD_VALUE = {
     "kv_cache_metrics_sample": 1.5,
     "compile_cache_dir": 8,
     "speculative_config": 5,
+    "kv_role": "middle",
+    "kv_transport": "rdma",
+    "kv_listen": 7,
+    "kv_peers": 7,  # (kv_listen and kv_peers are ignored while kv_role is "none")
+    "kv_outbox_blocks": 0,
+    "kv_transfer_timeout_s": 0.0,
+    "kv_serve_delay_s": -1.0,
 }
 # what a field needs beside it so that only the field itself is wrong
 CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}, "speculative_config": {"async_scheduling": False}}
@@ -68,6 +75,7 @@ def test_each_refusal_names_its_field(field):
     (dict(preemption_mode="swap"), "preemption_mode", "host_cache_bytes"),
     (dict(host_cache_bytes=1 << 20, kv_layout="contiguous"), "host_cache_bytes", "kv_layout='paged'"),
     (dict(speculative_config={"method": "ngram"}), "speculative_config", "async_scheduling=False"),
+    (dict(kv_role="prefill", enable_prefix_caching=False), "kv_role", "enable_prefix_caching"),
     (dict(speculative_config={}, async_scheduling=False, kv_layout="contiguous"), "speculative_config",
      "kv_layout='paged'"),
 ])

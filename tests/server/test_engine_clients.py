@@ -17,10 +17,11 @@ from jaxpaged.server.engine_client import EngineClient
 def _clients():
     clients = [AsyncEngine, CoreClient]
     try:
+        from jaxpaged.server.replicas.disagg import DisaggPool
         from jaxpaged.server.replicas.pool import ReplicaPool
     except ImportError:  # the serve extra (ray[serve]) is not installed
         return clients
-    return clients + [ReplicaPool]
+    return clients + [ReplicaPool, DisaggPool]
 
 
 def _members(cls) -> dict:

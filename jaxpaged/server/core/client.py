@@ -133,6 +133,10 @@ class CoreClient:
         return await self._call(M.Call(0, "pin_prefix", [prompt, ttl_s, cache_salt,
                                                          None if quota is None else quota.to_wire()]))
 
+    async def set_kv_peers(self, peers: list[str]) -> None:
+        """The KV endpoints the core's decode engine pulls from from now on (disaggregation on Ray Serve)."""
+        await self._call(M.Call(0, "set_kv_peers", list(peers)))
+
     async def query(self, name: str):
         """The answer to a named engine query (`engine_queries.QUERIES`), read in the core between two steps."""
         return pickle.loads(await self._call(M.Call(0, "query", [name])))

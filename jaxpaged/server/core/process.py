@@ -286,6 +286,11 @@ class EngineCore:
         if name == "crash":
             self._crash_requested = True
             return None
+        if name == "set_kv_peers":  # disaggregation on Ray Serve: the ingress names the prefill engines
+            if self.engine.kv_connector is None:
+                raise ValueError("set_kv_peers needs an engine with a kv_role")
+            self.engine.kv_connector.set_peers([str(peer) for peer in args])
+            return None
         raise ValueError(f"unknown engine core call {name!r}")
 
     def _abort(self, request_ids: list[str]) -> None:

@@ -51,14 +51,17 @@ class EngineReplica:
 
     async def __init__(self, config: EngineConfig, *, ingress_deployment: str, max_waiting_requests: int = 1024,
                        report_interval_s: float = 0.05, heartbeat_s: float = 1.0,
-                       engine_core: str = "process") -> None:
-        """Builds the engine (in its core process, or here), enables its KV events, starts the report task."""
+                       engine_core: str = "process", report_method: str = "report") -> None:
+        """Builds the engine (in its core process, or here), enables its KV events, starts the report task.
+
+        ``report_method``: the ingress method its reports go to (a disaggregated ingress has one per role)."""
         if engine_core not in ("process", "thread"):
             raise ValueError(f"engine_core must be 'process' or 'thread', got {engine_core!r}")
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.actor_name = context.replica_id.to_full_id_str()
         self.report_interval_s = report_interval_s
+        self.report_method = report_method
         self.heartbeat_s = heartbeat_s  # an unchanged replica still reports this often (the ingress's liveness)
         self.metrics = None
         self._core = self._socket_dir = None
@@ -144,6 +147,14 @@ class EngineReplica:
         """Tokenizer, model config and cache geometry, for the ingress."""
         return self.client.model_info
 
+    async def kv_address(self, target_replica: str | None = None) -> str | None:
+        """Where this replica's engine serves its KV blocks (a prefill replica), or None."""
+        return await self.client.query("kv_address")
+
+    async def set_kv_peers(self, peers: list[str], target_replica: str | None = None) -> None:
+        """The prefill replicas' KV endpoints this (decode) replica pulls from (needs engine_core="process")."""
+        await self.client.set_kv_peers(peers)
+
     async def inspect(self, target_replica: str | None = None) -> ReplicaCacheView:
         """The replica's actual cached hashes and load, read on its loop thread (introspection)."""
         hashes, load, evictions = await self.client.query("cache_view")
@@ -178,7 +189,7 @@ class EngineReplica:
             if pending or load != sent_load or loop.time() - sent_at >= self.heartbeat_s:
                 report = ReplicaReport(self.replica_id, self.actor_name, pending, load, first=first, resync=resync)
                 try:
-                    answer = await self._ingress.report.remote(report)
+                    answer = await getattr(self._ingress, self.report_method).remote(report)
                 except Exception as err:  # noqa: BLE001 - the ingress is (re)starting: keep the batch, retry
                     log.warning("replica %s: report not delivered (%s); retrying", self.replica_id, err)
                 else:

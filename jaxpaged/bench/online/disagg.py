@@ -1,0 +1,211 @@
+"""``jaxpaged bench disagg``: colocated against one prefill + one decode process, and the transports' costs.
+
+Serving part: one workload, run against each deployment in turn in one run:
+
+* ``colocated``: one ``jaxpaged serve``;
+* ``disagg-<transport>``: ``jaxpaged serve --kv_role=prefill``, ``jaxpaged serve
+  --kv_role=decode`` and ``jaxpaged proxy`` in front (clients see one endpoint).
+
+The workload mixes running decodes (short prompts, long outputs, all sent at
+the start) with long prompts arriving while they run (short outputs). Per
+class: TTFT and TPOT p50/p99 and the decodes' worst inter-token gap (the stall
+a long prompt causes a colocated engine).
+
+Transport part: a block server in another process with an outbox of random
+blocks of the model's block shape; this process pulls 1 block (per-request
+overhead) and ``--transport_blocks`` blocks (bandwidth) ``--repeats`` times
+through each transport, checking every batch's digest as the engine does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxpaged.bench.online.datasets import BenchRequest, random_requests
+from jaxpaged.bench.online.online_client import RequestResult, run_requests
+from jaxpaged.bench.online.online_metrics import request_tpot
+from jaxpaged.bench.online.server_process import ROOT, ServerProcess, free_port
+from jaxpaged.bench.output import markdown_table
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggWorkload:
+    """Running decodes sent at t=0, long prompts arriving every ``long_interval_s`` from ``long_start_s``."""
+
+    num_decodes: int = 4
+    decode_prompt_len: int = 32
+    decode_output_len: int = 128
+    num_long: int = 4
+    long_prompt_len: int = 1024
+    long_output_len: int = 16
+    long_start_s: float = 1.0
+    long_interval_s: float = 1.5
+    seed: int = 0
+
+    def requests(self) -> tuple[list[BenchRequest], list[float]]:
+        """The requests (decodes first) and their arrival offsets."""
+        decodes = random_requests(self.num_decodes, input_len=self.decode_prompt_len,
+                                  output_len=self.decode_output_len, seed=self.seed)
+        longs = random_requests(self.num_long, input_len=self.long_prompt_len, output_len=self.long_output_len,
+                                seed=self.seed + 1)
+        decodes = [dataclasses.replace(r, request_id=f"decode-{i}") for i, r in enumerate(decodes)]
+        longs = [dataclasses.replace(r, request_id=f"long-{i}") for i, r in enumerate(longs)]
+        offsets = [0.0] * len(decodes) + [self.long_start_s + i * self.long_interval_s for i in range(len(longs))]
+        return decodes + longs, offsets
+
+
+def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, float]:
+    """TTFT and TPOT p50/p99 (ms), the worst inter-token gap (ms) and failures of the requests named ``prefix-*``."""
+    chosen = [r for r in results if r.request_id.startswith(prefix)]
+    ok = [r for r in chosen if r.success]
+    ttft = [r.ttft for r in ok]
+    tpot = [t for r in ok if (t := request_tpot(r, r.output_tokens or 0)) is not None]
+    gaps = [g for r in ok for g in r.itl]
+
+    def pct(values, p):
+        return float(np.percentile(np.asarray(values) * 1e3, p)) if values else float("nan")
+
+    return {"ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99), "tpot_p50_ms": pct(tpot, 50),
+            "tpot_p99_ms": pct(tpot, 99), "max_itl_ms": pct(gaps, 100), "failed": len(chosen) - len(ok),
+            "cached_tokens": sum(r.cached_tokens or 0 for r in ok)}
+
+
+def _serve_args(model: str, kv_budget_tokens: int, max_model_len: int) -> list[str]:
+    return [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
+            "--api_server_count=1"]
+
+
+def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
+                   max_model_len: int, transport: str | None = None) -> dict:
+    """Start ``name``'s processes, run the workload on other prompts (warm-up), then timed, and stop them."""
+    requests, offsets = workload.requests()
+    base = _serve_args(model, kv_budget_tokens, max_model_len)
+    servers, proxy = [], None
+    try:
+        if transport is None:
+            servers.append(ServerProcess(base).start())
+            url = servers[0].base_url
+        else:
+            kv_address = f"tcp://127.0.0.1:{free_port()}"
+            servers.append(ServerProcess(base + ["--kv_role=prefill", f"--kv_listen={kv_address}",
+                                                 f"--kv_transport={transport}"]).start())
+            servers.append(ServerProcess(base + ["--kv_role=decode", f"--kv_peers={kv_address}",
+                                                 f"--kv_transport={transport}"]).start())
+            port = free_port()
+            proxy = subprocess.Popen([sys.executable, "-m", "jaxpaged", "proxy", f"--port={port}",
+                                      f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
+                                     cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url)
+        # the same workload on other prompts first: every step shape compiles before the timed run
+        warmup, warmup_offsets = dataclasses.replace(workload, seed=workload.seed + 1000).requests()
+        run_requests(url, model, warmup, warmup_offsets)
+        results, duration = run_requests(url, model, requests, offsets)
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(30)
+        for server in reversed(servers):
+            server.stop()
+    return {"deployment": name, "duration_s": duration,
+            "long": class_metrics(results, "long-"), "decode": class_metrics(results, "decode-")}
+
+
+def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
+
+
+# ---------------------------------------------------------------- transports
+
+def _block_server(listen: str, transport: str, block_shape, dtype: str, num_blocks: int, ready) -> None:
+    """Child process: an outbox of random blocks served on ``listen`` until killed."""
+    from jaxpaged.kv_transfer import KVBlockBatch, KVOutbox
+    from jaxpaged.kv_transfer.transport import KVBlockServer
+    rng = np.random.default_rng(0)
+    outbox = KVOutbox(num_blocks)
+    for i in range(num_blocks):
+        outbox.put(i.to_bytes(32, "little"), rng.standard_normal(block_shape).astype(dtype))
+
+    def lookup(keys):
+        found = outbox.get_many(keys)
+        return KVBlockBatch.from_blocks(b"bench", [k for k, _ in found], [b for _, b in found], np.dtype(dtype),
+                                        tuple(block_shape))
+
+    KVBlockServer(listen, lookup, transport)
+    ready.set()
+    while True:
+        time.sleep(1)
+
+
+def measure_transport(transport: str, block_shape: Sequence[int], dtype: str, *, num_blocks: int,
+                      repeats: int) -> dict:
+    """Per-request overhead (median ms to pull 1 block) and bandwidth (MB/s pulling ``num_blocks``) of one
+    transport between two processes; each pull's batch is checked (sizes and digest)."""
+    from jaxpaged.kv_transfer.transport import KVBlockClient
+    listen = f"tcp://127.0.0.1:{free_port()}"
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    child = context.Process(target=_block_server, args=(listen, transport, tuple(block_shape), dtype,
+                                                        num_blocks, ready), daemon=True)
+    child.start()
+    try:
+        if not ready.wait(120):
+            raise RuntimeError(f"the {transport} block server did not start")
+        client = KVBlockClient(timeout_s=60.0)
+        keys = [i.to_bytes(32, "little") for i in range(num_blocks)]
+
+        def timed(wanted):
+            start = time.perf_counter()
+            batch = client.pull(listen, wanted)
+            batch.check(b"bench", np.dtype(dtype), tuple(block_shape))
+            return time.perf_counter() - start, batch.num_bytes
+
+        timed(keys[:1]), timed(keys)  # connect and warm up
+        one = [timed(keys[:1])[0] for _ in range(repeats)]
+        many = [timed(keys) for _ in range(repeats)]
+    finally:
+        child.kill()
+        child.join()
+    seconds = float(np.median([s for s, _ in many]))
+    return {"transport": transport, "one_block_ms": float(np.median(one)) * 1e3,
+            "batch_blocks": num_blocks, "batch_bytes": many[0][1], "batch_ms": seconds * 1e3,
+            "bandwidth_mb_s": many[0][1] / seconds / 1e6}
+
+
+# ---------------------------------------------------------------- report
+
+def disagg_table(serving: Sequence[dict], transports: Sequence[dict]) -> str:
+    """Two Markdown tables: the deployments side by side, then the transports."""
+    rows = []
+    for run in serving:
+        for cls in ("long", "decode"):
+            m = run[cls]
+            rows.append([run["deployment"], cls, f"{m['ttft_p50_ms']:.0f} / {m['ttft_p99_ms']:.0f}",
+                         f"{m['tpot_p50_ms']:.1f} / {m['tpot_p99_ms']:.1f}", f"{m['max_itl_ms']:.0f}",
+                         m["cached_tokens"], m["failed"]])
+    serving_table = markdown_table(["deployment", "requests", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)",
+                                    "worst gap (ms)", "cached prompt tokens", "failed"], rows)
+    transport_rows = [[t["transport"], f"{t['one_block_ms']:.2f}", t["batch_blocks"],
+                       f"{t['batch_bytes'] / 1e6:.1f}", f"{t['batch_ms']:.1f}", f"{t['bandwidth_mb_s']:.0f}"]
+                      for t in transports]
+    transport_table = markdown_table(["transport", "1-block pull (ms)", "batch (blocks)", "batch (MB)",
+                                      "batch pull (ms)", "bandwidth (MB/s)"], transport_rows)
+    return serving_table + "\n\n" + transport_table
