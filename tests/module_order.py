@@ -22,11 +22,13 @@ import collections
 LONGEST_MODULES = [
     "tests/kernels/test_ragged_paged_attention_mgpu.py",
     "tests/pretrained/test_smollm2.py",
+    "tests/pretrained/test_real_model_references.py",
     "tests/structured/test_structured_server.py",
     "tests/server/test_request_limits.py",
     "tests/kernels/test_chunked_xla_attention.py",
     "tests/checkpoint/test_checkpoint_gguf.py",
     "tests/server/test_replicas.py",
+    "tests/kv_transfer/test_disagg_replicas.py",
     "tests/kernels/test_ragged_paged_attention.py",
     "tests/server/test_openai_server.py",
     "tests/parallel/test_tensor_parallel.py",

@@ -11,12 +11,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.live_server import ROOT, WAIT_S, free_port, offline_greedy_text
+from tests.suite_cache import SUITE_CACHE
 
 pytest.importorskip("ray.serve", reason="the replicas need the serve extra (ray[serve])")
 
 KV_TOKENS, MAX_LEN = 1024, 512
 ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false",
-       "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".pytest_cache" / "jax-compile"),
+       "JAX_COMPILATION_CACHE_DIR": str(SUITE_CACHE),
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
        "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu"}
 SHARED = "A system prompt both requests share, long enough for several blocks of sixteen tokens. "

@@ -9,8 +9,8 @@ prompt (when the pad id is not an EOS id), and SmolLM2's pad token is `<|im_end|
 separator. The reference helper here always passes the mask; with it transformers' greedy answer equals the
 server's, without it the answer differs.
 
-Cost: the server loads the weights once for the module; the hf backend and the mask test each load them once
-more through transformers.
+Cost: the server and the transformers model are the ones tests/pretrained/conftest.py shares with the other
+pretrained module; lm-eval's hf backend loads the weights once more in its own process.
 """
 
 from __future__ import annotations
@@ -24,24 +24,20 @@ import numpy as np
 import pytest
 
 from jaxpaged.pretrained import default_model_path
-from tests.server.live_server import ROOT, serving
+from tests.server.live_server import ROOT
 
 pytest.importorskip("lm_eval", reason="the lm-eval extra (pip install -e '.[eval]')")
 
 MODEL = default_model_path()
-NAME = "smollm2"
+NAME = "smollm2"  # the shared server's --served_model_name (conftest.py)
 TASKS = ["jaxpaged_real_mc", "jaxpaged_real_gen"]
 OFFLINE = dict(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
 TRAP_QUESTION = "How many legs does a spider have?"
 
-if not MODEL.is_file():
-    pytest.fail(f"{MODEL} is missing: run `make model` (python -m jaxpaged.pretrained)", pytrace=False)
-
 
 @pytest.fixture(scope="module")
-def server():
-    yield from serving(f"--model={MODEL}", f"--served_model_name={NAME}", "--dtype=float32", "--block_size=16",
-                       "--kv_budget_tokens=4096", "--max_model_len=512", "--max_num_batched_tokens=256")
+def server(smollm2_server):
+    return smollm2_server
 
 
 def _lm_eval(cmd: list[str], tmp_path, name: str) -> dict[str, list[dict]]:
@@ -98,15 +94,8 @@ def test_generate_until_answers_and_score_equal_the_hf_backend(through_server, t
 # --- the attention-mask trap -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def hf_model():
-    """transformers' model from the same GGUF, on one torch thread (beside XLA's on a busy 2-core machine)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield AutoModelForCausalLM.from_pretrained(MODEL.parent, gguf_file=MODEL.name, dtype=torch.float32).eval()
-    torch.set_num_threads(threads)
+def hf_model(hf_smollm2):
+    return hf_smollm2
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, **generate_kwargs) -> list[int]:

@@ -7,8 +7,9 @@ on and off, chunked prefill and preemption, and through a live `jaxpaged serve` 
 client, streamed and not. transformers' `generate` always gets an explicit attention mask: SmolLM2's pad
 token is `<|im_end|>`, the chat template's turn separator, and without a mask it is masked out of the prompt.
 
-Cost: the weights load once for the in-process engines, once in the server. The server has the first
-engine's geometry, so its steps come from the persistent compile cache that engine filled.
+Cost: the weights load once for the in-process engines, once in the server (tests/pretrained/conftest.py,
+shared with the other pretrained module). The server has the first engine's geometry, so its steps come
+from the persistent compile cache that engine filled.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 import pytest
 
 from jaxpaged.pretrained import default_model_path
-from tests.server.live_server import free_port, start_server, wait_healthy
 
 MODEL = default_model_path()
 PASSAGE = (Path(__file__).parent / "passage.txt").read_text()
@@ -38,13 +38,6 @@ ENGINE_VARIANTS = {
     "block16-no-caching-preemption": dict(block_size=16, num_blocks=7, max_model_len=112,
                                           enable_prefix_caching=False, max_num_batched_tokens=128),
 }
-SERVER_FLAGS = ["--block_size=32", "--kv_budget_tokens=2048", "--max_model_len=1024", "--enable_prefix_caching",
-                "--max_num_batched_tokens=64", "--dtype=float32"]
-
-if not MODEL.is_file():
-    pytest.fail(f"{MODEL} is missing: run `make model` (python -m jaxpaged.pretrained)", pytrace=False)
-
-
 def _messages(question: str, index: int) -> list[dict[str, str]]:
     """Half the conversations share a system prompt (prefix hits); the others get the template's default."""
     system = [{"role": "system", "content": SYSTEM}] if index % 2 == 0 else []
@@ -52,29 +45,13 @@ def _messages(question: str, index: int) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def server():
-    """`jaxpaged serve` on the GGUF with the first engine variant's geometry."""
-    port = free_port()
-    proc = start_server(f"--model={MODEL}", "--served_model_name=smollm2", "--host=127.0.0.1", f"--port={port}",
-                        *SERVER_FLAGS)
-    base = f"http://127.0.0.1:{port}"
-    wait_healthy(base, [proc])
-    yield base
-    proc.terminate()
-    proc.wait(timeout=60)
+def server(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    """transformers' model from the same GGUF, on one torch thread: beside XLA's threads on a busy 2-core
-    machine, two torch threads made the chat generation 8x slower (47 s vs 6 s)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield AutoModelForCausalLM.from_pretrained(MODEL.parent, gguf_file=MODEL.name, dtype=torch.float32).eval()
-    torch.set_num_threads(threads)
+def hf_model(hf_smollm2):
+    return hf_smollm2
 
 
 @pytest.fixture(scope="module")
