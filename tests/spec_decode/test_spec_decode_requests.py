@@ -1,4 +1,4 @@
-"""Which requests speculate: greedy ones do; sampled ones run as before in the same batch; a grammar is refused."""
+"""Which requests speculate: greedy and sampled ones (beside each other in a batch); a grammar is refused."""
 
 from __future__ import annotations
 
