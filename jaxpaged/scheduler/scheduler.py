@@ -69,13 +69,16 @@ class Scheduler:
     """Decides each step's batch and applies its results; owns the waiting queue and the running list."""
 
     def __init__(self, config: SchedulerConfig, kv: KVManager, tiers=None, *,
-                 clock: Callable[[], float] = time.monotonic, proposer: Proposer | None = None):
+                 clock: Callable[[], float] = time.monotonic, proposer: Proposer | None = None,
+                 disable_speculation_at: int | None = None):
         """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it.
 
-        `proposer` turns on speculative decoding (steps must be synchronous).
+        `proposer` turns on speculative decoding (steps must be synchronous);
+        `disable_speculation_at` running sequences turn it off for a step (None: never).
         """
         self.config = config
         self.proposer = proposer
+        self.disable_speculation_at = disable_speculation_at
         self.kv = kv
         self.tiers = tiers
         self.clock = clock
@@ -228,8 +231,12 @@ class Scheduler:
         token known (no step in flight) and none of what speculation does not
         handle yet (beams, logprobs, grammars, logit controls, stop strings).
         Its drafts never take it past `max_len` (max_tokens, max_model_len):
-        all k accepted plus the token after them still fit.
+        all k accepted plus the token after them still fit. No sequence
+        speculates while `disable_speculation_at` or more are running.
         """
+        limit = self.disable_speculation_at
+        if limit is not None and len(self.running) >= limit:
+            return {}  # a batch this large is compute-bound: drafts would cost more than they save
         seqs = [seq for seq in self.running if _speculates(seq)]
         if not seqs:
             return {}

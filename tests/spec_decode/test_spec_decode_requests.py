@@ -76,3 +76,18 @@ def test_benchmark_summary_reports_mean_acceptance_length(runs):
     # the record keeps the engine's running totals: the length covers both runs of this engine
     total_drafts, total_accepted = spec.stats.spec_num_drafts, spec.stats.spec_num_accepted_tokens
     assert summary["spec_decode_mean_acceptance_length"] == pytest.approx(1 + total_accepted / total_drafts)
+
+
+def test_disable_by_batch_size_turns_speculation_off_for_large_batches():
+    """No draft in a step that starts with `disable_by_batch_size` or more running sequences; below it, drafts."""
+    engine = Engine(EngineConfig(model="tiny", block_size=4, num_blocks=64, async_scheduling=False,
+                                 speculative_config={"method": "ngram", "disable_by_batch_size": 2}))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request("long", LOOP, params)
+    engine.add_request("short", LOOP, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    drafts_by_running = {}
+    while engine.has_unfinished_requests():
+        running, before = len(engine.scheduler.running), engine.stats.spec_num_drafts
+        engine.step()
+        drafts_by_running[running] = drafts_by_running.get(running, 0) + engine.stats.spec_num_drafts - before
+    assert drafts_by_running[2] == 0 and drafts_by_running[1] > 0

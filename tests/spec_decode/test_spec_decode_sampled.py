@@ -25,7 +25,7 @@ VOCAB = 16
 NUM_SEEDS = 300
 MAX_TOKENS = 4
 TEMPERATURE = 0.3
-SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3}
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": None}  # 300 at once
 
 
 def engine(config_path, speculative) -> Engine:
