@@ -53,6 +53,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("bench hybrid-kv", "bench.hybrid_kv", "sliding-window KV cache groups against one full-attention pool"),
     _c("bench logit-controls", "bench.logit_controls", "what logit controls and prompt logprobs cost a step"),
     _c("bench prompt-stall", "bench.prompt_stall", "how long a long prompt stalls running decodes"),
+    _c("bench spec-decode", "bench.spec_decode", "n-gram speculative decoding on vs off, at several batch sizes"),
     _c("bench tensor-parallel", "bench.tensor_parallel", "step time and memory per device at several TP sizes"),
     _c("bench profile", "bench.profile", "a jax.profiler trace of a workload and the host share of step time"),
     _c("bench replay-cache", "bench.replay_cache", "a request trace replayed through the cache manager alone"),
