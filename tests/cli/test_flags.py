@@ -54,6 +54,8 @@ BAD = [
     ("bench engine-core", "--concurrency=64,0", "concurrency"),
     ("simulate hybrid-kv", "--max_tokens=0", "max_tokens"),
     ("bench hybrid-kv", "--window=0", "window"),
+    ("bench spec-decode", "--batch_sizes=1,0", "batch_sizes"),
+    ("simulate spec-decode", "--profile=tpu-v9", "profile"),
 ]
 
 

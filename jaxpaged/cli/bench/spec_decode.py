@@ -33,6 +33,7 @@ REPEATS = FLAGS.DEFINE_integer("repeats", 2, "timed rounds per mode, alternating
 NUM_SPEC = FLAGS.DEFINE_integer("num_speculative_tokens", 4, "k: draft tokens per sequence and step")
 OUT = OutputFlags(FLAGS)
 FLAGS.positive("output_len", "repeats", "num_speculative_tokens")
+FLAGS.list_of("batch_sizes", integer_at_least=1)
 
 
 def main(argv):

@@ -22,6 +22,18 @@ CONTEXT = FLAGS.DEFINE_integer("context", 1024, "tokens of context per sequence"
 NUM_SPEC = FLAGS.DEFINE_integer("num_speculative_tokens", 4, "k: drafts per sequence and step")
 OUT = OutputFlags(FLAGS)
 FLAGS.positive("context", "num_speculative_tokens")
+FLAGS.list_of("batch_sizes", integer_at_least=1)
+FLAGS.device_profile("profile")
+
+
+def _taus_ok(items) -> bool:
+    try:
+        return all(name and float(tau) >= 1.0 for name, _, tau in (item.partition(":") for item in items))
+    except ValueError:
+        return False
+
+
+FLAGS.register_validator("acceptance_lengths", _taus_ok, "each item must be name:tau with tau >= 1")
 
 
 def main(argv):
