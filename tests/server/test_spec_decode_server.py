@@ -31,10 +31,24 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """`LLM.generate` with speculation off on the same weights."""
-    llm = LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=MAX_MODEL_LEN)
-    return lambda prompt, **kw: llm.generate([prompt], SamplingParams(**kw), use_tqdm=False)[0].outputs[0]
+def reference_llm():
+    """`LLM` with speculation off on the same weights."""
+    return LLM(model="tiny", num_blocks=KV_TOKENS // 16, max_model_len=MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_llm):
+    """One greedy or seeded completion from `reference_llm`."""
+    return lambda prompt, **kw: reference_llm.generate([prompt], SamplingParams(**kw), use_tqdm=False)[0].outputs[0]
+
+
+@pytest.fixture(scope="module")
+def looping_prompt(reference_llm) -> list[int]:
+    """Token ids: a prompt and its greedy continuation, which settles into a cycle. Continuing it, the drafts
+    (the cycle, found in the prompt) are accepted from the first step, so a stop string can end mid-step."""
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    out = reference_llm.generate([PROMPTS[0]], params, use_tqdm=False)[0]
+    return list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
 
 
 def test_greedy_outputs_equal_speculation_off(server, client, reference):
@@ -57,8 +71,8 @@ def _stop_strings(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
-def test_stop_strings_cut_where_speculation_off_cuts(client, reference, stream):
-    for prompt in PROMPTS:
+def test_stop_strings_cut_where_speculation_off_cuts(client, reference, looping_prompt, stream):
+    for prompt in [*PROMPTS, looping_prompt]:
         whole = reference(prompt, max_tokens=40, temperature=0, ignore_eos=True).text
         for stop in _stop_strings(whole):
             ref = reference(prompt, max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])

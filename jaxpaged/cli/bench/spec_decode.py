@@ -27,6 +27,7 @@ from jaxpaged.spec_decode.config import SpeculativeConfig
 FLAGS = FlagSet()
 ENGINE = EngineFlags(FLAGS, ["model", "num_blocks", "max_num_batched_tokens", "compile_cache_dir"],
                      defaults={"model": str(default_model_path()), "num_blocks": 2048})
+WORKLOADS = FLAGS.DEFINE_list("workloads", ["repetition", "chat"], "which workloads to run, in this order")
 BATCH_SIZES = FLAGS.DEFINE_list("batch_sizes", ["1", "8", "64"], "requests in flight at once")
 OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 64, "tokens generated per request (EOS ignored)")
 REPEATS = FLAGS.DEFINE_integer("repeats", 2, "timed rounds per mode, alternating off / on / default")
@@ -34,6 +35,7 @@ NUM_SPEC = FLAGS.DEFINE_integer("num_speculative_tokens", 4, "k: draft tokens pe
 OUT = OutputFlags(FLAGS)
 FLAGS.positive("output_len", "repeats", "num_speculative_tokens")
 FLAGS.list_of("batch_sizes", integer_at_least=1)
+FLAGS.list_of("workloads", choices=["repetition", "chat"])
 
 
 def main(argv):
@@ -50,8 +52,8 @@ def main(argv):
                    base, speculative_config=SpeculativeConfig(num_speculative_tokens=NUM_SPEC.value)))}
     template, tokenizer = ChatTemplate.for_model(base.model), engines["off"].tokenizer
     encode = lambda messages: tokenizer.encode(template.render(messages), add_special_tokens=False)  # noqa: E731
-    workloads = {"repetition": [encode(m) for m in repetition_messages()],
-                 "chat": [encode(m) for m in chat_messages()]}
+    messages = {"repetition": repetition_messages, "chat": chat_messages}
+    workloads = {name: [encode(m) for m in messages[name]()] for name in WORKLOADS.value}
     rows = run_spec_decode_bench(engines, workloads, batch_sizes, output_len=OUTPUT_LEN.value,
                                  repeats=REPEATS.value, on_row=lambda row: print(spec_decode_table([row])))
     OUT.write({"model": base.model, "machine": platform.processor() or platform.machine(),
