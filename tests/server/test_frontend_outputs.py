@@ -122,7 +122,8 @@ def test_a_speculating_core_is_cut_at_the_stop_string(engine, tiny_model):
     """A core that speculates sends several tokens a step, so a stop string can end mid-delta: the front end
     drops the tokens after it, and the client gets what the in-process engine (one token a step) gives."""
     spec = Engine(EngineConfig(model="tiny", num_blocks=128, max_model_len=256, async_scheduling=False,
-                               speculative_config={"method": "ngram", "num_speculative_tokens": 4}), model=tiny_model)
+                               speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                   "disable_by_batch_size": None}), model=tiny_model)
     stop = _stop_string(engine)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, output_kind=D, stop=[stop])
     direct, split = _joined(_direct(engine, params)), _joined(_split(spec, params))

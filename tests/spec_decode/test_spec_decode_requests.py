@@ -31,7 +31,7 @@ def run(speculative: dict | None) -> tuple[Engine, dict[str, list[int]]]:
 
 @pytest.fixture(scope="module")
 def runs():
-    return run(None), run({"method": "ngram", "num_speculative_tokens": 4})
+    return run(None), run({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None})
 
 
 def test_mixed_batch_equals_speculation_off(runs):
