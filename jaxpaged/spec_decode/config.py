@@ -9,10 +9,11 @@ from jaxpaged.validation import check_int, check_optional_int, check_optional_st
 
 SPECULATIVE_METHODS = ("ngram",)  # the draft-model and EAGLE proposers are not built yet
 MAX_SPECULATIVE_TOKENS = 16
-# speculation stops at this many running sequences: measured on SmolLM2-135M on a 2-core CPU, where the
-# verify step's k extra tokens per sequence cost more than they save from about this batch size on
-# (docs/benchmarks/spec-decode.md)
-DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+# speculation stops at this many running sequences: measured on SmolLM2-135M on a 2-core CPU, n-gram with
+# k = 4 on a repetition-heavy workload won 2.12x alone and lost at 4 (0.96x) and 8 (0.82x) sequences, where
+# the verify step's k extra tokens per sequence cost more than they save (docs/benchmarks/spec-decode.md).
+# A GPU, bound by weight reads up to far larger batches, wants a much higher value.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 2
 
 
 @dataclasses.dataclass(frozen=True)
