@@ -60,8 +60,8 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
         def branch():
             scaled = logits / jnp.maximum(params.temperature, 1e-6)[:, None]
             if filtered:
-                scaled = jnp.where(_filter_mask(scaled, params), scaled, -jnp.inf)
-            noisy = scaled + _gumbel_noise(params.seeds, params.counters, vocab)
+                scaled = jnp.where(filter_mask(scaled, params), scaled, -jnp.inf)
+            noisy = scaled + gumbel_noise(params.seeds, params.counters, vocab)
             return jnp.where(sampling, jnp.argmax(noisy, axis=-1), greedy).astype(jnp.int32)
         return branch
 
@@ -71,7 +71,7 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 
-def _filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Array, "S V"]:
+def filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Array, "S V"]:
     """Which vocabulary ids survive each row's top-k, then top-p, and min-p (the top id always does).
 
     min-p keeps the ids whose probability (after temperature) is at least
@@ -103,10 +103,23 @@ def _mix32(x: Array) -> Array:
     return x ^ (x >> 16)
 
 
-def _gumbel_noise(seeds: UInt32[Array, "S"], counters: Int[Array, "S"], vocab: int) -> Float[Array, "S V"]:
+def gumbel_noise(seeds: UInt32[Array, "S"], counters: Int[Array, "S"], vocab: int) -> Float[Array, "S V"]:
     """Gumbel(0, 1) noise, a pure function of (seed, counter, column)."""
     row = _mix32(seeds.astype(jnp.uint32) ^ _mix32(counters.astype(jnp.uint32) + jnp.uint32(0x9E3779B9)))
     bits = _mix32(row[:, None] ^ _mix32(jnp.arange(vocab, dtype=jnp.uint32)[None, :]))
     # 24 high bits -> uniform in (0, 1), never exactly 0 or 1
     uniform = ((bits >> 8).astype(jnp.float32) + 0.5) / jnp.float32(1 << 24)
     return -jnp.log(-jnp.log(uniform))
+
+
+def uniform_noise(seeds: UInt32[Array, "S"], counters: Int[Array, "S"], salt: int) -> Float[Array, "S"]:
+    """One uniform in (0, 1) per row, a pure function of (seed, counter, salt).
+
+    It is `gumbel_noise`'s uniform at column 2**31 + salt, a column no
+    vocabulary reaches, so it is independent of the row's Gumbel noise.
+    """
+    if not 0 <= salt < 1 << 31:
+        raise ValueError(f"salt must be in [0, 2**31), got {salt}")
+    row = _mix32(seeds.astype(jnp.uint32) ^ _mix32(counters.astype(jnp.uint32) + jnp.uint32(0x9E3779B9)))
+    bits = _mix32(row ^ _mix32(jnp.uint32((1 << 31) + salt)))
+    return ((bits >> 8).astype(jnp.float32) + 0.5) / jnp.float32(1 << 24)

@@ -74,8 +74,12 @@ class StepInput:
     prompt_logprob_rows: np.ndarray | None = None  # [P] int32
     prompt_logprob_targets: np.ndarray | None = None  # [P] int32
     num_prompt_top_logprobs: int = 0
-    # speculative decoding: token rows whose greedy next token (and its logprob) is returned (padded)
+    # speculative decoding: token rows whose next token is verified (padded; see jaxpaged.spec_decode.rejection):
+    # the draft after each row (-1: none), its sequence's batch row, and the counter of the token it decides
     verify_rows: np.ndarray | None = None  # [V] int32
+    verify_drafts: np.ndarray | None = None  # [V] int32
+    verify_seq_rows: np.ndarray | None = None  # [V] int32
+    verify_counters: np.ndarray | None = None  # [V] int32
     # structured output / allowed_token_ids: packed masks of the constrained rows (None: no row has one)
     token_masks: TokenMasks | None = None
 

@@ -101,7 +101,8 @@ class EngineBuilder:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
                             config.scheduling_policy),
             self.kv, tiers, clock=self.clock,
-            proposer=make_proposer(config.speculative_config) if config.speculative_config else None)
+            proposer=make_proposer(config.speculative_config) if config.speculative_config else None,
+            disable_speculation_at=config.speculative_config and config.speculative_config.disable_by_batch_size)
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             block_size=self.block_size, load_tokenizer=self._load_tokenizer, seed=config.seed,

@@ -338,7 +338,7 @@ class Engine(EngineQueries):
 
         `step()` calls it, and `fast_forward()` for the steps it ran in bulk.
         """
-        for seq, stop in self.output_processor.find_stop_strings(advanced):
+        for seq, stop, _ in self.output_processor.find_stop_strings(advanced):  # one token a step: none past it
             seq.stop_reason = stop
             self.scheduler.finish_seq(seq, "stop", self.clock())
         finished = self.scheduler.take_finished_requests()

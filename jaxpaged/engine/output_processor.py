@@ -47,11 +47,15 @@ class OutputProcessor:
         self._streams: dict[str, list[_Stream]] = {}  # per streaming request, one per sequence index
         self._prompt_logprobs_sent: dict[str, int] = {}  # DELTA requests: prompt logprob entries handed out
 
-    def find_stop_strings(self, advanced: list[Request]) -> list[tuple[Sequence, str]]:
-        """Detokenize the new tokens of requests with stop strings; returns the (sequence, stop) hits.
+    def find_stop_strings(self, advanced: list[Request]) -> list[tuple[Sequence, str, int]]:
+        """Detokenize the new tokens of requests with stop strings; returns the (sequence, stop, tokens) hits.
 
         The caller finishes those sequences ("stop"); their text ends before
         the stop string (or with it, with `include_stop_str_in_output`).
+        `tokens` is how many output tokens it took for the stop string to
+        appear: a step that appended several tokens at once (speculative
+        decoding in an engine core that leaves stop strings to the API
+        server) may have gone past it, and the caller drops the tokens after.
         """
         hits = []
         for request in advanced:
@@ -65,16 +69,19 @@ class OutputProcessor:
                 if stream.stop_text is not None:
                     continue
                 detok = self._detokenizer(stream)
+                found = None
                 for t in seq.token_ids[num_prompt + len(detok.ids):]:
                     detok.push(t)
-                found = _find_stop(detok.text, p.stop, stream.searched)
-                stream.searched = len(detok.text)
-                if found is not None and len(seq.token_ids) - num_prompt < p.min_tokens:
-                    found = None  # no stop string before min_tokens tokens (vLLM): that text is not searched again
+                    found = _find_stop(detok.text, p.stop, stream.searched)
+                    stream.searched = len(detok.text)
+                    if found is not None and len(detok.ids) < p.min_tokens:
+                        found = None  # no stop string before min_tokens tokens (vLLM): that text is not searched again
+                    if found is not None:
+                        break
                 if found is not None:
                     at, stop = found
                     stream.stop_text = detok.text[:at + len(stop) if p.include_stop_str_in_output else at]
-                    hits.append((seq, stop))
+                    hits.append((seq, stop, len(detok.ids)))
         return hits
 
     def process(self, advanced: list[Request], finished: list[Request]) -> list[RequestOutput]:

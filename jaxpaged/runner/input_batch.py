@@ -182,7 +182,7 @@ class InputBatch:
         if out.prompt_logprob_spans:
             _lay_out_prompt_logprobs(step, out, first_token)
         if out.verify_spans:
-            _lay_out_verify_rows(step, out, first_token)
+            _lay_out_verify_rows(step, out, first_token, batch_row)
         if out.token_mask_indices:
             step.token_masks = pad_token_masks(batch_row[out.token_mask_indices], out.token_masks)
         return step
@@ -210,15 +210,25 @@ class InputBatch:
         step.slot_mapping, step.block_tables = slots, tables
 
 
-def _lay_out_verify_rows(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:
-    """The token rows of each verifying sequence's k + 1 positions (its last known token, then its drafts)."""
+def _lay_out_verify_rows(step: StepInput, out: SchedulerOutput, first_token: np.ndarray,
+                         batch_row: np.ndarray) -> None:
+    """Each verifying sequence's k + 1 positions (its last known token, then its drafts): their token rows,
+    the draft after each (-1 after the last), the sequence's batch row and the counter of the token each
+    decides (the sequence's counter is its last row's)."""
     spans = np.array(out.verify_spans, np.int64).reshape(-1, 2)
     lengths = spans[:, 1] + 1
     total = int(lengths.sum())
     offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    rows = np.zeros(pow2_bucket(total, 16), np.int32)
+    size = pow2_bucket(total, 16)
+    rows, drafts = np.zeros(size, np.int32), np.full(size, -1, np.int32)
+    seq_rows, counters = np.zeros(size, np.int32), np.zeros(size, np.int32)
+    seq_row = np.repeat(batch_row[spans[:, 0]], lengths)
     rows[:total] = np.repeat(first_token[spans[:, 0]], lengths) + offsets
-    step.verify_rows = rows
+    drafts[:total] = np.concatenate([[*d, -1] for d in out.draft_token_ids])
+    seq_rows[:total] = seq_row
+    counters[:total] = step.counters[seq_row] - np.repeat(spans[:, 1], lengths) + offsets
+    step.verify_rows, step.verify_drafts = rows, drafts
+    step.verify_seq_rows, step.verify_counters = seq_rows, counters
 
 
 def _lay_out_prompt_logprobs(step: StepInput, out: SchedulerOutput, first_token: np.ndarray) -> None:

@@ -48,6 +48,7 @@ from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_c
 from jaxpaged.sampling import SamplingBatch
 from jaxpaged.sampling import sample as _sample_tokens
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
+from jaxpaged.spec_decode.rejection import verify_draft_tokens
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
 from jaxpaged.structured.bitmask import TokenMasks, apply_token_bitmask, empty_token_masks, pad_token_masks
 
@@ -69,6 +70,9 @@ class DeviceStepInput(NamedTuple):
     prompt_logprob_rows: jax.Array
     prompt_logprob_targets: jax.Array
     verify_rows: jax.Array
+    verify_drafts: jax.Array
+    verify_seq_rows: jax.Array
+    verify_counters: jax.Array
 
 
 class PendingStep:
@@ -140,13 +144,15 @@ def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str
     return out
 
 
-def _verify(model, hidden, rows: jax.Array) -> dict[str, jax.Array]:
-    """The greedy next token after each listed token row and its log-probability (raw logits, as greedy
-    sampling takes its argmax)."""
-    logits = model.logits(hidden[rows]).astype(jnp.float32)  # as `jaxpaged.sampling.sample` takes it
-    ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    return {"verify_ids": ids, "verify_logprobs": jnp.take_along_axis(logprobs, ids[:, None], axis=-1)[:, 0]}
+def _verify(model, hidden, inputs: DeviceStepInput) -> dict[str, jax.Array]:
+    """Each verify row's token (its draft when accepted, else the target's) and its log-probability (raw
+    logits): greedy rows match the argmax, sampled rows rejection-sample (`jaxpaged.spec_decode.rejection`)."""
+    seq = inputs.verify_seq_rows
+    s = inputs.sampling
+    params = SamplingBatch(s.temperature[seq], s.top_k[seq], s.top_p[seq], s.seeds[seq], inputs.verify_counters,
+                           None if s.min_p is None else s.min_p[seq])
+    ids, logprobs = verify_draft_tokens(model.logits(hidden[inputs.verify_rows]), inputs.verify_drafts, params)
+    return {"verify_ids": ids, "verify_logprobs": logprobs}
 
 
 def _or_empty(array: np.ndarray | None) -> np.ndarray:
@@ -325,7 +331,7 @@ class ModelRunner:
         if inputs.prompt_logprob_rows.shape[0]:
             out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
         if inputs.verify_rows.shape[0]:
-            out.update(_verify(model, hidden, inputs.verify_rows))
+            out.update(_verify(model, hidden, inputs))
         if not sample:
             out["raw_logits"] = logits
             return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed
@@ -418,6 +424,9 @@ class ModelRunner:
             prompt_logprob_rows=_or_empty(step.prompt_logprob_rows),
             prompt_logprob_targets=_or_empty(step.prompt_logprob_targets),
             verify_rows=_or_empty(step.verify_rows),
+            verify_drafts=_or_empty(step.verify_drafts),
+            verify_seq_rows=_or_empty(step.verify_seq_rows),
+            verify_counters=_or_empty(step.verify_counters),
         )
 
     # ---- the pool -------------------------------------------------------------------------------

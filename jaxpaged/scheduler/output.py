@@ -69,7 +69,7 @@ class SchedulerOutput:
     # (asynchronous scheduling with a grammar row): the runner dispatches the sampling half then
     token_masks_deferred: bool = False
     # speculative decoding: (index in seqs, number of draft tokens k) per sequence that verifies drafts; its
-    # step computes its last known token then the k drafts, and returns the greedy token after each of
+    # step computes its last known token then the k drafts, and returns the verified token after each of
     # those k + 1 positions (spans concatenated in this order)
     verify_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     draft_token_ids: list[list[int]] = dataclasses.field(default_factory=list)  # each span's drafts
@@ -102,7 +102,7 @@ class ModelOutput:
     prompt_top_ids: np.ndarray | None = None  # [P, k] when num_prompt_top_logprobs > 0
     prompt_top_logprobs: np.ndarray | None = None
     # speculative decoding: the verify spans' positions, concatenated (padded past their total)
-    verify_ids: np.ndarray | None = None  # [V] greedy (argmax) token after each position
+    verify_ids: np.ndarray | None = None  # [V] verified token after each position (its draft when accepted)
     verify_logprobs: np.ndarray | None = None  # [V] its log-probability
 
 

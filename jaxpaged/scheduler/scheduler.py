@@ -22,11 +22,12 @@ sequence can have one step in flight past its stop; that step's token is
 dropped here and its blocks are already free.
 
 With a `proposer` (speculative decoding, synchronous steps only), each
-running greedy decode first gets draft tokens; it is scheduled with its last
-token and the k drafts (slots allocated up front, through `allocate_slots`),
-and the step returns the greedy token after each of those k + 1 positions.
-`update_from_output` accepts the drafts that match, appends the matching
-tokens plus the one after them, commits (hashes) only those accepted tokens'
+running decode first gets draft tokens; it is scheduled with its last token
+and the k drafts (slots allocated up front, through `allocate_slots`), and
+the step returns, per position, the draft when the target accepts it (greedy:
+it is the argmax; sampled: rejection sampling, `jaxpaged.spec_decode.rejection`)
+or else the target's own token. `update_from_output` accepts the drafts up to
+the first one not accepted, appends them plus the target's token after them, commits (hashes) only those accepted tokens'
 blocks, rewinds the computed count, and releases the slots of the rejected
 ones (`release_slots_after`).
 """
@@ -68,13 +69,16 @@ class Scheduler:
     """Decides each step's batch and applies its results; owns the waiting queue and the running list."""
 
     def __init__(self, config: SchedulerConfig, kv: KVManager, tiers=None, *,
-                 clock: Callable[[], float] = time.monotonic, proposer: Proposer | None = None):
+                 clock: Callable[[], float] = time.monotonic, proposer: Proposer | None = None,
+                 disable_speculation_at: int | None = None):
         """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it.
 
-        `proposer` turns on speculative decoding for greedy requests (steps must be synchronous).
+        `proposer` turns on speculative decoding (steps must be synchronous);
+        `disable_speculation_at` running sequences turn it off for a step (None: never).
         """
         self.config = config
         self.proposer = proposer
+        self.disable_speculation_at = disable_speculation_at
         self.kv = kv
         self.tiers = tiers
         self.clock = clock
@@ -223,12 +227,16 @@ class Scheduler:
     def _propose_drafts(self) -> dict[int, list[int]]:
         """Draft tokens for the running sequences that speculate, by sequence id (none: not listed).
 
-        A sequence speculates when it is a greedy decode with every token known
-        (no step in flight) and none of what speculation does not handle yet
-        (sampling, beams, logprobs, grammars, logit controls, stop strings).
+        A sequence speculates when it is a decode (greedy or sampled) with every
+        token known (no step in flight) and none of what speculation does not
+        handle yet (beams, logprobs, grammars, logit controls, stop strings).
         Its drafts never take it past `max_len` (max_tokens, max_model_len):
-        all k accepted plus the token after them still fit.
+        all k accepted plus the token after them still fit. No sequence
+        speculates while `disable_speculation_at` or more are running.
         """
+        limit = self.disable_speculation_at
+        if limit is not None and len(self.running) >= limit:
+            return {}  # a batch this large is compute-bound: drafts would cost more than they save
         seqs = [seq for seq in self.running if _speculates(seq)]
         if not seqs:
             return {}
@@ -503,8 +511,8 @@ class Scheduler:
     @staticmethod
     def _verified_tokens(out: SchedulerOutput, result: ModelOutput
                          ) -> dict[int, tuple[list[int], list[int], list[float]]]:
-        """Per verifying sequence (index in `out.seqs`): its drafts, and the greedy token (and its
-        logprob) after each of its k + 1 positions."""
+        """Per verifying sequence (index in `out.seqs`): its drafts, and the verified token (and its
+        logprob) after each of its k + 1 positions: the draft when accepted, else the target's token."""
         ids, logprobs = result.verify_ids.tolist(), result.verify_logprobs.tolist()
         verified, at = {}, 0
         for (i, k), drafts in zip(out.verify_spans, out.draft_token_ids):
@@ -514,10 +522,11 @@ class Scheduler:
 
     def _accept_drafts(self, seq: Sequence, start: int, drafts: list[int], targets: list[int],
                        logprobs: list[float], now: float) -> None:
-        """Greedy verification: keep the drafts the target agrees with, then its own next token.
+        """Verification: keep the drafts the target accepted, then its own token after them.
 
-        The emitted tokens are exactly what plain greedy decoding would give,
-        cut where one ends the sequence. Only the positions whose tokens are
+        Greedy, the emitted tokens are exactly what plain greedy decoding would
+        give; sampled, they have the target's distribution (rejection sampling).
+        They are cut where one ends the sequence. Only the positions whose tokens are
         accepted are committed (hashed, cached); the computed count rewinds to
         them and the rejected drafts' slots are released.
         """
@@ -666,7 +675,7 @@ def _speculates(seq: Sequence) -> bool:
     p = request.params
     return (seq.status is SeqStatus.RUNNING and not seq.num_placeholders and not request.fork_pending
             and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.pending_candidates is None
-            and p.greedy and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
+            and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
             and _row_controls(request) is None)
 
 

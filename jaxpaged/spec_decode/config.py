@@ -5,10 +5,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from jaxpaged.validation import check_int, check_optional_str, check_str
+from jaxpaged.validation import check_int, check_optional_int, check_optional_str, check_str
 
 SPECULATIVE_METHODS = ("ngram",)  # the draft-model and EAGLE proposers are not built yet
 MAX_SPECULATIVE_TOKENS = 16
+# speculation stops at this many running sequences: measured on SmolLM2-135M on a 2-core CPU, n-gram with
+# k = 4 on a repetition-heavy workload won 2.12x alone and lost at 4 (0.96x) and 8 (0.82x) sequences, where
+# the verify step's k extra tokens per sequence cost more than they save (docs/benchmarks/spec-decode.md).
+# A GPU, bound by weight reads up to far larger batches, wants a much higher value.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +24,10 @@ class SpeculativeConfig:
     `prompt_lookup_min` and `prompt_lookup_max` tokens) that occurred earlier in
     it proposes the `num_speculative_tokens` tokens that followed it there.
     `model` is for the draft-model method (not yet supported).
+    `disable_by_batch_size` (vLLM's): no sequence speculates in a step that
+    starts with at least this many running sequences, since a large batch
+    is already compute-bound and the drafts' extra query tokens cost more than
+    the accepted ones save; None speculates at any batch size.
     """
 
     method: str = "ngram"
@@ -26,6 +35,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self):
         check_str("speculative_config.method", self.method, choices=SPECULATIVE_METHODS)
@@ -35,6 +45,8 @@ class SpeculativeConfig:
         check_int("speculative_config.prompt_lookup_max", self.prompt_lookup_max, low=self.prompt_lookup_min,
                   high=1024)
         check_optional_str("speculative_config.model", self.model)
+        check_optional_int("speculative_config.disable_by_batch_size", self.disable_by_batch_size, low=1,
+                           high=1 << 30)
         if self.model is not None:
             raise ValueError("speculative_config.model (a draft model) is not supported yet; use method='ngram'")
 

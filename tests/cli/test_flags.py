@@ -60,6 +60,8 @@ BAD = [
     ("simulate disagg", "--tbt_stat=p50", "tbt_stat"),
     ("bench hybrid-kv", "--window=0", "window"),
     ("bench quality", "--parts=perplexity,speed", "parts"),
+    ("bench spec-decode", "--batch_sizes=1,0", "batch_sizes"),
+    ("simulate spec-decode", "--profile=tpu-v9", "profile"),
 ]
 
 

@@ -105,3 +105,45 @@ def test_core_params_leave_text_and_stops_to_the_front_end():
     final = core_params(SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY))
     assert final.output_kind is RequestOutputKind.FINAL_ONLY and not final.detokenize
     assert dataclasses.replace(c, stop=p.stop) != p  # what the core runs is not what the client asked
+
+
+def _joined(steps) -> dict:
+    """Per (request, sequence): its whole text and tokens (DELTA pieces joined), its finish and stop reasons."""
+    seqs = {}
+    for step in steps:
+        for request_id, _, completions, _ in step:
+            for index, text, token_ids, finish, stop, _ in completions:
+                text0, tokens0, _, _ = seqs.get((request_id, index), ("", [], None, None))
+                seqs[request_id, index] = (text0 + text, tokens0 + token_ids, finish, stop)
+    return seqs
+
+
+def test_a_speculating_core_is_cut_at_the_stop_string(engine, tiny_model):
+    """A core that speculates sends several tokens a step, so a stop string can end mid-delta: the front end
+    drops the tokens after it, and the client gets what the in-process engine (one token a step) gives."""
+    spec = Engine(EngineConfig(model="tiny", num_blocks=128, max_model_len=256, async_scheduling=False,
+                               speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                   "disable_by_batch_size": None}), model=tiny_model)
+    stop = _stop_string(engine)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, output_kind=D, stop=[stop])
+    direct, split = _joined(_direct(engine, params)), _joined(_split(spec, params))
+    assert split == direct
+    assert spec.stats.spec_num_accepted_tokens > 0 and spec.kv.stats.usage == 0
+    assert any(finish == "stop" for _, _, finish, _ in direct.values())
+
+
+@pytest.mark.parametrize("include", [False, True], ids=["stop-excluded", "stop-included"])
+def test_tokens_past_a_stop_string_in_one_delta_are_dropped(engine, include):
+    """One delta carries a stop string and tokens after it (the byte tokenizer: one token per character)."""
+    tokenizer = engine.tokenizer
+    tokens = tokenizer.encode("hello STOP world", add_special_tokens=False)
+    front = FrontendOutputs(tokenizer)
+    params = SamplingParams(max_tokens=32, stop=["STOP"], include_stop_str_in_output=include)
+    front.add("r", [5, 6], params)
+    outs, stopped = front.apply(M.RequestDelta("r", False, 0, [M.SeqDelta(0, tokens, -1.0, None, None, None, "")],
+                                               None))
+    assert stopped
+    (completion,) = outs[-1].outputs
+    assert completion.token_ids == tokenizer.encode("hello STOP", add_special_tokens=False)  # as one token a step
+    assert completion.text == ("hello STOP" if include else "hello ")
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", "STOP")

@@ -64,3 +64,6 @@ def test_speculative_config_checks():
         SpeculativeConfig.from_value("{ngram")
     with pytest.raises(ValueError, match="draft model"):
         SpeculativeConfig(model="small")
+    with pytest.raises(ValueError, match="disable_by_batch_size"):
+        SpeculativeConfig(disable_by_batch_size=0)
+    assert SpeculativeConfig.from_value('{"disable_by_batch_size": null}').disable_by_batch_size is None

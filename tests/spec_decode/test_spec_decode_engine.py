@@ -96,7 +96,8 @@ def checkpoints(tmp_path_factory):
 def test_greedy_speculation_equals_speculation_off(checkpoints, name):
     path = checkpoints(name)
     plain, want, _ = run(path, None)
-    spec, got, events = run(path, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    spec, got, events = run(path, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                   "disable_by_batch_size": None})
     assert got == want
     stats = spec.stats
     assert spec.scheduler.num_preemptions > 0 and spec.kv.stats.prefix_hits_tokens > 0

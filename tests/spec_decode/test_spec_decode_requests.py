@@ -1,4 +1,4 @@
-"""Which requests speculate: greedy ones do; sampled ones run as before in the same batch; a grammar is refused."""
+"""Which requests speculate: greedy and sampled ones (beside each other in a batch); a grammar is refused."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def run(speculative: dict | None) -> tuple[Engine, dict[str, list[int]]]:
 
 @pytest.fixture(scope="module")
 def runs():
-    return run(None), run({"method": "ngram", "num_speculative_tokens": 4})
+    return run(None), run({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None})
 
 
 def test_mixed_batch_equals_speculation_off(runs):
@@ -76,3 +76,18 @@ def test_benchmark_summary_reports_mean_acceptance_length(runs):
     # the record keeps the engine's running totals: the length covers both runs of this engine
     total_drafts, total_accepted = spec.stats.spec_num_drafts, spec.stats.spec_num_accepted_tokens
     assert summary["spec_decode_mean_acceptance_length"] == pytest.approx(1 + total_accepted / total_drafts)
+
+
+def test_disable_by_batch_size_turns_speculation_off_for_large_batches():
+    """No draft in a step that starts with `disable_by_batch_size` or more running sequences; below it, drafts."""
+    engine = Engine(EngineConfig(model="tiny", block_size=4, num_blocks=64, async_scheduling=False,
+                                 speculative_config={"method": "ngram", "disable_by_batch_size": 2}))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request("long", LOOP, params)
+    engine.add_request("short", LOOP, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    drafts_by_running = {}
+    while engine.has_unfinished_requests():
+        running, before = len(engine.scheduler.running), engine.stats.spec_num_drafts
+        engine.step()
+        drafts_by_running[running] = drafts_by_running.get(running, 0) + engine.stats.spec_num_drafts - before
+    assert drafts_by_running[2] == 0 and drafts_by_running[1] > 0

@@ -6,9 +6,11 @@ strings). Here each request is mirrored by a small `Request`-shaped record fed
 with the core's deltas, and the engine's own `OutputProcessor` builds the
 client's outputs from it, so text, the held-back tail of a streaming stop
 string and the output kinds are exactly what the in-process engine produces.
-A stop string found here finishes its sequence ("stop"); once no sequence of
-the request runs, the caller aborts it in the core (the core may have sampled
-a token or two more meanwhile; they are dropped). Beam search is the one
+A stop string found here finishes its sequence ("stop") and drops the tokens
+after the one that completed it (a delta carries several tokens when the core
+speculates); once no sequence of the request runs, the caller aborts it in
+the core (the core may have sampled a token or two more meanwhile; they are
+dropped). Beam search is the one
 exception: its final texts are decoded in the core (one decode per beam).
 """
 
@@ -105,7 +107,11 @@ class FrontendOutputs:
             if d.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = d.finish_reason, d.stop_reason
                 _finish(request, seq)
-        for seq, stop in self._processor.find_stop_strings([request]):
+        for seq, stop, num_tokens in self._processor.find_stop_strings([request]):
+            # a delta of several tokens (speculative decoding) may run past the stop: drop the tokens after it
+            del seq.token_ids[len(request.prompt_token_ids) + num_tokens:]
+            if seq.logprobs is not None:
+                del seq.logprobs[num_tokens:]
             seq.finish_reason, seq.stop_reason = "stop", stop
             _finish(request, seq)
         stopped_here = not request.seqs and not delta.finished
