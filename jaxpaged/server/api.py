@@ -71,25 +71,28 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
         await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
-    _count_requests(app, state.registry)
+    routers = [module.router(state)
+               for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ())]
     app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # before anything reads the body
                        max_json_values=lambda: state.limits.max_json_values)
-    if keys is not None:  # outermost: no byte of a client's body is read before its key is checked
+    if keys is not None:  # outside BodyLimit: no byte of a client's body is read before its key is checked
         app.add_middleware(Authenticate, keys=keys)
+    # outside them all, so their refusals are counted too
+    _count_requests(app, state.registry, frozenset(route.path for r in routers for route in r.routes))
     _handle_errors(app)
-    for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ()):
-        app.include_router(module.router(state))
+    for router in routers:
+        app.include_router(router)
     return app
 
 
-def _count_requests(app: FastAPI, registry: CollectorRegistry) -> None:
-    """HTTP request counts and latencies by route, into `registry`."""
+def _count_requests(app: FastAPI, registry: CollectorRegistry, route_paths: frozenset[str]) -> None:
+    """HTTP request counts and latencies by route (one of `route_paths`, or ``unmatched``), into `registry`."""
     http_requests = Counter("jaxpaged:http_requests", "HTTP requests by method, path and status.",
                             ["method", "path", "status"], registry=registry)
     http_latency = Histogram("jaxpaged:http_request_duration_seconds", "Time to the response's start, by path.",
                              ["path"], registry=registry)
 
-    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency)
+    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency, route_paths=route_paths)
 
 
 def _handle_errors(app: FastAPI) -> None:

@@ -164,10 +164,10 @@ class AsyncEngine:
         if self.error is None:
             self._send(_Command({"op": "abort", "id": request_id}))
 
-    async def reset_prefix_cache(self) -> bool:
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """Drop every unreferenced cached block, on the device and in the host tier (see `reset_prefix_cache`);
-        False if some are still in use."""
-        return await self._call({"op": "reset"})
+        False if some are still in use. With ``namespace``: only that namespace's free device blocks."""
+        return await self._call({"op": "reset", "namespace": None if namespace is None else list(namespace)})
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
                          quota: PinQuota | None = None) -> int:
@@ -321,7 +321,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "abort":
         return engine.abort(record["id"])
     if op == "reset":
-        return reset_prefix_cache(engine)
+        return reset_prefix_cache(engine, record.get("namespace"))
     if op == "pin":
         return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"],
                                  quota=PinQuota.from_wire(record.get("quota")))
@@ -330,12 +330,13 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     raise ValueError(f"unknown engine command {op!r}")
 
 
-def reset_prefix_cache(engine: Engine) -> bool:
+def reset_prefix_cache(engine: Engine, namespace: list[str] | None = None) -> bool:
     """What `/reset_prefix_cache` clears: every cached block of the device pool, then every cached
     (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
     cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
-    other engines may share, and its files are only served to an engine with the same identity."""
-    return engine.reset_prefix_cache()
+    other engines may share, and its files are only served to an engine with the same identity.
+    With ``namespace`` (a tenant's reset): only that namespace's free device blocks (`Engine.reset_prefix_cache`)."""
+    return engine.reset_prefix_cache(None if namespace is None else tuple(namespace))
 
 
 def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:

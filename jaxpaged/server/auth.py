@@ -11,8 +11,8 @@ this API server process at once, counted from the request's arrival to its
 response's last byte (a stream counts until it ends); one more is a 429 with
 ``Retry-After`` before its body is read.
 
-This middleware is the outermost one, so its 401s and 429s are not in the
-`jaxpaged:http_requests` series (which counts what reached the app).
+Its 401s and 429s are counted in the `jaxpaged:http_requests` series, whose
+middleware (http_metrics.py) wraps this one.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ A server started with ``--api_key`` or ``--api_keys_file`` maps each key to a
   name (`tenant_cache_salt`), so no two tenants share a block hash, whatever
   ``cache_salt`` a client sends; with ``allow_sub_namespaces`` a client's own
   ``cache_salt`` is mixed in as a namespace inside its tenant's;
-- what it may do: ``/reset_prefix_cache`` and pins in another tenant's
-  namespace need the ``admin`` role;
+- what it may do: ``/reset_prefix_cache`` by a ``user`` drops only its own
+  namespace's cached blocks (`tenant_namespace`), by an ``admin`` every
+  tenant's; pins in another tenant's namespace need the ``admin`` role;
 - how much it may ask at once: ``max_concurrent_requests`` in flight per API
   server process (past it: 429 with ``Retry-After``);
 - how much it may pin: ``max_pins`` live pins holding at most
@@ -36,6 +37,7 @@ import hmac
 import json
 from pathlib import Path
 
+from jaxpaged.cache.namespaces import Namespace, namespace_salt
 from jaxpaged.engine.pin_quota import PinQuota
 
 ROLES = ("user", "admin")
@@ -137,14 +139,20 @@ def pin_quota(tenant: Tenant) -> PinQuota:
     return PinQuota(tenant.name, tenant.max_pins, tenant.max_pinned_blocks)
 
 
+def tenant_namespace(tenant: Tenant) -> Namespace:
+    """The tenant's cache namespace (`jaxpaged.cache.namespaces`): what its ``/reset_prefix_cache`` drops."""
+    return ("tenant", tenant.name)
+
+
 def tenant_cache_salt(tenant: Tenant, client_salt: str | None, allow_sub_namespaces: bool) -> str:
     """The cache salt a tenant's request hashes its blocks with: the tenant's namespace, and inside it the
     client's ``cache_salt`` when the operator allows sub-namespaces (otherwise the client's salt is ignored).
-    JSON-encoded, so no (tenant, salt) pair can spell another's, and no unsalted client can name it."""
-    parts = ["tenant", tenant.name]
+    JSON-encoded (`namespace_salt`), so no (tenant, salt) pair can spell another's, and no unsalted client
+    can name it."""
+    namespace = tenant_namespace(tenant)
     if allow_sub_namespaces and client_salt is not None:
-        parts.append(client_salt)
-    return json.dumps(parts)
+        namespace += (client_salt,)
+    return namespace_salt(namespace)
 
 
 def _key_bytes(key, where: str) -> bytes:

@@ -1,7 +1,7 @@
 """A live `jaxpaged serve` with API keys (one server, engine core in its own process), driven by the official
-`openai` client: every refusal (missing key, wrong key, a user on an admin route or in another tenant's
-namespace, a tenant over its concurrency or pin limits) has its status and OpenAI error type, and one tenant's prompt
-is a cache miss for another whatever `cache_salt` the other sends."""
+`openai` client: every refusal (missing key, wrong key, a user in another tenant's namespace, a tenant over its
+concurrency or pin limits) has its status and OpenAI error type, one tenant's prompt is a cache miss for another
+whatever `cache_salt` the other sends, and a user's reset drops only its own namespace."""
 
 import json
 import threading
@@ -9,6 +9,7 @@ import threading
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.live_server import WAIT_S, keep_draining, free_port, start_server, wait_healthy, wait_idle
 
@@ -74,11 +75,23 @@ def test_another_tenants_prompt_is_a_miss_whatever_salt_is_sent(base):
     assert cached_tokens(base, "sk-ops", cache_salt='["tenant", "alice"]') == 0  # an admin too: own namespace
 
 
-def test_reset_and_foreign_pins_need_an_admin(base):
+def reset(base: str, key: str) -> int:
+    return client(base, key).post("/../reset_prefix_cache", cast_to=httpx.Response).status_code
+
+
+def test_a_users_reset_drops_only_its_own_namespace(base):
     wait_idle(base)
-    with pytest.raises(openai.PermissionDeniedError) as refused:
-        client(base, "sk-bob").post("/../reset_prefix_cache", cast_to=httpx.Response)
-    assert refused.value.status_code == 403 and "admin" in refused.value.message
+    for key in ("sk-alice", "sk-bob", "sk-ops"):
+        cached_tokens(base, key)  # each tenant's namespace holds the prompt's blocks
+    assert reset(base, "sk-bob") == 200
+    assert cached_tokens(base, "sk-alice") == 48  # other tenants' blocks stay
+    assert cached_tokens(base, "sk-ops") == 48
+    assert cached_tokens(base, "sk-bob") == 0  # bob's own are gone
+    assert cached_tokens(base, "sk-bob") == 48
+
+
+def test_foreign_pins_and_a_whole_reset_need_an_admin(base):
+    wait_idle(base)
     with pytest.raises(openai.PermissionDeniedError):
         client(base, "sk-bob").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0, "tenant": "alice"},
                                     cast_to=httpx.Response)
@@ -92,9 +105,10 @@ def test_reset_and_foreign_pins_need_an_admin(base):
         client(base, "sk-ops").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 1, "tenant": "nobody"},
                                     cast_to=httpx.Response)
     assert cached_tokens(base, "sk-alice") == 48
-    reset = client(base, "sk-ops").post("/../reset_prefix_cache", cast_to=httpx.Response)
-    assert reset.status_code == 200
+    cached_tokens(base, "sk-bob")
+    assert reset(base, "sk-ops") == 200
     assert cached_tokens(base, "sk-alice") == 0  # the admin's reset dropped every namespace
+    assert cached_tokens(base, "sk-bob") == 0
 
 
 def test_a_tenant_past_its_concurrency_limit_gets_429_and_others_do_not(base):
@@ -165,3 +179,25 @@ def test_a_bad_keys_file_stops_the_server_before_it_starts(tmp_path):
     out, _ = proc.communicate(timeout=WAIT_S)
     assert proc.returncode != 0
     assert "keys[0].role must be one of ['user', 'admin']" in out
+
+
+def http_requests(base: str) -> dict[tuple[str, str], float]:
+    """(path, status) -> the jaxpaged:http_requests count, from /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(base + "/metrics").text)}
+    return {(s.labels["path"], s.labels["status"]): s.value for s in families["jaxpaged:http_requests"].samples
+            if s.name.endswith("_total")}
+
+
+def test_middleware_refusals_are_counted_in_http_requests(base):
+    before = http_requests(base)
+    for _ in range(2):
+        assert httpx.post(base + "/v1/completions", json={}, headers={"Authorization": "Bearer nope"}
+                          ).status_code == 401
+    assert httpx.post(base + "/no/such/route", json={}).status_code == 401  # refused before routing
+    too_big = httpx.post(base + "/v1/completions", content=b" " * (32 * 2**20 + 1),
+                         headers={"Authorization": "Bearer sk-bob", "Content-Type": "application/json"})
+    assert too_big.status_code == 413
+    after = http_requests(base)
+    assert after[("/v1/completions", "401")] - before.get(("/v1/completions", "401"), 0) == 2
+    assert after[("unmatched", "401")] - before.get(("unmatched", "401"), 0) == 1
+    assert after[("/v1/completions", "413")] - before.get(("/v1/completions", "413"), 0) == 1

@@ -123,9 +123,9 @@ class CoreClient:
         """The core's Prometheus metrics text (appended to this server's own on /metrics)."""
         return await self._call(M.Call(0, "metrics"))
 
-    async def reset_prefix_cache(self) -> bool:
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """As `AsyncEngine.reset_prefix_cache`, in the core."""
-        return await self._call(M.Call(0, "reset_prefix_cache"))
+        return await self._call(M.Call(0, "reset_prefix_cache", [] if namespace is None else [list(namespace)]))
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
                          quota: PinQuota | None = None) -> int:

@@ -153,9 +153,10 @@ class ReplicaPool:
         return ReplicaLoad(num_waiting=waiting, num_running=state.in_flight - waiting,
                            kv_usage=state.reported.kv_usage)
 
-    async def reset_prefix_cache(self) -> bool:
-        """Resets every live replica's prefix cache; False if any refused (blocks in use)."""
-        results = await self._ask_each(list(self._replicas), "reset_prefix_cache")
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
+        """Resets every live replica's prefix cache (or only ``namespace``'s blocks); False if any refused
+        (blocks in use)."""
+        results = await self._ask_each(list(self._replicas), "reset_prefix_cache", namespace)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")

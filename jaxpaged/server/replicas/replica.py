@@ -116,9 +116,10 @@ class EngineReplica:
         finally:  # cancelled by the ingress (its client went away), or done: abort if unfinished
             stream.close()
 
-    async def reset_prefix_cache(self, target_replica: str | None = None) -> bool:
-        """Drops the unreferenced cached blocks; False if some are in use."""
-        return await self.client.reset_prefix_cache()
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None,
+                                 target_replica: str | None = None) -> bool:
+        """Drops the unreferenced cached blocks (only ``namespace``'s, if given); False if some are in use."""
+        return await self.client.reset_prefix_cache(namespace)
 
     async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None, quota: list | None = None,
                          target_replica: str | None = None) -> int:

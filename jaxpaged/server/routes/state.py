@@ -13,7 +13,9 @@ from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
 from jaxpaged.engine.pin_quota import PinQuota
-from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt
+from jaxpaged.cache.namespaces import Namespace
+from jaxpaged.server.tenants import (PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt,
+                                     tenant_namespace)
 from jaxpaged.server.tools import template_messages
 
 
@@ -75,10 +77,12 @@ class ServerState:
             tenant = Tenant(tenant_name)
         return tenant_cache_salt(tenant, client_salt, self.keys.allow_sub_namespaces)
 
-    def require_admin(self, request, action: str) -> None:
-        """PermissionDenied (a 403) when API keys are configured and the request's tenant is not an admin."""
-        if self.keys is not None and not request.state.tenant.is_admin:
-            raise PermissionDenied(f"{action} needs an admin API key")
+    def reset_namespace(self, request) -> Namespace | None:
+        """What the request's ``/reset_prefix_cache`` drops: its tenant's namespace for a user key, None
+        (everything) for an admin key or without API keys."""
+        if self.keys is None or request.state.tenant.is_admin:
+            return None
+        return tenant_namespace(request.state.tenant)
 
     def pin_quota(self, request) -> PinQuota | None:
         """What the request's pins are charged to: its tenant (None without API keys)."""
