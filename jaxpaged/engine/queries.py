@@ -13,6 +13,7 @@ from jaxpaged.cache import CacheStats, KVEvent
 from jaxpaged.cache.records import CachedBlockInfo
 from jaxpaged.offload.tiers import TierStats
 from jaxpaged.router.policies import ReplicaLoad
+from jaxpaged.sequence import SeqStatus
 
 
 class EngineQueries:
@@ -22,6 +23,15 @@ class EngineQueries:
         """Requests waiting and running, and the fraction of KV blocks held by requests."""
         return ReplicaLoad(num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
                            kv_usage=self.kv.stats.usage)
+
+    def tenant_requests(self, tenant: str | None) -> tuple[int, int]:
+        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(requests)."""
+        unfinished = waiting = 0
+        for request in self._requests.values():
+            if request.tenant == tenant and request.seqs:
+                unfinished += 1
+                waiting += all(seq.status is SeqStatus.WAITING for seq in request.seqs)
+        return unfinished, waiting
 
     @property
     def num_preemptions(self) -> int:

@@ -4,7 +4,7 @@ Every client's request goes into the one `EngineClient` (engine_client.py). Erro
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
 unknown model, 401 / 403 for a missing key or a role that may not (auth.py, tenants.py), 429 with
-`Retry-After` past a tenant's limits or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
+`Retry-After` past a tenant's request limits (tenant_admission.py) or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
 `Retry-After` when the waiting queue is full or the engine loop is gone.
 
 No client can stop the engine, or keep it busy after leaving: a client that
@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxpaged.engine.pin_quota import PinQuotaError
 from jaxpaged.server.auth import Authenticate
-from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError, TenantLimitError
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
@@ -133,6 +133,10 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(PermissionDenied)
     async def not_allowed(request: Request, exc: PermissionDenied):
         return _error(403, str(exc), "PermissionDeniedError")
+
+    @app.exception_handler(TenantLimitError)
+    async def over_tenant_limit(request: Request, exc: TenantLimitError):
+        return _error(429, str(exc), "RateLimitError", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, exc: QueueFullError):

@@ -33,6 +33,7 @@ from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.engine_client import ModelInfo
+from jaxpaged.server.tenant_admission import AdmissionLimits, check_admission
 from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_from_dict,
                                             params_to_dict, refuse_overlong)
 
@@ -124,20 +125,21 @@ class AsyncEngine:
     # ---- what clients call ----------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> RequestStream:
         """Queue a request; returns the stream of its outputs (the last one has `finished`).
 
         A text prompt is tokenized, and every prompt checked, on a worker
         thread, so a huge prompt does not stall the loop (and every stream
-        with it). Raises ValueError (bad input), QueueFullError or
-        EngineDeadError before anything streams. If the caller is cancelled
+        with it). Raises ValueError (bad input), QueueFullError, TenantLimitError
+        (past the tenant's ``limits``, tenant_admission.py) or EngineDeadError before anything streams. If the caller is cancelled
         meanwhile, the request is not left running.
         """
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
                   "cache_salt": cache_salt, "arrival_time": self.engine.clock(), "priority": priority,
-                  "tenant": tenant}
+                  "tenant": tenant, "limits": None if limits is None else limits.to_wire()}
         try:
             await self._call(record, stream)
         except asyncio.CancelledError:
@@ -313,6 +315,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "add":
         if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
+        check_admission(engine, AdmissionLimits.from_wire(record.get("limits")))
         params = params_from_dict(record["params"])
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
                            arrival_time=record["arrival_time"], priority=record.get("priority", 0),

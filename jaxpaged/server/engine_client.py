@@ -14,6 +14,7 @@ import dataclasses
 from typing import AsyncIterator, Protocol, runtime_checkable
 
 from jaxpaged.engine.pin_quota import PinQuota
+from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.config import ModelConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
@@ -70,7 +71,8 @@ class EngineClient(Protocol):
     def dead_reason(self) -> str: ...
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestOutputStream: ...
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> RequestOutputStream: ...
 
     def abort(self, request_id: str) -> None: ...
 

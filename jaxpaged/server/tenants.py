@@ -10,8 +10,10 @@ A server started with ``--api_key`` or ``--api_keys_file`` maps each key to a
 - what it may do: ``/reset_prefix_cache`` by a ``user`` drops only its own
   namespace's cached blocks (`tenant_namespace`), by an ``admin`` every
   tenant's; pins in another tenant's namespace need the ``admin`` role;
-- how much it may ask at once: ``max_concurrent_requests`` in flight per API
-  server process (past it: 429 with ``Retry-After``);
+- how much it may ask at once: ``max_concurrent_requests`` in the engine
+  (waiting or running) and ``max_queued_requests`` waiting for a batch slot,
+  counted by the engine's loop across every API server process (past them:
+  429 with ``Retry-After``; tenant_admission.py);
 - how much it may pin: ``max_pins`` live pins holding at most
   ``max_pinned_blocks`` blocks, counted by the engine (past them: 429;
   jaxpaged/engine/pin_quota.py).
@@ -21,7 +23,7 @@ The keys file is JSON::
     {"allow_sub_namespaces": false,
      "keys": [{"key": "sk-...", "tenant": "alice", "role": "user", "max_concurrent_requests": 8,
                "max_pins": 16, "max_pinned_blocks": 512},
-              {"key": "sk-...", "tenant": "ops", "role": "admin"}]}
+              {"key": "sk-...", "tenant": "ops", "role": "admin", "max_queued_requests": 4}]}
 
 Keys are looked up by their SHA-256 digest and then compared with
 `hmac.compare_digest`, so response times tell nothing about how much of a
@@ -39,9 +41,10 @@ from pathlib import Path
 
 from jaxpaged.cache.namespaces import Namespace, namespace_salt
 from jaxpaged.engine.pin_quota import PinQuota
+from jaxpaged.server.tenant_admission import AdmissionLimits
 
 ROLES = ("user", "admin")
-LIMITS = ("max_concurrent_requests", "max_pins", "max_pinned_blocks")
+LIMITS = ("max_concurrent_requests", "max_queued_requests", "max_pins", "max_pinned_blocks")
 SINGLE_KEY_TENANT = "default"  # the tenant of the one ``--api_key``
 
 
@@ -55,7 +58,8 @@ class Tenant:
 
     name: str
     role: str = "user"
-    max_concurrent_requests: int | None = None  # None: no per-tenant bound
+    max_concurrent_requests: int | None = None  # requests in the engine (waiting or running); None: no bound
+    max_queued_requests: int | None = None  # requests waiting for a batch slot; None: only the server's queue bound
     max_pins: int | None = None  # live pins (POST /v1/cache/pin, pin_ttl_s); None: only the server's bound
     max_pinned_blocks: int | None = None  # full blocks under those pins
 
@@ -132,6 +136,11 @@ class TenantKeys:
     def tenant_names(self) -> frozenset[str]:
         """Every configured tenant's name."""
         return frozenset(t.name for _, t in self.keys)
+
+
+def admission_limits(tenant: Tenant) -> AdmissionLimits:
+    """What the engine's loop bounds the tenant's requests by (tenant_admission.py)."""
+    return AdmissionLimits(tenant.name, tenant.max_concurrent_requests, tenant.max_queued_requests)
 
 
 def pin_quota(tenant: Tenant) -> PinQuota:

@@ -29,6 +29,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.request_stream import EngineDeadError, refuse_overlong
+from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.server.engine_client import ModelInfo
 from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 from jaxpaged.server.replicas.metrics import merge_replica_metrics
@@ -102,11 +103,13 @@ class ReplicaPool:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> AsyncIterator[RequestOutput]:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> AsyncIterator[RequestOutput]:
         """Routes and queues a request; returns its outputs' stream.
 
         Raises, before anything streams: ValueError / TypeError (bad input),
-        QueueFullError (the replica's queue is full) or EngineDeadError (no live
+        QueueFullError (the replica's queue is full), TenantLimitError (past the
+        tenant's ``limits`` on the chosen replica, which counts only its own) or EngineDeadError (no live
         replica, or the chosen ones died before taking it; tried on up to every
         live replica).
         """
@@ -118,7 +121,9 @@ class ReplicaPool:
         while True:
             replica = self._choose(token_ids, cache_salt, exclude=tried)
             stream = self.handle.options(stream=True).generate.remote(request_id, prompt, params, cache_salt,
-                                                                      priority, tenant, target_replica=replica)
+                                                                      priority, tenant,
+                                                                      None if limits is None else limits.to_wire(),
+                                                                      target_replica=replica)
             try:
                 first = await stream.__anext__()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:

@@ -14,8 +14,8 @@ from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
 from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.cache.namespaces import Namespace
-from jaxpaged.server.tenants import (PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt,
-                                     tenant_namespace)
+from jaxpaged.server.tenants import (PermissionDenied, Tenant, TenantKeys, admission_limits, pin_quota,
+                                     tenant_cache_salt, tenant_namespace)
 from jaxpaged.server.tools import template_messages
 
 
@@ -100,12 +100,13 @@ class ServerState:
         """Queue every prompt (with its ``priority`` and the request's tenant); if one is refused (or the client
         leaves), abort those already queued."""
         tenant = None if self.keys is None else request.state.tenant.name
+        limits = None if self.keys is None else admission_limits(request.state.tenant)
         streams = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await self.client.add_request(f"{base_id}-{i}", prompt, params,
                                                              cache_salt=cache_salt, priority=priority,
-                                                             tenant=tenant))
+                                                             tenant=tenant, limits=limits))
         except BaseException:
             close_streams(streams)
             raise
