@@ -4,8 +4,8 @@ Every client's request goes into the one `EngineClient` (engine_client.py). Erro
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
 unknown model, 401 / 403 for a missing key or a role that may not (auth.py, tenants.py), 429 with
-`Retry-After` past a tenant's request limits (tenant_admission.py) or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
-`Retry-After` when the waiting queue is full or the engine loop is gone.
+`Retry-After` past a tenant's request limits (tenant_admission.py) or the pin bounds, 413 for a body over
+`max_request_body_bytes`, 503 with `Retry-After` when the waiting queue is full or the engine loop is gone.
 
 No client can stop the engine, or keep it busy after leaving: a client that
 disconnects (streaming or not) has every request it queued aborted, which
@@ -71,8 +71,8 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
         await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
-    routers = [module.router(state)
-               for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ())]
+    modules = (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ())
+    routers = [module.router(state) for module in modules]
     app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # before anything reads the body
                        max_json_values=lambda: state.limits.max_json_values)
     if keys is not None:  # outside BodyLimit: no byte of a client's body is read before its key is checked

@@ -132,8 +132,9 @@ class AsyncEngine:
         A text prompt is tokenized, and every prompt checked, on a worker
         thread, so a huge prompt does not stall the loop (and every stream
         with it). Raises ValueError (bad input), QueueFullError, TenantLimitError
-        (past the tenant's ``limits``, tenant_admission.py) or EngineDeadError before anything streams. If the caller is cancelled
-        meanwhile, the request is not left running.
+        (past the tenant's ``limits``, tenant_admission.py) or EngineDeadError
+        before anything streams. If the caller is cancelled meanwhile, the
+        request is not left running.
         """
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)

@@ -1,7 +1,8 @@
 """A live `jaxpaged serve` with API keys (one server, engine core in its own process, two API server processes),
-driven by the official `openai` client: every refusal (missing key, wrong key, a user in another tenant's namespace, a tenant over its
-concurrency or pin limits) has its status and OpenAI error type, one tenant's prompt is a cache miss for another
-whatever `cache_salt` the other sends, and a user's reset drops only its own namespace."""
+driven by the official `openai` client: every refusal (missing key, wrong key, a user in another tenant's
+namespace, a tenant over its concurrency, queue or pin limits) has its status and OpenAI error type, one tenant's
+prompt is a cache miss for another whatever `cache_salt` the other sends, and a user's reset drops only its own
+namespace."""
 
 import json
 import threading
