@@ -9,6 +9,7 @@ import pytest
 
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.cache.hashing import hash_request_blocks
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.cache.namespaces import namespace_salt, salt_in_namespace
 from tests.cache.cache_test_helpers import prefill
 
@@ -87,3 +88,21 @@ def test_a_scoped_reset_reports_removed_hashes_and_the_whole_reset_still_refuses
     removed = [h for event in log.take() for h in event.block_hashes]
     assert sorted(removed) == sorted(hash_request_blocks(list(range(9)), BS, alice))
     assert not mgr.reset_prefix_cache()
+
+
+def test_a_sliding_window_model_drops_the_namespaces_blocks_in_every_group():
+    mgr = KVCacheManager(64, BS, kv_cache_layout((None, 8)))
+    alice, bob = namespace_salt(("tenant", "alice")), namespace_salt(("tenant", "bob"))
+    for seq, salt in (("a", alice), ("b", bob), ("c", alice)):
+        prefill(mgr, seq, list(range(1, 14)) + [len(seq)], cache_salt=salt)
+    mgr.free("a")
+    mgr.free("b")
+    before = {key: block.cache_salt for key, block in mgr._pool.cached.items()}
+    assert set(before.values()) == {alice, bob} and len(before) > 6  # both groups' keys, both tenants
+    held = {b for b in mgr.held_blocks("c")}
+    mgr.reset_prefix_cache(("tenant", "alice"))
+    after = {key: block.cache_salt for key, block in mgr._pool.cached.items()}
+    assert {k for k, s in before.items() if s == bob} <= set(after)
+    assert {mgr._pool.cached[k].block_id for k, s in after.items() if s == alice} <= held  # only c's blocks
+    assert any(s == alice for s in after.values())
+    mgr.check_invariants()
