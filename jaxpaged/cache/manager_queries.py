@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from jaxpaged.cache.block_pool import EvictCallback
 from jaxpaged.cache.events import KVEvent, KVEventLog
 from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, interleave_tables
-from jaxpaged.cache.namespaces import Namespace
+from jaxpaged.cache.namespaces import Namespace, check_namespace
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
 from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.mathutils import cdiv
@@ -129,7 +129,7 @@ class ManagerQueries:
         refused; blocks in use keep theirs and other namespaces are untouched."""
         if namespace is None:
             return self._pool.reset_cache()
-        self._pool.reset_namespace(namespace)
+        self._pool.reset_namespace(check_namespace(namespace))
         return True
 
     def _set_in_flight(self, seq, window: tuple[int, int]) -> None:

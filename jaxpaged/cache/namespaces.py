@@ -18,6 +18,14 @@ from functools import lru_cache
 Namespace = tuple[str, ...]
 
 
+def check_namespace(namespace: Namespace) -> Namespace:
+    """``namespace`` as a tuple; ValueError unless it is a non-empty sequence of strings (an empty one would
+    hold every namespaced salt)."""
+    if isinstance(namespace, str) or not namespace or not all(isinstance(p, str) for p in namespace):
+        raise ValueError(f"namespace must be a non-empty sequence of strings, got {namespace!r}")
+    return tuple(namespace)
+
+
 def namespace_salt(namespace: Namespace) -> str:
     """The cache salt of ``namespace``: its parts as a JSON array (no two namespaces spell the same salt)."""
     return json.dumps(list(namespace))

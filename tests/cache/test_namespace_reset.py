@@ -18,6 +18,16 @@ SALTS = [None, "free-form", namespace_salt(("tenant", "alice")), namespace_salt(
          namespace_salt(("tenant", "alice2")), namespace_salt(("tenant", "bob"))]
 
 
+def test_an_empty_or_malformed_namespace_is_refused_and_nothing_is_dropped():
+    mgr = KVCacheManager(8, BS)
+    prefill(mgr, "a", list(range(9)), cache_salt=namespace_salt(("tenant", "alice")))
+    mgr.free("a")
+    for bad in ((), "tenant", ("tenant", 1)):
+        with pytest.raises(ValueError, match="namespace must be a non-empty sequence of strings"):
+            mgr.reset_prefix_cache(bad)
+    assert mgr.stats.num_cached_blocks == 2
+
+
 def test_namespace_membership():
     alice = ("tenant", "alice")
     assert salt_in_namespace(namespace_salt(alice), alice)
