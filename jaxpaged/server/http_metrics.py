@@ -6,8 +6,8 @@ at thousands of SSE chunks a second that relay was the API server's largest
 single cost. This one only looks at the `http.response.start` message and
 passes every other message straight on.
 
-It is the outermost middleware, so the refusals of the ones inside it (401,
-403 and 429 from `Authenticate`, 413 from `BodyLimit`) are counted too. Such
+It is the outermost middleware, so the refusals of the ones inside it (401
+from `Authenticate`, 413 from `BodyLimit`) are counted too. Such
 a refusal never reaches the router, so it is labelled with the request's path
 when that is one of the app's routes, else ``unmatched`` (a client cannot
 grow the label set).

@@ -34,7 +34,8 @@ from jaxpaged.server.tenant_admission import AdmissionLimits
 log = logging.getLogger(__name__)
 
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "QueueFullError": QueueFullError,
-           "EngineDeadError": EngineDeadError, "PinQuotaError": PinQuotaError, "TenantLimitError": TenantLimitError}
+           "EngineDeadError": EngineDeadError, "PinQuotaError": PinQuotaError,
+           "TenantLimitError": TenantLimitError}
 
 
 class CoreClient:
