@@ -3,7 +3,7 @@
 Every distinct padded shape of the step is one XLA compile (seconds on a CPU,
 once per machine with the persistent compile cache: `jaxpaged.compile_cache`).
 Sizes go to the next power of two, with minimums. One is padded further, where
-the padding was measured free (docs/BENCHMARKS.md, "Start-up"): the block
+the padding was measured free (docs/benchmarks/startup.md, "Start-up"): the block
 table of a decode-only step is at least `MIN_DECODE_BLOCKS_PER_SEQ` wide. A
 decode's attention loop stops at the last key a real row sees, so the wider
 table costs its int32 entries and nothing else; before, a batch's decodes

@@ -39,7 +39,7 @@ from pallas_kernels.reference import soft_capped
 
 # One loop step's working set (K and V chunks plus the score tile, float32) is kept
 # near this size: on a CPU a chunk that stays in cache runs several times faster than
-# one that streams through memory (measured in docs/BENCHMARKS.md).
+# one that streams through memory (measured in docs/benchmarks/kernels.md).
 CHUNK_BUDGET_BYTES = 512 * 1024
 MAX_KV_CHUNK = 512  # keys
 PREFILL_QUERY_TILE = 128  # query rows per prefill tile

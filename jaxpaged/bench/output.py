@@ -28,7 +28,7 @@ def memory_environment(thp_setting: Path = THP_SETTING) -> dict[str, str | None]
     `transparent_hugepage` is the kernel's mode (`always`, `madvise` or `never`;
     None off Linux); `GLIBC_TUNABLES` is the environment variable, where
     `glibc.malloc.hugetlb=1` makes malloc ask for huge pages in `madvise` mode
-    (docs/BENCHMARKS.md, "The step-level targets").
+    (docs/benchmarks/throughput.md, "The step-level targets").
     """
     mode = None
     if thp_setting.is_file():

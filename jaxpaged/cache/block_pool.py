@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from jaxpaged.cache.blocks import FreeBlockQueue, KVBlock
 from jaxpaged.cache.eviction import EvictionPolicy, make_policy
-from jaxpaged.cache.events import AllBlocksCleared, KVEventLog
+from jaxpaged.cache.events import DEVICE_TIER, AllBlocksCleared, KVEventLog
+from jaxpaged.cache.namespaces import Namespace, salt_in_namespace
 from jaxpaged.cache.pins import PinTable
 from jaxpaged.cache.residency import ResidencyTracker
 
@@ -259,8 +260,9 @@ class BlockPool:
         parent_hash: bytes | None,
         token_ids: tuple[int, ...],
         extra_keys: tuple,
+        cache_salt: str | None = None,
     ) -> bool:
-        """Publishes a computed full block under ``block_hash``.
+        """Publishes a computed full block under ``block_hash``; ``cache_salt`` is its chain's salt.
 
         If another block is already cached under that hash, the existing entry is
         kept and ``block`` stays private (returns False).
@@ -272,9 +274,35 @@ class BlockPool:
         block.parent_hash = parent_hash
         block.token_ids = token_ids
         block.extra_keys = extra_keys
+        block.cache_salt = cache_salt
         if self.residency is not None:
             self.residency.cached(block)
         return True
+
+    def reset_namespace(self, namespace: Namespace) -> int:
+        """Drops the hash entry of every free cached block whose salt is in ``namespace``
+        (``jaxpaged.cache.namespaces``), pinned ones included (their pins stay); blocks in use keep theirs.
+        Other namespaces' blocks are untouched. Returns how many entries were dropped.
+
+        The dropped blocks go to ``empty`` without passing through ``on_evict``
+        (a reset is not an eviction: nothing is offloaded); the event log hears
+        of each as removed."""
+        doomed = [block for block in self.cached.values()
+                  if block.ref_count == 0 and salt_in_namespace(block.cache_salt, namespace)]
+        for block in doomed:
+            (self.pinned if block.free_in is self.pinned else self.policy).remove(block)
+            if block.sampled:
+                self.residency.dropped(block)
+            del self.cached[block.block_hash]
+            if self._events is not None:
+                self._events.remove(block.block_hash, DEVICE_TIER)
+            block.clear_hash()
+            self.empty.append(block)
+            block.free_in = self.empty
+        if doomed:
+            self.evictions_by_reason["reset"] += len(doomed)
+            self.cache_epoch += 1
+        return len(doomed)
 
     def reset_cache(self) -> bool:
         """Drops every hash entry (pins stay); refused (False) while any block is in use."""

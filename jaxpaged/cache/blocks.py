@@ -17,7 +17,9 @@ class KVBlock:
 
     ``block_hash`` is set only while the prefix-cache map points at this block;
     ``parent_hash``, ``token_ids`` and ``extra_keys`` are the hash's inputs, kept
-    so the hash can be re-derived (invariant checks) and handed to ``on_evict``.
+    so the hash can be re-derived (invariant checks) and handed to ``on_evict``;
+    ``cache_salt`` is the salt of the request whose chain the block is in (every
+    block of the chain, not only block 0), so a reset can be scoped to a namespace.
     ``hits`` counts the references taken on the block since it was cached
     (prefix hits and forks); ``policy_state`` belongs to the eviction policy;
     ``free_in`` is the list (or policy) that holds the block while it is free;
@@ -31,6 +33,7 @@ class KVBlock:
         "parent_hash",
         "token_ids",
         "extra_keys",
+        "cache_salt",
         "prev_free",
         "next_free",
         "hits",
@@ -46,6 +49,7 @@ class KVBlock:
         self.parent_hash: bytes | None = None
         self.token_ids: tuple[int, ...] = ()
         self.extra_keys: tuple = ()
+        self.cache_salt: str | None = None
         self.prev_free: KVBlock | None = None
         self.next_free: KVBlock | None = None
         self.hits = 0
@@ -59,6 +63,7 @@ class KVBlock:
         self.parent_hash = None
         self.token_ids = ()
         self.extra_keys = ()
+        self.cache_salt = None
         self.hits = 0
         self.policy_state = 0
         self.sampled = False

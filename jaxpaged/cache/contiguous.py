@@ -30,6 +30,7 @@ import heapq
 from collections.abc import Hashable, Sequence
 
 from jaxpaged.cache.hashing import request_extra_keys
+from jaxpaged.cache.namespaces import Namespace
 from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, CacheStats, PrefixMatch
 from jaxpaged.mathutils import cdiv
 
@@ -246,9 +247,10 @@ class ContiguousKVCacheManager:
         del self._seqs[seq_id]
         heapq.heappush(self._free_regions, region.index)
 
-    def reset_prefix_cache(self) -> bool:
-        """Nothing to drop; True when no sequence holds a region (as the paged manager's rule)."""
-        return not self._seqs
+    def reset_prefix_cache(self, namespace: Namespace | None = None) -> bool:
+        """Nothing to drop; True when no sequence holds a region (as the paged manager's rule), or for a
+        namespace (never refused)."""
+        return namespace is not None or not self._seqs
 
     # --------------------------------------------------------------- invariants
 

@@ -56,6 +56,7 @@ from jaxpaged.cache.invariants import check_manager
 from jaxpaged.cache.kv_cache_coordinator import FROM_TIER, KVCacheCoordinator, MatchExtension
 from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, KVCacheLayout, interleave_tables, kv_cache_layout
 from jaxpaged.cache.manager_queries import ManagerQueries, growth_error
+from jaxpaged.cache.namespaces import salt_of
 from jaxpaged.cache.records import NO_CHANGE, BlockTableUpdate, PrefixMatch, SequenceState
 from jaxpaged.mathutils import cdiv
 
@@ -478,10 +479,11 @@ class KVCacheManager(ManagerQueries):
                 parent, token_ids[start * bs : num_full * bs], bs, first_keys, self.hash_algo)
         if self._unitary and self._pool.events is None:
             blocks, table, cache_block = self._pool.blocks, seq.tables[0], self._pool.cache_block
+            salt = salt_of(seq.request_keys)
             for index in range(seq.num_hashed_blocks, num_full):
                 cache_block(blocks[table[index]], hashes[index], hashes[index - 1] if index else None,
                             tuple(token_ids[index * bs : (index + 1) * bs]),
-                            seq.request_keys if index == 0 else ())
+                            seq.request_keys if index == 0 else (), salt)
         else:
             self._publish_in_groups(seq, token_ids, num_full)
         seq.num_hashed_blocks = num_full
@@ -498,6 +500,7 @@ class KVCacheManager(ManagerQueries):
         bs, hashes, log = self.block_size, seq.block_hashes, self._pool.events
         blocks, cache_block, table = self._pool.blocks, self._pool.cache_block, seq.tables[0]
         others = list(zip(self._coordinator.managers[1:], seq.tables[1:]))
+        salt = salt_of(seq.request_keys)
         run: list[int] = []
 
         def flush() -> None:
@@ -513,10 +516,11 @@ class KVCacheManager(ManagerQueries):
             parent = hashes[index - 1] if index else None
             keys = seq.request_keys if index == 0 else ()
             stored = table[index] != NULL_BLOCK and cache_block(
-                blocks[table[index]], hashes[index], parent, block_tokens, keys)
+                blocks[table[index]], hashes[index], parent, block_tokens, keys, salt)
             for manager, other in others:
                 if other[index] != NULL_BLOCK:
-                    cache_block(blocks[other[index]], manager.key(hashes[index]), parent, block_tokens, keys)
+                    cache_block(blocks[other[index]], manager.key(hashes[index]), parent, block_tokens, keys,
+                                salt)
             if log is None:
                 continue
             if stored:
@@ -578,14 +582,17 @@ class KVCacheManager(ManagerQueries):
         key a group key (``kv_groups.group_key``). Nothing cached is evicted.
         Returns each entry's block id, whose K/V the caller writes before the
         next step; None where the key is cached already or no empty block is left.
+        A block's cache salt is its chain's: block 0's, found through the parents
+        among ``entries`` and the blocks cached already.
         """
         pool, log, out = self._pool, self._pool.events, []
+        salts = _chain_salts(entries, pool.cached)
         for key, parent, tokens, keys in entries:
             if key in pool.cached or not len(pool.empty):
                 out.append(None)
                 continue
             (block,) = pool.allocate(1)  # an empty block: nothing is evicted
-            pool.cache_block(block, key, parent, tuple(tokens), keys)
+            pool.cache_block(block, key, parent, tuple(tokens), keys, salts.get(key))
             if log is not None and len(key) == self._digest_len:
                 log.store(key, parent, tuple(tokens), self.block_size, DEVICE_TIER)
             pool.release([block])
@@ -650,6 +657,36 @@ class KVCacheManager(ManagerQueries):
     def check_invariants(self) -> None:
         """Checks every bookkeeping rule, per group, in O(pool + tables); raises AssertionError."""
         check_manager(self)
+
+
+def _chain_salts(entries: Sequence[tuple[bytes, bytes | None, tuple[int, ...], tuple]],
+                 cached: dict[bytes, KVBlock]) -> dict[bytes, str | None]:
+    """Each restored entry's chain salt (``cache_restored_blocks``): block 0's own, else its parent's, the
+    parent found among ``entries`` (group 0 keys are the plain hashes parents name) or in ``cached``."""
+    by_key = {key: (parent, keys) for key, parent, _, keys in entries}
+    salts: dict[bytes, str | None] = {}
+
+    def salt_of_plain(block_hash: bytes) -> str | None:
+        chain = []
+        while block_hash not in salts:
+            if block_hash not in by_key:  # outside the snapshot: the cached block's, if any
+                block = cached.get(block_hash)
+                salts[block_hash] = None if block is None else block.cache_salt
+                break
+            parent, keys = by_key[block_hash]
+            if parent is None:
+                salts[block_hash] = salt_of(keys)
+                break
+            chain.append(block_hash)
+            block_hash = parent
+        for link in chain:
+            salts[link] = salts[block_hash]
+        return salts[block_hash]
+
+    out = {}
+    for key, parent, _, keys in entries:
+        out[key] = salt_of(keys) if parent is None else salt_of_plain(parent)
+    return out
 
 
 def _shared_write_error(seq_id: Hashable, block_id: int) -> ValueError:

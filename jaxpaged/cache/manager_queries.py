@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable
 from jaxpaged.cache.block_pool import EvictCallback
 from jaxpaged.cache.events import KVEvent, KVEventLog
 from jaxpaged.cache.kv_groups import NULL_BLOCK, PAD_BLOCK, interleave_tables
+from jaxpaged.cache.namespaces import Namespace, check_namespace
 from jaxpaged.cache.records import CachedBlockInfo, CacheStats
 from jaxpaged.cache.residency import ResidencyTracker
 from jaxpaged.mathutils import cdiv
@@ -122,9 +123,14 @@ class ManagerQueries:
         if self._pool.events is not None:
             attach(self._pool.events)
 
-    def reset_prefix_cache(self) -> bool:
-        """Drops every prefix-cache entry. Refused (False) while any block is in use."""
-        return self._pool.reset_cache()
+    def reset_prefix_cache(self, namespace: Namespace | None = None) -> bool:
+        """Drops every prefix-cache entry; refused (False) while any block is in use. With ``namespace``
+        (``jaxpaged.cache.namespaces``): drops only the entries of free blocks whose salt is in it, never
+        refused; blocks in use keep theirs and other namespaces are untouched."""
+        if namespace is None:
+            return self._pool.reset_cache()
+        self._pool.reset_namespace(check_namespace(namespace))
+        return True
 
     def _set_in_flight(self, seq, window: tuple[int, int]) -> None:
         """Moves the sequence's in-flight hash window (allocated, hash-known, uncommitted blocks)."""

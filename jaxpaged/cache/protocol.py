@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
+from jaxpaged.cache.namespaces import Namespace
 from jaxpaged.cache.records import BlockTableUpdate, CacheStats, PrefixMatch
 from jaxpaged.cache.residency import ResidencyTracker
 
@@ -93,8 +94,10 @@ class KVManager(Protocol):
         a prefix cache."""
         ...
 
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block nobody holds; False (nothing done) while any block is in use."""
+    def reset_prefix_cache(self, namespace: Namespace | None = None) -> bool:
+        """Drop every cached block nobody holds; False (nothing done) while any block is in use. With
+        ``namespace``: only the free cached blocks whose salt is in it (`jaxpaged.cache.namespaces`), never
+        refused."""
         ...
 
     def check_invariants(self) -> None:

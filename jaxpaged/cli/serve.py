@@ -18,7 +18,7 @@ requests (then aborts what is left) and saves the prefix-cache snapshot when
 Data-parallel replicas: --data_parallel_size=N (N > 1) starts a local Ray
 cluster and N engine replicas as a Ray Serve deployment behind one HTTP
 ingress with the same API, which routes each request by the replicas'
-cached prefixes (--routing_policy; docs/ARCHITECTURE.md, "Replicas on Ray
+cached prefixes (--routing_policy; docs/replicas.md, "Replicas on Ray
 Serve"). Needs the `serve` extra (ray[serve]).
 
 Simulated device: --device=simulated serves a shape-only model (e.g.

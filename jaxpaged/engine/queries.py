@@ -13,6 +13,7 @@ from jaxpaged.cache import CacheStats, KVEvent
 from jaxpaged.cache.records import CachedBlockInfo
 from jaxpaged.offload.tiers import TierStats
 from jaxpaged.router.policies import ReplicaLoad
+from jaxpaged.sequence import SeqStatus
 
 
 class EngineQueries:
@@ -24,6 +25,15 @@ class EngineQueries:
         loading = self.kv_connector.num_loading if self.kv_connector is not None else 0
         return ReplicaLoad(num_waiting=len(self.scheduler.waiting) + loading, num_running=len(self.scheduler.running),
                            kv_usage=self.kv.stats.usage)
+
+    def tenant_requests(self, tenant: str | None) -> tuple[int, int]:
+        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(requests)."""
+        unfinished = waiting = 0
+        for request in self._requests.values():
+            if request.tenant == tenant and request.seqs:
+                unfinished += 1
+                waiting += all(seq.status is SeqStatus.WAITING for seq in request.seqs)
+        return unfinished, waiting
 
     @property
     def num_preemptions(self) -> int:
@@ -110,11 +120,17 @@ class EngineQueries:
         """The KV cache events since the last call (empty unless `enable_kv_events` was called)."""
         return self.kv.take_events()
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """Forget every cached block of the device pool, then every cached (unpinned) block of the host
         tier, so no earlier prompt is a hit afterwards. False, and nothing cleared, while some device
         block is in use. The disk tier is kept: it is persistent storage that other engines may share,
-        and its files are only served to an engine with the same identity."""
+        and its files are only served to an engine with the same identity.
+
+        With ``namespace`` (a tenant's, `jaxpaged.cache.namespaces`): only the device pool's free cached
+        blocks whose salt is in it are forgotten, never refused; blocks in use, other namespaces and the
+        lower tiers (which do not record salts) are kept."""
+        if namespace is not None:
+            return self.kv.reset_prefix_cache(tuple(namespace))
         if not self.kv.reset_prefix_cache():
             return False
         if self.tiers is not None:

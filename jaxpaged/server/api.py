@@ -4,8 +4,8 @@ Every client's request goes into the one `EngineClient` (engine_client.py). Erro
 OpenAI shape, `{"error": {"message", "type", "param", "code"}}`: 400 for bad
 input (the engine's ValueErrors, malformed JSON, wrong types), 404 for an
 unknown model, 401 / 403 for a missing key or a role that may not (auth.py, tenants.py), 429 with
-`Retry-After` past a tenant's limits or the pin bounds, 413 for a body over `max_request_body_bytes`, 503 with
-`Retry-After` when the waiting queue is full or the engine loop is gone.
+`Retry-After` past a tenant's request limits (tenant_admission.py) or the pin bounds, 413 for a body over
+`max_request_body_bytes`, 503 with `Retry-After` when the waiting queue is full or the engine loop is gone.
 
 No client can stop the engine, or keep it busy after leaving: a client that
 disconnects (streaming or not) has every request it queued aborted, which
@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxpaged.engine.pin_quota import PinQuotaError
 from jaxpaged.server.auth import Authenticate
-from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError, TenantLimitError
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimit
 from jaxpaged.server.chat import ChatTemplate
 from jaxpaged.server.engine_client import EngineClient
@@ -71,25 +71,28 @@ def build_app(client: EngineClient, *, served_model_name: str, chat_template: Ch
         await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
 
     app = FastAPI(title="jaxpaged", lifespan=lifespan)
-    _count_requests(app, state.registry)
+    modules = (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ())
+    routers = [module.router(state) for module in modules]
     app.add_middleware(BodyLimit, max_bytes=max_request_body_bytes,  # before anything reads the body
                        max_json_values=lambda: state.limits.max_json_values)
-    if keys is not None:  # outermost: no byte of a client's body is read before its key is checked
+    if keys is not None:  # outside BodyLimit: no byte of a client's body is read before its key is checked
         app.add_middleware(Authenticate, keys=keys)
+    # outside them all, so their refusals are counted too
+    _count_requests(app, state.registry, frozenset(route.path for r in routers for route in r.routes))
     _handle_errors(app)
-    for module in (completions, chat, tokenize, cache, health) + ((admin,) if enable_debug_endpoints else ()):
-        app.include_router(module.router(state))
+    for router in routers:
+        app.include_router(router)
     return app
 
 
-def _count_requests(app: FastAPI, registry: CollectorRegistry) -> None:
-    """HTTP request counts and latencies by route, into `registry`."""
+def _count_requests(app: FastAPI, registry: CollectorRegistry, route_paths: frozenset[str]) -> None:
+    """HTTP request counts and latencies by route (one of `route_paths`, or ``unmatched``), into `registry`."""
     http_requests = Counter("jaxpaged:http_requests", "HTTP requests by method, path and status.",
                             ["method", "path", "status"], registry=registry)
     http_latency = Histogram("jaxpaged:http_request_duration_seconds", "Time to the response's start, by path.",
                              ["path"], registry=registry)
 
-    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency)
+    app.add_middleware(CountRequests, requests=http_requests, latency=http_latency, route_paths=route_paths)
 
 
 def _handle_errors(app: FastAPI) -> None:
@@ -130,6 +133,10 @@ def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(PermissionDenied)
     async def not_allowed(request: Request, exc: PermissionDenied):
         return _error(403, str(exc), "PermissionDeniedError")
+
+    @app.exception_handler(TenantLimitError)
+    async def over_tenant_limit(request: Request, exc: TenantLimitError):
+        return _error(429, str(exc), "RateLimitError", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, exc: QueueFullError):

@@ -33,6 +33,7 @@ from jaxpaged import distributed
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.engine_client import ModelInfo
+from jaxpaged.server.tenant_admission import AdmissionLimits, check_admission
 from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_from_dict,
                                             params_to_dict, refuse_overlong)
 
@@ -124,20 +125,22 @@ class AsyncEngine:
     # ---- what clients call ----------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> RequestStream:
         """Queue a request; returns the stream of its outputs (the last one has `finished`).
 
         A text prompt is tokenized, and every prompt checked, on a worker
         thread, so a huge prompt does not stall the loop (and every stream
-        with it). Raises ValueError (bad input), QueueFullError or
-        EngineDeadError before anything streams. If the caller is cancelled
-        meanwhile, the request is not left running.
+        with it). Raises ValueError (bad input), QueueFullError, TenantLimitError
+        (past the tenant's ``limits``, tenant_admission.py) or EngineDeadError
+        before anything streams. If the caller is cancelled meanwhile, the
+        request is not left running.
         """
         prompt = await asyncio.to_thread(self._prepare, prompt, params)
         stream = RequestStream(self, request_id, asyncio.get_running_loop(), params.output_kind)
         record = {"op": "add", "id": request_id, "prompt": prompt, "params": params_to_dict(params),
                   "cache_salt": cache_salt, "arrival_time": self.engine.clock(), "priority": priority,
-                  "tenant": tenant}
+                  "tenant": tenant, "limits": None if limits is None else limits.to_wire()}
         try:
             await self._call(record, stream)
         except asyncio.CancelledError:
@@ -164,10 +167,10 @@ class AsyncEngine:
         if self.error is None:
             self._send(_Command({"op": "abort", "id": request_id}))
 
-    async def reset_prefix_cache(self) -> bool:
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """Drop every unreferenced cached block, on the device and in the host tier (see `reset_prefix_cache`);
-        False if some are still in use."""
-        return await self._call({"op": "reset"})
+        False if some are still in use. With ``namespace``: only that namespace's free device blocks."""
+        return await self._call({"op": "reset", "namespace": None if namespace is None else list(namespace)})
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
                          quota: PinQuota | None = None) -> int:
@@ -313,6 +316,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "add":
         if engine.load().num_waiting >= max_waiting_requests:
             raise QueueFullError(f"the waiting queue is full ({max_waiting_requests} requests)")
+        check_admission(engine, AdmissionLimits.from_wire(record.get("limits")))
         params = params_from_dict(record["params"])
         engine.add_request(record["id"], record["prompt"], params, cache_salt=record["cache_salt"],
                            arrival_time=record["arrival_time"], priority=record.get("priority", 0),
@@ -321,7 +325,7 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     if op == "abort":
         return engine.abort(record["id"])
     if op == "reset":
-        return reset_prefix_cache(engine)
+        return reset_prefix_cache(engine, record.get("namespace"))
     if op == "pin":
         return engine.pin_prefix(record["prompt"], record["ttl_s"], cache_salt=record["cache_salt"],
                                  quota=PinQuota.from_wire(record.get("quota")))
@@ -330,12 +334,13 @@ def apply_record(engine: Engine, record: dict, max_waiting_requests: int):
     raise ValueError(f"unknown engine command {op!r}")
 
 
-def reset_prefix_cache(engine: Engine) -> bool:
+def reset_prefix_cache(engine: Engine, namespace: list[str] | None = None) -> bool:
     """What `/reset_prefix_cache` clears: every cached block of the device pool, then every cached
     (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
     cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
-    other engines may share, and its files are only served to an engine with the same identity."""
-    return engine.reset_prefix_cache()
+    other engines may share, and its files are only served to an engine with the same identity.
+    With ``namespace`` (a tenant's reset): only that namespace's free device blocks (`Engine.reset_prefix_cache`)."""
+    return engine.reset_prefix_cache(None if namespace is None else tuple(namespace))
 
 
 def run_follower(engine: Engine, *, max_waiting_requests: int = 1024) -> None:

@@ -6,24 +6,19 @@ raises `openai.AuthenticationError`). ``/health`` and ``/metrics`` stay open,
 so probes and scrapers need no key. The request's `Tenant` is put in the ASGI
 scope's state (``request.state.tenant``) for the routes.
 
-A tenant with ``max_concurrent_requests`` has at most that many requests in
-this API server process at once, counted from the request's arrival to its
-response's last byte (a stream counts until it ends); one more is a 429 with
-``Retry-After`` before its body is read.
+A tenant's request limits are counted by the engine's loop, across every API
+server process (tenant_admission.py), not here.
 
-This middleware is the outermost one, so its 401s and 429s are not in the
-`jaxpaged:http_requests` series (which counts what reached the app).
+Its 401s are counted in the `jaxpaged:http_requests` series, whose
+middleware (http_metrics.py) wraps this one.
 """
 
 from __future__ import annotations
-
-import collections
 
 from jaxpaged.server.errors import error_response
 from jaxpaged.server.tenants import TenantKeys
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
-RETRY_AFTER_S = 1
 
 
 class Authenticate:
@@ -31,7 +26,6 @@ class Authenticate:
 
     def __init__(self, app, *, keys: TenantKeys) -> None:
         self.app, self.keys = app, keys
-        self.in_flight: collections.Counter[str] = collections.Counter()  # tenant name -> requests in this process
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -43,21 +37,8 @@ class Authenticate:
                                       "AuthenticationError", headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
-        limit = tenant.max_concurrent_requests
-        if limit is not None and self.in_flight[tenant.name] >= limit:
-            response = error_response(429, f"tenant {tenant.name!r} has {limit} requests in flight, its limit "
-                                      "(max_concurrent_requests); retry when one has finished", "RateLimitError",
-                                      headers={"Retry-After": str(RETRY_AFTER_S)})
-            await response(scope, receive, send)
-            return
         scope.setdefault("state", {})["tenant"] = tenant
-        self.in_flight[tenant.name] += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight[tenant.name] -= 1
-            if not self.in_flight[tenant.name]:
-                del self.in_flight[tenant.name]
+        await self.app(scope, receive, send)
 
 
 def _bearer_token(headers) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError, TenantLimitError
 
 
 def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict:
@@ -25,6 +25,8 @@ def status_of(err: BaseException) -> tuple[int, str]:
     """The HTTP status and OpenAI error type of a failure."""
     if isinstance(err, (EngineDeadError, QueueFullError)):
         return 503, "ServiceUnavailableError"
+    if isinstance(err, TenantLimitError):
+        return 429, "RateLimitError"
     if isinstance(err, (ValueError, TypeError)):
         return 400, "BadRequestError"
     return 500, "InternalServerError"

@@ -31,6 +31,10 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at its bound; the client should retry later."""
 
 
+class TenantLimitError(RuntimeError):
+    """The request's tenant has as many requests in the engine, or waiting in it, as its key allows (a 429)."""
+
+
 class RequestStream:
     """One request's outputs as its client's event loop receives them (the last one has `finished`).
 

@@ -7,10 +7,13 @@ A server started with ``--api_key`` or ``--api_keys_file`` maps each key to a
   name (`tenant_cache_salt`), so no two tenants share a block hash, whatever
   ``cache_salt`` a client sends; with ``allow_sub_namespaces`` a client's own
   ``cache_salt`` is mixed in as a namespace inside its tenant's;
-- what it may do: ``/reset_prefix_cache`` and pins in another tenant's
-  namespace need the ``admin`` role;
-- how much it may ask at once: ``max_concurrent_requests`` in flight per API
-  server process (past it: 429 with ``Retry-After``);
+- what it may do: ``/reset_prefix_cache`` by a ``user`` drops only its own
+  namespace's cached blocks (`tenant_namespace`), by an ``admin`` every
+  tenant's; pins in another tenant's namespace need the ``admin`` role;
+- how much it may ask at once: ``max_concurrent_requests`` in the engine
+  (waiting or running) and ``max_queued_requests`` waiting for a batch slot,
+  counted by the engine's loop across every API server process (past them:
+  429 with ``Retry-After``; tenant_admission.py);
 - how much it may pin: ``max_pins`` live pins holding at most
   ``max_pinned_blocks`` blocks, counted by the engine (past them: 429;
   jaxpaged/engine/pin_quota.py).
@@ -20,7 +23,7 @@ The keys file is JSON::
     {"allow_sub_namespaces": false,
      "keys": [{"key": "sk-...", "tenant": "alice", "role": "user", "max_concurrent_requests": 8,
                "max_pins": 16, "max_pinned_blocks": 512},
-              {"key": "sk-...", "tenant": "ops", "role": "admin"}]}
+              {"key": "sk-...", "tenant": "ops", "role": "admin", "max_queued_requests": 4}]}
 
 Keys are looked up by their SHA-256 digest and then compared with
 `hmac.compare_digest`, so response times tell nothing about how much of a
@@ -36,10 +39,12 @@ import hmac
 import json
 from pathlib import Path
 
+from jaxpaged.cache.namespaces import Namespace, namespace_salt
 from jaxpaged.engine.pin_quota import PinQuota
+from jaxpaged.server.tenant_admission import AdmissionLimits
 
 ROLES = ("user", "admin")
-LIMITS = ("max_concurrent_requests", "max_pins", "max_pinned_blocks")
+LIMITS = ("max_concurrent_requests", "max_queued_requests", "max_pins", "max_pinned_blocks")
 SINGLE_KEY_TENANT = "default"  # the tenant of the one ``--api_key``
 
 
@@ -53,7 +58,8 @@ class Tenant:
 
     name: str
     role: str = "user"
-    max_concurrent_requests: int | None = None  # None: no per-tenant bound
+    max_concurrent_requests: int | None = None  # requests in the engine (waiting or running); None: no bound
+    max_queued_requests: int | None = None  # requests waiting for a batch slot; None: only the server's queue bound
     max_pins: int | None = None  # live pins (POST /v1/cache/pin, pin_ttl_s); None: only the server's bound
     max_pinned_blocks: int | None = None  # full blocks under those pins
 
@@ -132,19 +138,30 @@ class TenantKeys:
         return frozenset(t.name for _, t in self.keys)
 
 
+def admission_limits(tenant: Tenant) -> AdmissionLimits:
+    """What the engine's loop bounds the tenant's requests by (tenant_admission.py)."""
+    return AdmissionLimits(tenant.name, tenant.max_concurrent_requests, tenant.max_queued_requests)
+
+
 def pin_quota(tenant: Tenant) -> PinQuota:
     """What the engine charges the tenant's pins to."""
     return PinQuota(tenant.name, tenant.max_pins, tenant.max_pinned_blocks)
 
 
+def tenant_namespace(tenant: Tenant) -> Namespace:
+    """The tenant's cache namespace (`jaxpaged.cache.namespaces`): what its ``/reset_prefix_cache`` drops."""
+    return ("tenant", tenant.name)
+
+
 def tenant_cache_salt(tenant: Tenant, client_salt: str | None, allow_sub_namespaces: bool) -> str:
     """The cache salt a tenant's request hashes its blocks with: the tenant's namespace, and inside it the
     client's ``cache_salt`` when the operator allows sub-namespaces (otherwise the client's salt is ignored).
-    JSON-encoded, so no (tenant, salt) pair can spell another's, and no unsalted client can name it."""
-    parts = ["tenant", tenant.name]
+    JSON-encoded (`namespace_salt`), so no (tenant, salt) pair can spell another's, and no unsalted client
+    can name it."""
+    namespace = tenant_namespace(tenant)
     if allow_sub_namespaces and client_salt is not None:
-        parts.append(client_salt)
-    return json.dumps(parts)
+        namespace += (client_salt,)
+    return namespace_salt(namespace)
 
 
 def _key_bytes(key, where: str) -> bytes:

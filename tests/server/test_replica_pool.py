@@ -33,7 +33,7 @@ class FakeHandle:
     def generate(self):
         return self
 
-    def remote(self, request_id, prompt, params, cache_salt, priority, tenant, target_replica):
+    def remote(self, request_id, prompt, params, cache_salt, priority, tenant, limits, target_replica):
         self.targets.append(target_replica)
         first = self.first
 

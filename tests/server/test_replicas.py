@@ -1,5 +1,7 @@
 """Two engine replicas on a local Ray Serve cluster behind the prefix-aware ingress (`jaxpaged serve --data_parallel_size=2`),
-each replica actor owning one engine core process (the default `--engine_core=process`).
+each replica actor owning one engine core process (the default `--engine_core=process`), with API keys: the tests
+speak as an admin tenant (a client's `cache_salt` is a sub-namespace of it), and the tenant tests check that keys,
+namespaces and a user's scoped reset hold across replicas.
 
 One cluster for the module, started as a `jaxpaged serve` subprocess and
 driven with the official `openai` client; each replica's XLA runs
@@ -10,6 +12,7 @@ the same weights.
 """
 
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jaxpaged.llm import LLM
 from jaxpaged.router import RequestHasher
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.tenants import Tenant, tenant_cache_salt
 from tests.server.live_server import ROOT, WAIT_S, free_port
 from tests.suite_cache import SUITE_CACHE
 
@@ -36,17 +40,30 @@ ENV = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_e
        "JAX_COMPILATION_CACHE_DIR": str(SUITE_CACHE),
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
        "RAY_USAGE_STATS_ENABLED": "0", "JAX_PLATFORMS": "cpu"}
+ADMIN = "sk-admin"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+KEYS = {"allow_sub_namespaces": True, "keys": [{"key": ADMIN, "tenant": "admin", "role": "admin"},
+                                               {"key": "sk-alice", "tenant": "alice"},
+                                               {"key": "sk-bob", "tenant": "bob"}]}
+
+
+def _salt(client_salt: str | None = None, tenant: str = "admin") -> str:
+    """The cache salt the ingress gives a tenant's request (its namespace, the client's salt inside it)."""
+    return tenant_cache_salt(Tenant(tenant), client_salt, allow_sub_namespaces=True)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = free_port()
     log_path = tmp_path_factory.mktemp("replicas") / "serve.log"
+    keys_file = log_path.parent / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jaxpaged", "serve", "--model=tiny", "--data_parallel_size=2",
              "--host=127.0.0.1", f"--port={port}", f"--kv_budget_tokens={KV_TOKENS}",
-             f"--max_model_len={MAX_MODEL_LEN}", "--max_num_batched_tokens=256", "--enable_debug_endpoints"],
+             f"--max_model_len={MAX_MODEL_LEN}", "--max_num_batched_tokens=256", "--enable_debug_endpoints",
+             f"--api_keys_file={keys_file}"],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **ENV), stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -62,7 +79,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+    return openai.OpenAI(base_url=server + "/v1", api_key=ADMIN, max_retries=0, timeout=WAIT_S)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +105,7 @@ def _wait(condition, proc=None, log_path=None, what="the condition"):
 
 
 def _replicas(base: str) -> list[dict]:
-    return httpx.get(base + "/debug/replicas", timeout=30).json()["replicas"]
+    return httpx.get(base + "/debug/replicas", timeout=30, headers=AUTH).json()["replicas"]
 
 
 def _live(base: str) -> list[dict]:
@@ -134,7 +151,7 @@ def test_tenants_stick_to_the_replica_that_cached_their_prefix(server, client):
         _wait(lambda: all(r["in_flight"] == 0 and r["reported_load"]["kv_usage"] == 0 for r in _replicas(server)),
               what="idle replicas in the router's view")
         _complete(client, prefix[tenant] + [1, 2], extra_body={"cache_salt": salt[tenant]})
-        hashes = hasher.block_hashes(prefix[tenant], salt[tenant])
+        hashes = hasher.block_hashes(prefix[tenant], _salt(salt[tenant]))
         _wait(lambda: _holder(server, hashes) and _index_matches_caches(server), what="the prefix's events")
         (owner[tenant],) = _holder(server, hashes)
     assert owner["a"] != owner["b"], "idle replicas take turns for requests that match nothing"
@@ -143,8 +160,8 @@ def test_tenants_stick_to_the_replica_that_cached_their_prefix(server, client):
             out = _complete(client, prefix[tenant] + [100 + round_] * 5, extra_body={"cache_salt": salt[tenant]})
             assert out.usage.prompt_tokens_details.cached_tokens == len(prefix[tenant])
     for tenant, other in (("a", "b"), ("b", "a")):  # each replica caches its tenant's prefix only
-        assert _holder(server, hasher.block_hashes(prefix[tenant], salt[tenant])) == [owner[tenant]]
-        assert owner[tenant] not in _holder(server, hasher.block_hashes(prefix[other], salt[other]))
+        assert _holder(server, hasher.block_hashes(prefix[tenant], _salt(salt[tenant]))) == [owner[tenant]]
+        assert owner[tenant] not in _holder(server, hasher.block_hashes(prefix[other], _salt(salt[other])))
 
 
 def test_index_equals_replica_caches_after_a_run_with_evictions(server, client):
@@ -185,8 +202,9 @@ def test_clients_hanging_up_never_kill_a_replica_or_leak_its_count(server, clien
     flight, each engine is idle, and the next request is right."""
     ids = {r["replica_id"] for r in _live(server)}
     assert len(ids) == 2
-    assert httpx.post(server + "/debug/stall_engine_loop", json={"seconds": 2.0}, timeout=30).status_code == 200
-    impatient = openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=1.0)
+    stall = httpx.post(server + "/debug/stall_engine_loop", json={"seconds": 2.0}, timeout=30, headers=AUTH)
+    assert stall.status_code == 200
+    impatient = openai.OpenAI(base_url=server + "/v1", api_key=ADMIN, max_retries=0, timeout=1.0)
 
     def give_up(i):
         kwargs = dict(model="tiny", prompt=[i + 1, 5, 5], max_tokens=200, extra_body={"ignore_eos": True})
@@ -198,7 +216,7 @@ def test_clients_hanging_up_never_kill_a_replica_or_leak_its_count(server, clien
 
     def read_then_leave(i):
         body = {"model": "tiny", "prompt": [i + 30, 6, 6], "max_tokens": 200, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", server + "/v1/completions", json=body, timeout=WAIT_S) as response:
+        with httpx.stream("POST", server + "/v1/completions", json=body, timeout=WAIT_S, headers=AUTH) as response:
             lines = (line for line in response.iter_lines() if line.startswith("data: "))
             for _ in range(1 + i % 2):
                 next(lines)
@@ -217,7 +235,7 @@ def test_clients_hanging_up_never_kill_a_replica_or_leak_its_count(server, clien
 
 def test_a_refused_multi_prompt_request_leaves_nothing_running(server):
     before = sum(_replica_series(server, "jaxpaged:generation_tokens_total").values())
-    response = httpx.post(server + "/v1/completions", timeout=WAIT_S, json={
+    response = httpx.post(server + "/v1/completions", timeout=WAIT_S, headers=AUTH, json={
         "model": "tiny", "prompt": ["hello there", ""], "max_tokens": 300, "ignore_eos": True})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
     ids, last = {r["replica_id"] for r in _live(server)}, {}
@@ -228,15 +246,15 @@ def test_a_refused_multi_prompt_request_leaves_nothing_running(server):
 def test_killed_replica_fails_its_requests_and_leaves_the_index(server, client, reference):
     prefix = [17 + (3 * i) % 200 for i in range(48)]
     _complete(client, prefix + [1])
-    _wait(lambda: _holder(server, RequestHasher(BLOCK).block_hashes(prefix)) and _index_matches_caches(server),
+    _wait(lambda: _holder(server, RequestHasher(BLOCK).block_hashes(prefix, _salt())) and _index_matches_caches(server),
           what="the prefix's events")
-    (victim,) = _holder(server, RequestHasher(BLOCK).block_hashes(prefix))
+    (victim,) = _holder(server, RequestHasher(BLOCK).block_hashes(prefix, _salt()))
     long = dict(max_tokens=MAX_MODEL_LEN - len(prefix) - 8, extra_body={"ignore_eos": True})
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(_complete, client, prefix + [2 + i] * 4, **long) for i in range(3)]
         _wait(lambda: next(r for r in _replicas(server) if r["replica_id"] == victim)["in_flight"] == 3,
               what="the requests to run on the victim")
-        assert httpx.post(server + "/debug/kill_replica", json={"replica_id": victim}).status_code == 200
+        assert httpx.post(server + "/debug/kill_replica", json={"replica_id": victim}, headers=AUTH).status_code == 200
         for future in futures:
             with pytest.raises(openai.APIStatusError) as err:
                 future.result()
@@ -253,8 +271,8 @@ def test_killed_replica_fails_its_requests_and_leaves_the_index(server, client, 
 
 
 def test_debug_endpoints_refuse_bad_input(server):
-    assert httpx.post(server + "/debug/routing_policy", json={"policy": "random"}).status_code == 400
-    assert httpx.post(server + "/debug/kill_replica", json={"replica_id": "nope"}).status_code == 400
+    assert httpx.post(server + "/debug/routing_policy", json={"policy": "random"}, headers=AUTH).status_code == 400
+    assert httpx.post(server + "/debug/kill_replica", json={"replica_id": "nope"}, headers=AUTH).status_code == 400
 
 
 def test_a_bad_request_is_a_400_naming_the_field(client):
@@ -279,3 +297,31 @@ def test_each_replica_steps_in_its_own_engine_core_process(server):
             parent = int(f.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{parent}/cmdline", "rb") as f:
             assert b"ray" in f.read()  # the replica's actor (a Ray worker), not the launcher
+
+
+def test_keys_and_tenant_namespaces_hold_across_replicas(server, client):
+    """No key: 401 at the ingress. Bob's prompt is a miss for alice on whichever replica serves her, and bob's
+    reset (a user's: his own namespace) leaves alice's blocks on both replicas."""
+    assert httpx.post(server + "/v1/completions", json={"model": "tiny", "prompt": [1], "max_tokens": 1},
+                      timeout=WAIT_S).status_code == 401
+    alice, bob = (openai.OpenAI(base_url=server + "/v1", api_key=key, max_retries=0, timeout=WAIT_S)
+                  for key in ("sk-alice", "sk-bob"))
+    prompt = [29 + (7 * i) % 200 for i in range(48)] + [1]
+
+    def cached(user):
+        return _complete(user, prompt, max_tokens=1).usage.prompt_tokens_details.cached_tokens
+
+    def routed(tenant):  # the router has the tenant's blocks in its index, so its next request goes there
+        hashes = RequestHasher(BLOCK).block_hashes(prompt[:48], _salt(tenant=tenant))
+        _wait(lambda: _holder(server, hashes) and _index_matches_caches(server), what=f"{tenant}'s events")
+
+    assert cached(bob) == 0
+    routed("bob")
+    assert cached(bob) == 48
+    assert cached(alice) == 0  # same tokens, another tenant: a miss, whatever replica she is routed to
+    routed("alice")
+    assert cached(alice) == 48
+    assert bob.post("/../reset_prefix_cache", cast_to=httpx.Response).status_code == 200
+    assert cached(alice) == 48
+    assert cached(bob) == 0
+    _wait(lambda: _index_matches_caches(server), what="the index to match the caches")

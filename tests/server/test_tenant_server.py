@@ -1,7 +1,8 @@
-"""A live `jaxpaged serve` with API keys (one server, engine core in its own process), driven by the official
-`openai` client: every refusal (missing key, wrong key, a user on an admin route or in another tenant's
-namespace, a tenant over its concurrency or pin limits) has its status and OpenAI error type, and one tenant's prompt
-is a cache miss for another whatever `cache_salt` the other sends."""
+"""A live `jaxpaged serve` with API keys (one server, engine core in its own process, two API server processes),
+driven by the official `openai` client: every refusal (missing key, wrong key, a user in another tenant's
+namespace, a tenant over its concurrency, queue or pin limits) has its status and OpenAI error type, one tenant's
+prompt is a cache miss for another whatever `cache_salt` the other sends, and a user's reset drops only its own
+namespace."""
 
 import json
 import threading
@@ -9,6 +10,7 @@ import threading
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.live_server import WAIT_S, keep_draining, free_port, start_server, wait_healthy, wait_idle
 
@@ -16,7 +18,8 @@ PROMPT = list(range(1, 65))  # four full blocks: a hit reuses three (the last to
 KEYS = {"keys": [
     {"key": "sk-alice", "tenant": "alice", "max_concurrent_requests": 1},
     {"key": "sk-bob", "tenant": "bob", "max_pins": 2, "max_pinned_blocks": 6},
-    {"key": "sk-ops", "tenant": "ops", "role": "admin"}]}
+    {"key": "sk-ops", "tenant": "ops", "role": "admin"},
+    {"key": "sk-carol", "tenant": "carol", "max_queued_requests": 1}]}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,8 @@ def base(tmp_path_factory):
     keys_file.write_text(json.dumps(KEYS))
     port = free_port()
     proc = start_server("--host=127.0.0.1", f"--port={port}", "--kv_budget_tokens=4096", "--max_model_len=512",
-                        f"--api_keys_file={keys_file}", "--scheduling_policy=fair")
+                        f"--api_keys_file={keys_file}", "--scheduling_policy=fair", "--api_server_count=2",
+                        "--enable_debug_endpoints")
     log = keep_draining(proc)
     base = f"http://127.0.0.1:{port}"
     wait_healthy(base, [proc])
@@ -74,11 +78,23 @@ def test_another_tenants_prompt_is_a_miss_whatever_salt_is_sent(base):
     assert cached_tokens(base, "sk-ops", cache_salt='["tenant", "alice"]') == 0  # an admin too: own namespace
 
 
-def test_reset_and_foreign_pins_need_an_admin(base):
+def reset(base: str, key: str) -> int:
+    return client(base, key).post("/../reset_prefix_cache", cast_to=httpx.Response).status_code
+
+
+def test_a_users_reset_drops_only_its_own_namespace(base):
     wait_idle(base)
-    with pytest.raises(openai.PermissionDeniedError) as refused:
-        client(base, "sk-bob").post("/../reset_prefix_cache", cast_to=httpx.Response)
-    assert refused.value.status_code == 403 and "admin" in refused.value.message
+    for key in ("sk-alice", "sk-bob", "sk-ops"):
+        cached_tokens(base, key)  # each tenant's namespace holds the prompt's blocks
+    assert reset(base, "sk-bob") == 200
+    assert cached_tokens(base, "sk-alice") == 48  # other tenants' blocks stay
+    assert cached_tokens(base, "sk-ops") == 48
+    assert cached_tokens(base, "sk-bob") == 0  # bob's own are gone
+    assert cached_tokens(base, "sk-bob") == 48
+
+
+def test_foreign_pins_and_a_whole_reset_need_an_admin(base):
+    wait_idle(base)
     with pytest.raises(openai.PermissionDeniedError):
         client(base, "sk-bob").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 0, "tenant": "alice"},
                                     cast_to=httpx.Response)
@@ -92,9 +108,10 @@ def test_reset_and_foreign_pins_need_an_admin(base):
         client(base, "sk-ops").post("/cache/pin", body={"prompt": PROMPT, "ttl_s": 1, "tenant": "nobody"},
                                     cast_to=httpx.Response)
     assert cached_tokens(base, "sk-alice") == 48
-    reset = client(base, "sk-ops").post("/../reset_prefix_cache", cast_to=httpx.Response)
-    assert reset.status_code == 200
+    cached_tokens(base, "sk-bob")
+    assert reset(base, "sk-ops") == 200
     assert cached_tokens(base, "sk-alice") == 0  # the admin's reset dropped every namespace
+    assert cached_tokens(base, "sk-bob") == 0
 
 
 def test_a_tenant_past_its_concurrency_limit_gets_429_and_others_do_not(base):
@@ -116,11 +133,12 @@ def test_a_tenant_past_its_concurrency_limit_gets_429_and_others_do_not(base):
     streamer.start()
     try:
         assert first_chunk.wait(WAIT_S)
-        with pytest.raises(openai.RateLimitError) as refused:
-            client(base, "sk-alice").completions.create(model="tiny", prompt=[1, 2], max_tokens=1)
-        assert refused.value.status_code == 429
-        assert refused.value.response.headers["retry-after"] == "1"
-        assert "max_concurrent_requests" in refused.value.message
+        for _ in range(8):  # each on a new connection: either API server process may take it
+            with pytest.raises(openai.RateLimitError) as refused:
+                client(base, "sk-alice").completions.create(model="tiny", prompt=[1, 2], max_tokens=1)
+            assert refused.value.status_code == 429
+            assert refused.value.response.headers["retry-after"] == "1"
+            assert "max_concurrent_requests" in refused.value.message
         assert client(base, "sk-bob").completions.create(model="tiny", prompt=[1, 2], max_tokens=1).choices
     finally:
         done.set()
@@ -165,3 +183,50 @@ def test_a_bad_keys_file_stops_the_server_before_it_starts(tmp_path):
     out, _ = proc.communicate(timeout=WAIT_S)
     assert proc.returncode != 0
     assert "keys[0].role must be one of ['user', 'admin']" in out
+
+
+def http_requests(connection: httpx.Client) -> dict[tuple[str, str], float]:
+    """(path, status) -> the jaxpaged:http_requests count, from the /metrics of the connection's API server."""
+    families = {f.name: f for f in text_string_to_metric_families(connection.get("/metrics").text)}
+    return {(s.labels["path"], s.labels["status"]): s.value for s in families["jaxpaged:http_requests"].samples
+            if s.name.endswith("_total")}
+
+
+def test_middleware_refusals_are_counted_in_http_requests(base):
+    # one keep-alive connection: the refusals and the counts it reads are one API server process's
+    with httpx.Client(base_url=base, timeout=WAIT_S) as connection:
+        before = http_requests(connection)
+        for _ in range(2):
+            assert connection.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert connection.get("/no/such/route").status_code == 401  # refused before any route is matched
+        after = http_requests(connection)
+    assert after[("/v1/models", "401")] - before.get(("/v1/models", "401"), 0) == 2
+    assert after[("unmatched", "401")] - before.get(("unmatched", "401"), 0) == 1
+
+
+def test_a_tenant_past_its_queued_limit_gets_429_while_others_queue(base):
+    """carol may have one request waiting: the core is stalled while three of hers and two of bob's arrive
+    (through both API servers), so all five wait together when it reads them; two of carol's are refused."""
+    wait_idle(base)
+    stalled = httpx.post(base + "/debug/stall_engine_loop", json={"seconds": 4},
+                         headers={"Authorization": "Bearer sk-ops"})
+    assert stalled.status_code == 200
+    results: dict[str, list] = {"sk-carol": [], "sk-bob": []}
+
+    def complete(key):
+        try:
+            out = client(base, key).completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2)
+            results[key].append(out.usage.completion_tokens)
+        except openai.RateLimitError as refused:
+            results[key].append(refused)
+
+    threads = [threading.Thread(target=complete, args=(key,)) for key in ["sk-carol"] * 3 + ["sk-bob"] * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    refusals = [r for r in results["sk-carol"] if isinstance(r, openai.RateLimitError)]
+    assert len(refusals) == 2 and results["sk-carol"].count(2) == 1, results
+    assert all("max_queued_requests" in r.message and r.status_code == 429 for r in refusals)
+    assert all(r.response.headers["retry-after"] == "1" for r in refusals)
+    assert results["sk-bob"] == [2, 2]  # no limit of bob's: both of his queued

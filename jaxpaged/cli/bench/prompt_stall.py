@@ -6,7 +6,7 @@ One greedy stream decodes on an `AsyncEngine` (the server's engine loop, no
 HTTP) while, 0.3 s in, another client adds a text prompt of `--prompt_chars`
 characters, far over `max_model_len`. Reported: the median over repeats of
 the stream's longest gap between two outputs, with and without the huge
-prompt, side by side (docs/BENCHMARKS.md, "A huge prompt and the other streams").
+prompt, side by side (docs/benchmarks/serving.md, "A huge prompt and the other streams").
 """
 
 from __future__ import annotations

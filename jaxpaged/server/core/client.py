@@ -24,16 +24,18 @@ import zmq.asyncio
 
 from jaxpaged.engine.pin_quota import PinQuota, PinQuotaError
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, params_to_dict,
-                                            refuse_overlong)
+from jaxpaged.server.request_stream import (EngineDeadError, QueueFullError, RequestStream, TenantLimitError,
+                                            params_to_dict, refuse_overlong)
 from jaxpaged.server.core import messages as M
 from jaxpaged.server.core.frontend_outputs import FrontendOutputs, core_params
 from jaxpaged.server.engine_client import ModelInfo
+from jaxpaged.server.tenant_admission import AdmissionLimits
 
 log = logging.getLogger(__name__)
 
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "QueueFullError": QueueFullError,
-           "EngineDeadError": EngineDeadError, "PinQuotaError": PinQuotaError}
+           "EngineDeadError": EngineDeadError, "PinQuotaError": PinQuotaError,
+           "TenantLimitError": TenantLimitError}
 
 
 class CoreClient:
@@ -123,9 +125,9 @@ class CoreClient:
         """The core's Prometheus metrics text (appended to this server's own on /metrics)."""
         return await self._call(M.Call(0, "metrics"))
 
-    async def reset_prefix_cache(self) -> bool:
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """As `AsyncEngine.reset_prefix_cache`, in the core."""
-        return await self._call(M.Call(0, "reset_prefix_cache"))
+        return await self._call(M.Call(0, "reset_prefix_cache", [] if namespace is None else [list(namespace)]))
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
                          quota: PinQuota | None = None) -> int:
@@ -144,7 +146,8 @@ class CoreClient:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> RequestStream:
         """As `AsyncEngine.add_request`: tokenized here, checked and added by the core before this returns."""
         if not self.is_running:
             raise EngineDeadError(self.dead_reason())
@@ -159,7 +162,7 @@ class CoreClient:
         self._outputs.add(request_id, prompt, params)
         try:
             await self._call(M.Add(0, request_id, prompt, params_to_dict(core_params(params)), cache_salt,
-                                   priority, tenant))
+                                   priority, tenant, None if limits is None else limits.to_wire()))
         except BaseException as err:
             self._forget(request_id)
             if isinstance(err, asyncio.CancelledError):

@@ -35,6 +35,7 @@ class Add(msgspec.Struct, tag=True, array_like=True):
     cache_salt: str | None
     priority: int = 0  # lower first, under the priority scheduling policy
     tenant: str | None = None  # the authenticated tenant, for the fair scheduling policy
+    limits: list | None = None  # the tenant's admission limits (`AdmissionLimits.to_wire`)
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):

@@ -219,9 +219,9 @@ class EngineCore:
         if isinstance(msg, M.Add):
             return {"op": "add", "id": msg.request_id, "prompt": msg.prompt_token_ids, "params": msg.params,
                     "cache_salt": msg.cache_salt, "arrival_time": self.engine.clock(), "priority": msg.priority,
-                    "tenant": msg.tenant}
+                    "tenant": msg.tenant, "limits": msg.limits}
         if isinstance(msg, M.Call) and msg.name == "reset_prefix_cache":
-            return {"op": "reset"}
+            return {"op": "reset", "namespace": msg.args[0] if msg.args else None}
         if isinstance(msg, M.Call) and msg.name == "pin_prefix":
             prompt, ttl_s, cache_salt, quota = msg.args
             return {"op": "pin", "prompt": prompt, "ttl_s": ttl_s, "cache_salt": cache_salt, "quota": quota}

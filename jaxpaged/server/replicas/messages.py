@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from jaxpaged.cache.events import KVEvent
 from jaxpaged.router import ReplicaLoad
-from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError, TenantLimitError
 from jaxpaged.server.engine_client import ModelInfo  # noqa: F401 - the replicas send it to the ingress
 
 
@@ -36,11 +36,11 @@ class Accepted:
 class RemoteError:
     """A replica refused a request; the ingress raises it again as the same kind of error."""
 
-    kind: str  # "ValueError", "TypeError", "QueueFullError" or "EngineDeadError"
+    kind: str  # "ValueError", "TypeError", "QueueFullError", "TenantLimitError" or "EngineDeadError"
     message: str
 
     KINDS = {"ValueError": ValueError, "TypeError": TypeError, "QueueFullError": QueueFullError,
-             "EngineDeadError": EngineDeadError}
+             "TenantLimitError": TenantLimitError, "EngineDeadError": EngineDeadError}
 
     @classmethod
     def of(cls, err: BaseException) -> "RemoteError":

@@ -29,6 +29,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.router import ReplicaLoad, RequestHasher, RouteRequest, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.request_stream import EngineDeadError, refuse_overlong
+from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.server.engine_client import ModelInfo
 from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 from jaxpaged.server.replicas.metrics import merge_replica_metrics
@@ -102,11 +103,13 @@ class ReplicaPool:
     # ---- requests -------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None) -> AsyncIterator[RequestOutput]:
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None) -> AsyncIterator[RequestOutput]:
         """Routes and queues a request; returns its outputs' stream.
 
         Raises, before anything streams: ValueError / TypeError (bad input),
-        QueueFullError (the replica's queue is full) or EngineDeadError (no live
+        QueueFullError (the replica's queue is full), TenantLimitError (past the
+        tenant's ``limits`` on the chosen replica, which counts only its own) or EngineDeadError (no live
         replica, or the chosen ones died before taking it; tried on up to every
         live replica).
         """
@@ -118,7 +121,9 @@ class ReplicaPool:
         while True:
             replica = self._choose(token_ids, cache_salt, exclude=tried)
             stream = self.handle.options(stream=True).generate.remote(request_id, prompt, params, cache_salt,
-                                                                      priority, tenant, target_replica=replica)
+                                                                      priority, tenant,
+                                                                      None if limits is None else limits.to_wire(),
+                                                                      target_replica=replica)
             try:
                 first = await stream.__anext__()
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
@@ -153,9 +158,10 @@ class ReplicaPool:
         return ReplicaLoad(num_waiting=waiting, num_running=state.in_flight - waiting,
                            kv_usage=state.reported.kv_usage)
 
-    async def reset_prefix_cache(self) -> bool:
-        """Resets every live replica's prefix cache; False if any refused (blocks in use)."""
-        results = await self._ask_each(list(self._replicas), "reset_prefix_cache")
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
+        """Resets every live replica's prefix cache (or only ``namespace``'s blocks); False if any refused
+        (blocks in use)."""
+        results = await self._ask_each(list(self._replicas), "reset_prefix_cache", namespace)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise EngineDeadError(f"a replica did not reset its prefix cache: {errors[0]!r}")

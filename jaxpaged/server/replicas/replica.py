@@ -34,7 +34,8 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import attach_metrics
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine
-from jaxpaged.server.request_stream import EngineDeadError, QueueFullError
+from jaxpaged.server.request_stream import EngineDeadError, QueueFullError, TenantLimitError
+from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.server.engine_client import ModelInfo
 from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
 
@@ -100,7 +101,7 @@ class EngineReplica:
     # ---- requests -------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt, params: SamplingParams, cache_salt: str | None = None,
-                       priority: int = 0, tenant: str | None = None,
+                       priority: int = 0, tenant: str | None = None, limits: list | None = None,
                        target_replica: str | None = None) -> AsyncIterator:
         """`Accepted()` then the request's outputs; or one `RemoteError` when the engine refused it.
 
@@ -108,8 +109,9 @@ class EngineReplica:
         """
         try:
             stream = await self.client.add_request(request_id, prompt, params, cache_salt=cache_salt,
-                                                   priority=priority, tenant=tenant)
-        except (ValueError, TypeError, QueueFullError, EngineDeadError) as err:
+                                                   priority=priority, tenant=tenant,
+                                                   limits=AdmissionLimits.from_wire(limits))
+        except (ValueError, TypeError, QueueFullError, TenantLimitError, EngineDeadError) as err:
             yield RemoteError.of(err)
             return
         yield Accepted()
@@ -119,9 +121,10 @@ class EngineReplica:
         finally:  # cancelled by the ingress (its client went away), or done: abort if unfinished
             stream.close()
 
-    async def reset_prefix_cache(self, target_replica: str | None = None) -> bool:
-        """Drops the unreferenced cached blocks; False if some are in use."""
-        return await self.client.reset_prefix_cache()
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None,
+                                 target_replica: str | None = None) -> bool:
+        """Drops the unreferenced cached blocks (only ``namespace``'s, if given); False if some are in use."""
+        return await self.client.reset_prefix_cache(namespace)
 
     async def pin_prefix(self, prompt, ttl_s: float, cache_salt: str | None = None, quota: list | None = None,
                          target_replica: str | None = None) -> int:

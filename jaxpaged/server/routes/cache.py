@@ -1,8 +1,10 @@
 """The prefix cache over HTTP: ``POST /reset_prefix_cache`` (409 while blocks are in use) and
 ``POST /v1/cache/pin`` (keep a prefix's blocks for a TTL).
 
-With API keys, resetting needs an admin key (it drops every tenant's cache), and a pin is made in the
-caller's own namespace; an admin may name another tenant's with ``tenant``."""
+With API keys, an admin's reset drops every tenant's cache (409 while blocks are in use); a user's drops
+only the free cached blocks of its own namespace (never refused: its blocks in use keep their entries,
+other tenants' blocks are untouched). A pin is made in the caller's own namespace; an admin may name
+another tenant's with ``tenant``."""
 
 from __future__ import annotations
 
@@ -20,8 +22,7 @@ def router(state: ServerState) -> APIRouter:
 
     @routes.post("/reset_prefix_cache")
     async def reset_prefix_cache(raw: Request):
-        state.require_admin(raw, "reset_prefix_cache")
-        if not await state.client.reset_prefix_cache():
+        if not await state.client.reset_prefix_cache(state.reset_namespace(raw)):
             return error_response(409, "some cached blocks are in use; nothing was reset", "ConflictError")
         return PlainTextResponse("")
 

@@ -13,7 +13,9 @@ from jaxpaged.server.engine_client import EngineClient
 from jaxpaged.server.limits import RequestLimits
 from jaxpaged.server.streams import close_streams
 from jaxpaged.engine.pin_quota import PinQuota
-from jaxpaged.server.tenants import PermissionDenied, Tenant, TenantKeys, pin_quota, tenant_cache_salt
+from jaxpaged.cache.namespaces import Namespace
+from jaxpaged.server.tenants import (PermissionDenied, Tenant, TenantKeys, admission_limits, pin_quota,
+                                     tenant_cache_salt, tenant_namespace)
 from jaxpaged.server.tools import template_messages
 
 
@@ -75,10 +77,12 @@ class ServerState:
             tenant = Tenant(tenant_name)
         return tenant_cache_salt(tenant, client_salt, self.keys.allow_sub_namespaces)
 
-    def require_admin(self, request, action: str) -> None:
-        """PermissionDenied (a 403) when API keys are configured and the request's tenant is not an admin."""
-        if self.keys is not None and not request.state.tenant.is_admin:
-            raise PermissionDenied(f"{action} needs an admin API key")
+    def reset_namespace(self, request) -> Namespace | None:
+        """What the request's ``/reset_prefix_cache`` drops: its tenant's namespace for a user key, None
+        (everything) for an admin key or without API keys."""
+        if self.keys is None or request.state.tenant.is_admin:
+            return None
+        return tenant_namespace(request.state.tenant)
 
     def pin_quota(self, request) -> PinQuota | None:
         """What the request's pins are charged to: its tenant (None without API keys)."""
@@ -96,12 +100,13 @@ class ServerState:
         """Queue every prompt (with its ``priority`` and the request's tenant); if one is refused (or the client
         leaves), abort those already queued."""
         tenant = None if self.keys is None else request.state.tenant.name
+        limits = None if self.keys is None else admission_limits(request.state.tenant)
         streams = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(await self.client.add_request(f"{base_id}-{i}", prompt, params,
                                                              cache_salt=cache_salt, priority=priority,
-                                                             tenant=tenant))
+                                                             tenant=tenant, limits=limits))
         except BaseException:
             close_streams(streams)
             raise
