@@ -108,6 +108,10 @@ class EngineQueries:
         """Every block in the device prefix cache, coldest first (block id, hash, parent hash, tokens, ref count)."""
         return self.kv.cached_blocks()
 
+    def cached_prefix_tokens(self, prompt: list[int], cache_salt: str | None = None) -> int:
+        """How many of `prompt`'s leading tokens the device prefix cache holds now (read-only: no hit counted)."""
+        return self.kv.match_prefix(prompt, cache_salt=cache_salt).num_cached_tokens
+
     def cached_block_hashes(self) -> set[bytes]:
         """The hashes of every block in the device prefix cache."""
         return {block.block_hash for block in self.cached_blocks()}
@@ -119,6 +123,10 @@ class EngineQueries:
     def take_kv_events(self) -> list[KVEvent]:
         """The KV cache events since the last call (empty unless `enable_kv_events` was called)."""
         return self.kv.take_events()
+
+    def set_kv_scales(self, k_scale, v_scale) -> None:
+        """Replace the fp8 KV pool's scales, each [num_layers, num_kv_heads] (pool data: no recompile)."""
+        self.runner.set_kv_scales(k_scale, v_scale)
 
     def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """Forget every cached block of the device pool, then every cached (unpinned) block of the host

@@ -192,6 +192,7 @@ class _Instance:
     index: int  # within its pool
     engine: object
     clock: object
+    runner: SimulatedRunner  # the engine's simulated runner, kept here: outside code asks the engine, not its parts
     busy: bool = False
     skip_fast_forward: int = 0  # ordinary steps to take before trying a jump again
 
@@ -205,10 +206,16 @@ class _Pool:
         self.router = Router(make_policy(policy), RequestHasher(deployment.block_size, deployment.hash_algo))
         self.instances = []
         for index in range(size):
+            runners = []
+
+            def keep_runner(*args, **kwargs) -> SimulatedRunner:
+                runners.append(runner_type(*args, **kwargs))
+                return runners[-1]
+
             engine, clock = make_sim_engine(engine_config, deployment.model_config, deployment.cost_model(),
-                                            runner_type=runner_type)
+                                            runner_type=keep_runner)
             engine.enable_kv_events()
-            self.instances.append(_Instance(self, index, engine, clock))
+            self.instances.append(_Instance(self, index, engine, clock, runners[0]))
             self.router.add_replica(index)
         self.offset = offset  # the instances' place in the loop's busy heap (ties break by it)
         self._published: list[tuple[float, int, int, list]] = []
@@ -301,7 +308,7 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
     def hand_off(now: float, source: _Instance, r: WorkloadRequest, prompt: list[int], out) -> None:
         """The prefill finished at `now`: pick the decode instance and book the transfer of what it lacks."""
         target = back.route(now, prompt, r.cache_salt)
-        hit = target.engine.kv.match_prefix(prompt, cache_salt=r.cache_salt).num_cached_tokens
+        hit = target.engine.cached_prefix_tokens(prompt, r.cache_salt)
         full = (len(prompt) - 1) // bs * bs  # the last token is always computed where it is decoded
         pulled = max(full - hit, 0)
         num_bytes = pulled * bytes_per_token
@@ -341,7 +348,7 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
                        1 if back is not None else r.max_tokens)
             else:
                 r, prompt, target, start, end = payload
-                target.engine.runner.expect_pull(r.request_id, start, end)
+                target.runner.expect_pull(r.request_id, start, end)
                 submit(target, now, r, prompt, r.max_tokens)
             continue
         _, _, instance = heapq.heappop(busy)
@@ -349,7 +356,7 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
         num_steps = 0
         # a jump admits waiting requests at the cost model's full price: not while a pulled prompt waits
         if (decode_fast_forward and instance.pool.role != "prefill" and not instance.skip_fast_forward
-                and not (instance.pool is back and engine.runner.num_pending_pulls)):
+                and not (instance.pool is back and instance.runner.num_pending_pulls)):
             until = min(due[0][0] if due else math.inf, busy[0][0] if busy else math.inf)
             num_steps, finished = engine.fast_forward(until=until, stop_after=has_next_turn)
             if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:
@@ -375,5 +382,5 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
             instance.busy = False
     first = min((rec.arrival_time for rec in records), default=0.0)
     last = max((rec.arrival_time + rec.e2e_latency for rec in records), default=0.0)
-    recomputed = sum(i.engine.runner.recomputed_tokens for i in back.instances) if back is not None else 0
+    recomputed = sum(i.runner.recomputed_tokens for i in back.instances) if back is not None else 0
     return PoolsResult(pools, records, last - first, time.perf_counter() - wall_start, recomputed)

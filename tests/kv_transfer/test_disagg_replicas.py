@@ -26,7 +26,9 @@ SHARED = "A system prompt both requests share, long enough for several blocks of
 def _transfer(base: str) -> dict[tuple[str, str], float]:
     """KV connector counters by (replica, label) from the ingress's /metrics."""
     found = {}
-    text = httpx.get(base + "/metrics", timeout=WAIT_S).text
+    response = httpx.get(base + "/metrics", timeout=WAIT_S)
+    response.raise_for_status()  # before the app is deployed, Ray Serve's proxy answers 404 "Path '/metrics' not found"
+    text = response.text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "jaxpaged:kv_transfer_blocks_total":

@@ -148,7 +148,7 @@ class QualityBench:
             self._engines[key] = Engine(config, model=model)
         engine = self._engines[key]
         if variant.scales is not None:
-            engine.runner.set_kv_scales(*self.scales(variant.scales, variant.dtype))
+            engine.set_kv_scales(*self.scales(variant.scales, variant.dtype))
         return engine
 
 

@@ -98,7 +98,7 @@ def run_spec_decode_bench(engines: Mapping[str, object], workloads: Mapping[str,
             requests = workload(prompts, batch_size, output_len, name)
             tokens = {}
             for mode, engine in engines.items():  # untimed: compiles this batch's step shapes
-                engine.kv.reset_prefix_cache()
+                engine.reset_prefix_cache()
                 record = run_workload(engine, requests)
                 tokens[mode] = {o.request_id: o.outputs[0].token_ids for o in record.outputs}
             for mode in engines:
@@ -107,7 +107,7 @@ def run_spec_decode_bench(engines: Mapping[str, object], workloads: Mapping[str,
             runs: dict[str, list[dict]] = {mode: [] for mode in engines}
             for _ in range(repeats):
                 for mode, engine in engines.items():
-                    engine.kv.reset_prefix_cache()
+                    engine.reset_prefix_cache()
                     stats = engine.stats
                     drafts, accepted = stats.spec_num_drafts, stats.spec_num_accepted_tokens
                     record = run_workload(engine, requests)

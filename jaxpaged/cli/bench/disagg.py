@@ -17,14 +17,16 @@ import os
 import platform
 
 from jaxpaged.bench.online.disagg import DisaggWorkload, disagg_table, measure_transport, run_deployment
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.pretrained import default_model_path
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", str(default_model_path()), "the model every engine serves")
+ENGINE = EngineFlags(FLAGS, ["model", "max_model_len"],
+                     defaults={"model": str(default_model_path()), "max_model_len": 2048})
+MODEL, MAX_LEN = ENGINE.holders["model"], ENGINE.holders["max_model_len"]  # every engine serves these
 KV_TOKENS = FLAGS.DEFINE_integer("kv_budget_tokens", 16384, "each engine's KV pool in tokens", lower_bound=1)
-MAX_LEN = FLAGS.DEFINE_integer("max_model_len", 2048, "longest prompt + output", lower_bound=1)
 TRANSPORTS = FLAGS.DEFINE_list("transports", ["zmq", "jax"], "transports to measure (zmq, jax)")
 NUM_DECODES = FLAGS.DEFINE_integer("num_decodes", 4, "running decodes sent at the start", lower_bound=1)
 DECODE_OUT = FLAGS.DEFINE_integer("decode_output_len", 128, "tokens each running decode generates", lower_bound=2)

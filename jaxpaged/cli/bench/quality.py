@@ -21,13 +21,14 @@ import jax
 
 from jaxpaged.bench.offline.quality import (CHAT_PROMPTS, PASSAGES, QualityBench, agreement_table, fp8_agreement,
                                             perplexity_rows, perplexity_table, perplexity_variants, read_jsonl)
+from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.pretrained import default_model_path
 
 FLAGS = FlagSet()
-MODEL = FLAGS.DEFINE_string("model", str(default_model_path()), "the pretrained GGUF file or checkpoint directory")
-BLOCK_SIZE = FLAGS.DEFINE_integer("block_size", 16, "tokens per KV block")
+ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": str(default_model_path())})
+MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]  # the pretrained GGUF by default
 WINDOW = FLAGS.DEFINE_integer("window", 128, "sliding window of the hybrid layout's local layers")
 NUM_PASSAGES = FLAGS.DEFINE_integer("num_passages", None, "score only the first N passages (default: all)")
 NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", None, "use only the first N chat prompts (default: all)")

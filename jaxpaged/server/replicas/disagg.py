@@ -39,6 +39,7 @@ from jaxpaged.server.replicas.messages import ReplicaReport
 from jaxpaged.server.replicas.pool import ReplicaPool
 from jaxpaged.server.replicas.replica import EngineReplica
 from jaxpaged.server.request_stream import EngineDeadError
+from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.server.tenants import TenantKeys
 
 log = logging.getLogger(__name__)
@@ -85,14 +86,17 @@ class DisaggPool:
         return self.decode.dead_reason()
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams, *,
-                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None):
-        """Prefill on a prefill replica (drained), then the request's stream from a decode replica.
+                          cache_salt: str | None = None, priority: int = 0, tenant: str | None = None,
+                          limits: AdmissionLimits | None = None):
+        """Prefill on a prefill replica (drained), then the request's stream from a decode replica; the tenant's
+        `limits` hold on each hop.
 
         A bad request is the prefill replica's ValueError; a prefill hop that fails otherwise only costs
         the decode replica the prompt's compute."""
         try:
             stream = await self.prefill.add_request(f"{request_id}-prefill", prompt, prefill_params(params),
-                                                    cache_salt=cache_salt, priority=priority, tenant=tenant)
+                                                    cache_salt=cache_salt, priority=priority, tenant=tenant,
+                                                    limits=limits)
             async for _ in stream:
                 pass
         except EngineDeadError as err:
@@ -100,7 +104,7 @@ class DisaggPool:
             log.warning("prefill hop of %s failed (%s); the decode replica computes the prompt", request_id, err)
         await self._sync_peers()
         return await self.decode.add_request(request_id, prompt, params, cache_salt=cache_salt, priority=priority,
-                                             tenant=tenant)
+                                             tenant=tenant, limits=limits)
 
     async def _sync_peers(self) -> None:
         """Tell every decode replica the live prefill replicas' KV endpoints, when either set changed."""
@@ -118,9 +122,10 @@ class DisaggPool:
     def abort(self, request_id: str) -> None:
         """Nothing by id: closing the stream aborts the request on its decode replica (`ReplicaPool.abort`)."""
 
-    async def reset_prefix_cache(self) -> bool:
-        """Reset both sides' prefix caches."""
-        return (await self.prefill.reset_prefix_cache()) and (await self.decode.reset_prefix_cache())
+    async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
+        """Reset both sides' prefix caches (or only ``namespace``'s blocks); False if either refused."""
+        prefill = await self.prefill.reset_prefix_cache(namespace)
+        return (await self.decode.reset_prefix_cache(namespace)) and prefill
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
                          quota: PinQuota | None = None) -> int:
