@@ -52,9 +52,7 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     vocab = logits.shape[-1]
     sampling = params.temperature > 0
-    filtering = sampling & (((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1.0))
-    if params.min_p is not None:
-        filtering = filtering | (sampling & (params.min_p > 0))
+    filtering = filters(params, vocab)
 
     def draw(filtered: bool):
         def branch():
@@ -69,6 +67,15 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
         jnp.any(filtering), draw(filtered=True),
         lambda: jax.lax.cond(jnp.any(sampling), draw(filtered=False), lambda: greedy))
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+
+def filters(params: SamplingBatch, vocab: int) -> Bool[Array, "S"]:
+    """Rows that sample with a top-k, top-p or min-p filter (the sort is skipped when none does)."""
+    sampling = params.temperature > 0
+    filtering = sampling & (((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1.0))
+    if params.min_p is not None:
+        filtering = filtering | (sampling & (params.min_p > 0))
+    return filtering
 
 
 def filter_mask(scaled: Float[Array, "S V"], params: SamplingBatch) -> Bool[Array, "S V"]:

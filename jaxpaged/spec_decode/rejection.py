@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.sampling import SamplingBatch, filter_mask, gumbel_noise, uniform_noise
+from jaxpaged.sampling import SamplingBatch, filter_mask, filters, gumbel_noise, uniform_noise
 
 NO_DRAFT = -1  # a row with no draft after it (each span's last row, and padding)
 ACCEPT_SALT = 1  # the uniform stream of the acceptance test (see `uniform_noise`)
@@ -60,9 +60,7 @@ def verify_draft_tokens(logits: Float[Array, "R V"], drafts: Int[Array, "R"], pa
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     vocab = logits.shape[-1]
     sampling = params.temperature > 0
-    filtering = sampling & (((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1.0))
-    if params.min_p is not None:
-        filtering = filtering | (sampling & (params.min_p > 0))
+    filtering = filters(params, vocab)
 
     def rejection_sample(filtered: bool):
         def branch():
