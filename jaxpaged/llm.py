@@ -17,7 +17,7 @@ class LLM:
 
     Keyword arguments are `EngineConfig` fields: block_size, num_blocks or kv_cache_bytes,
     enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len,
-    attention_backend ("auto" | "xla" | "xla_reference" | "pallas" | "pallas_mosaic", pallas_interpret), kv_cache_dtype
+    attention_backend ("auto" | "cpu" | "xla" | "xla_reference" | "pallas" | "pallas_mosaic", pallas_interpret), kv_cache_dtype
     ("auto" | "bfloat16" | "fp8_e4m3", kv_scales), host_cache_bytes / disk_cache_dir
     (lower cache tiers), preemption_mode ("recompute" | "swap"), prefix_cache_snapshot,
     hash_algo, seed, tensor_parallel_size (split the model over that many devices).

@@ -12,19 +12,22 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
+from jaxpaged.attention import cpu_decode
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
 from jaxpaged.kv.pool import write_layer_kv
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 
-BACKENDS = ("auto", "xla", "xla_reference", "pallas", "pallas_mosaic")
+BACKENDS = ("auto", "cpu", "xla", "xla_reference", "pallas", "pallas_mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBackend:
     """Which attention implementation a step uses (hashable: it is a static jit argument).
 
-    `xla` is the chunked online-softmax attention in plain XLA (the CPU path);
+    `cpu` runs decode rows through a C++ kernel called over the XLA FFI, which reads
+    the K/V blocks in place (jaxpaged/attention/cpu_decode.py), and prefill rows like `xla`;
+    `xla` is the chunked online-softmax attention in plain XLA;
     `xla_reference` is the pure-JAX reference it is tested against (it gathers
     every sequence's whole context: slow on long contexts, kept for comparisons);
     `pallas` is the GPU kernel on Pallas' Triton backend, which `interpret=True` runs
@@ -50,15 +53,19 @@ class AttentionBackend:
 def resolve_backend(name: str = "auto", *, interpret: bool = False) -> AttentionBackend:
     """Pick a backend. `auto` means `$JAXPAGED_ATTENTION_BACKEND` when set (as vLLM's
     `VLLM_ATTENTION_BACKEND`), else pallas_mosaic on Hopper-class GPUs (compute
-    capability 9.x), pallas (Triton) on other GPUs, and xla elsewhere."""
+    capability 9.x), pallas (Triton) on other GPUs, and elsewhere cpu where its kernel
+    builds (a C++ compiler is on PATH), else xla."""
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        name = os.environ.get(BACKEND_ENV) or (_gpu_default() if jax.default_backend() == "gpu" else "xla")
+        name = os.environ.get(BACKEND_ENV) or (_gpu_default() if jax.default_backend() == "gpu" else _cpu_default())
         if name not in BACKENDS[1:]:
             raise ValueError(f"${BACKEND_ENV} must be one of {BACKENDS[1:]}, got {name!r}")
     if name in ("pallas", "pallas_mosaic") and not interpret and jax.default_backend() != "gpu":
         raise ValueError(f"attention_backend={name!r} needs a GPU; pass interpret=True to run it on CPU")
+    if name == "cpu" and (jax.default_backend() != "cpu" or not cpu_decode.available()):
+        raise ValueError("attention_backend='cpu' needs the CPU platform and a C++ compiler to build its kernel "
+                         "(jaxpaged/attention/cpu_decode.py); use 'xla'")
     if name == "pallas_mosaic" and not mosaic_gpu_available():
         raise ValueError(f"attention_backend='pallas_mosaic' needs jax.experimental.pallas.mosaic_gpu "
                          f"(JAX {jax.__version__} lacks it)")
@@ -74,6 +81,11 @@ def mosaic_gpu_available() -> bool:
     from pallas_kernels import ragged_paged_attention_mgpu as mgpu
 
     return mgpu.plgpu is not None
+
+
+def _cpu_default() -> str:
+    """cpu where its decode kernel builds, else xla (warned once by cpu_decode)."""
+    return "cpu" if cpu_decode.available() else "xla"
 
 
 def _gpu_default() -> str:
@@ -103,6 +115,7 @@ def paged_attention(
     `soft_cap` (static) caps the scaled scores at `c * tanh(s / c)` (None: no cap).
     """
     kernel = _kernel(backend)
+    decode_kernel = cpu_decode.cpu_paged_decode if backend.name == "cpu" else kernel
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
     if sliding_window is not None:
@@ -112,7 +125,7 @@ def paged_attention(
     n_dec = layout.num_decode_seqs
     outputs = []
     if n_dec:
-        outputs.append(kernel(
+        outputs.append(decode_kernel(
             q[:n_dec], k_pages, v_pages, batch.block_tables[:n_dec], batch.context_lens[:n_dec],
             batch.query_start[:n_dec], batch.query_lens[:n_dec],
             max_query_len=1, sm_scale=sm_scale, **options))
@@ -167,7 +180,7 @@ def write_and_attend(
 
 
 def _kernel(backend: AttentionBackend):
-    if backend.name == "xla":
+    if backend.name in ("xla", "cpu"):  # cpu: the prefill rows (its decode rows: cpu_decode)
         return functools.partial(chunked_paged_attention, kv_chunk=backend.kv_chunk, query_tile=backend.query_tile)
     if backend.name == "xla_reference":
         return ragged_paged_attention_reference

@@ -158,7 +158,8 @@ def test_logits_match_with_pallas_interpret_available():
         with pytest.raises(ValueError, match="needs a GPU"):
             resolve_backend("pallas")
     assert resolve_backend("pallas", interpret=True) == AttentionBackend("pallas", True)
-    assert resolve_backend("auto").name in ("xla", "pallas")
+    expected_auto = "cpu" if jax.default_backend() == "cpu" else ("pallas", "pallas_mosaic")
+    assert resolve_backend("auto").name in expected_auto  # cpu: the suite's machines build its kernel
 
 
 def test_sliding_window_layers_paged_equal_dense_past_the_window(tiny_config):

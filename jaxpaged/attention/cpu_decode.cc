@@ -1,0 +1,338 @@
+// Paged decode attention for XLA:CPU, called through the XLA FFI (jaxpaged/attention/cpu_decode.py).
+//
+// Why C++: on CPU the XLA paths gather every sequence's K/V blocks into a contiguous copy before
+// the score and value matmuls, and XLA:CPU's gather moves a few GB/s: on a 64-sequence decode step
+// the gather is most of the attention time. This kernel reads each block in place through the
+// block table, once for all the query heads that share its KV head, with an online softmax, as
+// vLLM's CPU and GPU paged-attention kernels do.
+//
+// Semantics are those of pallas_kernels/reference.py for one query per sequence (a decode row):
+// query row `query_start[s]` of sequence s sits at position `context_lens[s] - 1` and attends to
+// keys max(0, pos - window + 1) .. pos; scores are scaled by `sm_scale`, soft-capped when
+// `soft_cap` > 0, and rows of padding sequences (`query_lens[s] == 0`) are zero.
+// Work items are (sequence, KV head) pairs, spread over XLA's intra-op thread pool.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+float Bf16ToFloat(uint16_t bits) {
+  uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+uint16_t FloatToBf16(float value) {  // round to nearest even, as XLA's convert does
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float Fp8E4M3FnToFloat(uint8_t bits) {  // 1 sign, 4 exponent (bias 7), 3 mantissa; no infinities
+  const int sign = bits >> 7, exponent = (bits >> 3) & 0xF, mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 * 2^-6
+  } else {
+    magnitude = std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+struct Fp8Table {
+  float values[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) values[i] = Fp8E4M3FnToFloat(static_cast<uint8_t>(i));
+  }
+};
+
+const Fp8Table& Fp8Values() {
+  static const Fp8Table table;
+  return table;
+}
+
+// One layer's pool as this kernel reads it: `[num_kv_heads, num_blocks, block_size, head_dim]`.
+struct Pool {
+  const void* data;
+  ffi::DataType dtype;
+  const float* scale;  // [num_kv_heads] for fp8 pools, else nullptr
+};
+
+// The running maximum before any score: finite, so the kernel can be built with -ffast-math (whose
+// finite-math assumption lets the compiler vectorise exp); every real score is far above it.
+constexpr float kNoScore = -1e30f;
+
+struct Shapes {
+  int64_t num_seqs, num_q_heads, head_dim, num_kv_heads, num_blocks, block_size, blocks_per_seq;
+};
+
+struct Options {
+  float sm_scale;
+  int64_t sliding_window;  // 0: full attention
+  float soft_cap;          // 0: none
+};
+
+struct Bf16 {
+  uint16_t bits;
+};
+
+inline float ToFloat(float value) { return value; }
+inline float ToFloat(Bf16 value) {
+  uint32_t widened = static_cast<uint32_t>(value.bits) << 16;
+  float result;
+  std::memcpy(&result, &widened, sizeof(result));
+  return result;
+}
+
+// One (sequence, KV head)'s online softmax over the query heads of its group: the scaled queries,
+// the running maximum and denominator per head, and the unnormalised output rows.
+struct GroupState {
+  int64_t group, dim, block_size;
+  std::vector<float> queries, acc, scores, running_max, denom;
+  GroupState(int64_t group, int64_t dim, int64_t block_size)
+      : group(group), dim(dim), block_size(block_size), queries(group * dim), acc(group * dim, 0.0f),
+        scores(group * block_size), running_max(group, kNoScore), denom(group, 0.0f) {}
+};
+
+// Folds `n` consecutive keys and values (rows of `dim` elements) into `state`. `Dim` is the head
+// dimension when it is known at compile time (the common 64, 128, 256: loops unroll and each head's
+// accumulator stays in registers), else 0 and `state.dim` is used.
+template <int Dim, typename E>
+void AttendRows(const E* keys, const E* values, int64_t n, float soft_cap, GroupState& state) {
+  const int64_t group = state.group, dim = Dim ? Dim : state.dim, stride = state.block_size;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = state.queries.data() + g * dim;
+    float* sg = state.scores.data() + g * stride;
+    float block_max = kNoScore;
+    for (int64_t t = 0; t < n; ++t) {
+      const E* kt = keys + t * dim;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < dim; ++d) dot += qg[d] * ToFloat(kt[d]);
+      if (soft_cap > 0.0f) dot = soft_cap * std::tanh(dot / soft_cap);
+      sg[t] = dot;
+      block_max = std::max(block_max, dot);
+    }
+    const float new_max = std::max(state.running_max[g], block_max);
+    const float rescale = std::exp(state.running_max[g] - new_max);  // 0 before the first block
+    float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+    for (int64_t t = 0; t < n; ++t) {
+      sg[t] = std::exp(sg[t] - new_max);
+      block_sum += sg[t];
+    }
+    state.denom[g] = state.denom[g] * rescale + block_sum;
+    state.running_max[g] = new_max;
+    float* ag = state.acc.data() + g * dim;
+    float out[Dim ? Dim : 1];  // the head's running output, in registers when Dim is known
+    float* row = Dim ? out : ag;
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) row[d] = ag[d] * rescale;
+    for (int64_t t = 0; t < n; ++t) {
+      const E* vt = values + t * dim;
+      const float p = sg[t];
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) row[d] += p * ToFloat(vt[d]);
+    }
+    if (Dim) std::memcpy(ag, out, sizeof(float) * dim);
+  }
+}
+
+// AttendRows for a head dimension known at compile time where it is a common one.
+template <typename E>
+void AttendRowsAnyDim(const E* keys, const E* values, int64_t n, float soft_cap, GroupState& state) {
+  switch (state.dim) {
+    case 64: return AttendRows<64>(keys, values, n, soft_cap, state);
+    case 128: return AttendRows<128>(keys, values, n, soft_cap, state);
+    case 256: return AttendRows<256>(keys, values, n, soft_cap, state);
+    default: return AttendRows<0>(keys, values, n, soft_cap, state);
+  }
+}
+
+// Dequantises `count` fp8 elements of `pool` from element `offset` into `out`.
+void DequantiseFp8(const Pool& pool, int64_t offset, int64_t count, float scale, float* out) {
+  const uint8_t* src = static_cast<const uint8_t*>(pool.data) + offset;
+  const float* table = Fp8Values().values;
+  for (int64_t i = 0; i < count; ++i) out[i] = table[src[i]] * scale;
+}
+
+// Attention of sequence `seq`'s decode row for the query heads of KV head `kv_head`.
+void AttendOne(int64_t seq, int64_t kv_head, const Shapes& shape, const Options& opt, const void* q,
+               ffi::DataType q_dtype, const Pool& k_pool, const Pool& v_pool, const int32_t* block_tables,
+               const int32_t* context_lens, const int32_t* query_start, void* out) {
+  const int64_t group = shape.num_q_heads / shape.num_kv_heads;
+  const int64_t dim = shape.head_dim, bsz = shape.block_size;
+  const int64_t first_q = query_start[seq] * shape.num_q_heads + kv_head * group;  // [row, first head]
+  GroupState state(group, dim, bsz);
+  for (int64_t i = 0; i < group * dim; ++i) {
+    const int64_t at = first_q * dim + i;
+    state.queries[i] = (q_dtype == ffi::DataType::F32 ? static_cast<const float*>(q)[at]
+                                                      : Bf16ToFloat(static_cast<const uint16_t*>(q)[at])) *
+                       opt.sm_scale;
+  }
+  const int64_t last = context_lens[seq] - 1;
+  const int64_t first = opt.sliding_window > 0 ? std::max<int64_t>(0, last - opt.sliding_window + 1) : 0;
+  std::vector<float> k_tile, v_tile;  // fp8 pools only: one block dequantised
+  if (k_pool.dtype == ffi::DataType::F8E4M3FN) {
+    k_tile.resize(bsz * dim);
+    v_tile.resize(bsz * dim);
+  }
+  const int64_t element_bytes = k_pool.dtype == ffi::DataType::F32 ? 4 : k_pool.dtype == ffi::DataType::BF16 ? 2 : 1;
+  const int32_t* table = block_tables + seq * shape.blocks_per_seq;
+  for (int64_t logical = first / bsz; logical <= last / bsz; ++logical) {
+    const int64_t block = table[logical];
+    if (logical < last / bsz) {  // blocks sit at random in the pool: fetch the next one's K/V early
+      const int64_t next = (kv_head * shape.num_blocks + table[logical + 1]) * bsz * dim * element_bytes;
+      for (int64_t line = 0; line < bsz * dim * element_bytes; line += 64) {
+        __builtin_prefetch(static_cast<const char*>(k_pool.data) + next + line);
+        __builtin_prefetch(static_cast<const char*>(v_pool.data) + next + line);
+      }
+    }
+    const int64_t lo = std::max(first - logical * bsz, int64_t{0});
+    const int64_t n = std::min(last - logical * bsz + 1, bsz) - lo;
+    const int64_t offset = ((kv_head * shape.num_blocks + block) * bsz + lo) * dim;
+    switch (k_pool.dtype) {
+      case ffi::DataType::F32:
+        AttendRowsAnyDim(static_cast<const float*>(k_pool.data) + offset, static_cast<const float*>(v_pool.data) + offset,
+                   n, opt.soft_cap, state);
+        break;
+      case ffi::DataType::BF16:
+        AttendRowsAnyDim(static_cast<const Bf16*>(k_pool.data) + offset, static_cast<const Bf16*>(v_pool.data) + offset,
+                   n, opt.soft_cap, state);
+        break;
+      default:
+        DequantiseFp8(k_pool, offset, n * dim, k_pool.scale[kv_head], k_tile.data());
+        DequantiseFp8(v_pool, offset, n * dim, v_pool.scale[kv_head], v_tile.data());
+        AttendRowsAnyDim(k_tile.data(), v_tile.data(), n, opt.soft_cap, state);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float inv = state.denom[g] > 0.0f ? 1.0f / state.denom[g] : 0.0f;
+    for (int64_t d = 0; d < dim; ++d) {
+      const int64_t at = (first_q + g) * dim + d;
+      const float value = state.acc[g * dim + d] * inv;
+      if (q_dtype == ffi::DataType::F32) {
+        static_cast<float*>(out)[at] = value;
+      } else {
+        static_cast<uint16_t*>(out)[at] = FloatToBf16(value);
+      }
+    }
+  }
+}
+
+// Items claimed from a shared counter by the calling thread and by pool workers; the caller
+// returns once every item is done (workers that start late find none left and only touch this).
+struct WorkQueue {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mutex;
+  std::condition_variable all_done;
+};
+
+template <typename Work>
+void RunItems(const std::shared_ptr<WorkQueue>& queue, int64_t total, const Work& work) {
+  int64_t finished = 0;
+  for (int64_t item; (item = queue->next.fetch_add(1)) < total;) {
+    work(item);
+    ++finished;
+  }
+  if (finished && queue->done.fetch_add(finished) + finished == total) {
+    std::lock_guard<std::mutex> lock(queue->mutex);
+    queue->all_done.notify_all();
+  }
+}
+
+ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pages,
+                           ffi::AnyBuffer v_pages, ffi::Buffer<ffi::F32> k_scale,
+                           ffi::Buffer<ffi::F32> v_scale, ffi::Buffer<ffi::S32> block_tables,
+                           ffi::Buffer<ffi::S32> context_lens, ffi::Buffer<ffi::S32> query_start,
+                           ffi::Buffer<ffi::S32> query_lens, float sm_scale, int64_t sliding_window,
+                           float soft_cap, ffi::Result<ffi::AnyBuffer> out) {
+  const auto q_dims = q.dimensions();
+  const auto pool_dims = k_pages.dimensions();
+  const auto table_dims = block_tables.dimensions();
+  if (q_dims.size() != 3 || pool_dims.size() != 4 || table_dims.size() != 2) {
+    return ffi::Error::InvalidArgument("paged decode: q must be 3-D, pages 4-D, block_tables 2-D");
+  }
+  const ffi::DataType q_dtype = q.element_type();
+  if (q_dtype != ffi::DataType::F32 && q_dtype != ffi::DataType::BF16) {
+    return ffi::Error::InvalidArgument("paged decode: q must be float32 or bfloat16");
+  }
+  const ffi::DataType kv_dtype = k_pages.element_type();
+  if (kv_dtype != ffi::DataType::F32 && kv_dtype != ffi::DataType::BF16 && kv_dtype != ffi::DataType::F8E4M3FN) {
+    return ffi::Error::InvalidArgument("paged decode: pages must be float32, bfloat16 or float8_e4m3fn");
+  }
+  const Shapes shape{table_dims[0], q_dims[1],     q_dims[2], pool_dims[0],
+                     pool_dims[1],  pool_dims[2], table_dims[1]};
+  if (shape.num_q_heads % shape.num_kv_heads != 0 || pool_dims[3] != shape.head_dim) {
+    return ffi::Error::InvalidArgument("paged decode: head counts or head_dim do not match the pool");
+  }
+  const bool fp8 = kv_dtype == ffi::DataType::F8E4M3FN;
+  const Pool k_pool{k_pages.untyped_data(), kv_dtype, fp8 ? k_scale.typed_data() : nullptr};
+  const Pool v_pool{v_pages.untyped_data(), kv_dtype, fp8 ? v_scale.typed_data() : nullptr};
+  const Options options{sm_scale, sliding_window, soft_cap};
+  const int32_t* tables = block_tables.typed_data();
+  const int32_t* contexts = context_lens.typed_data();
+  const int32_t* starts = query_start.typed_data();
+  const int32_t* lens = query_lens.typed_data();
+  const void* q_data = q.untyped_data();
+  void* out_data = out->untyped_data();
+  std::memset(out_data, 0, out->size_bytes());
+
+  std::vector<int64_t> seqs;  // sequences with a decode row this step
+  for (int64_t s = 0; s < shape.num_seqs; ++s) {
+    if (lens[s] == 1 && contexts[s] > 0) seqs.push_back(s);
+  }
+  const int64_t total = static_cast<int64_t>(seqs.size()) * shape.num_kv_heads;
+  auto work = [&, seqs_data = seqs.data()](int64_t item) {
+    AttendOne(seqs_data[item / shape.num_kv_heads], item % shape.num_kv_heads, shape, options, q_data,
+              q_dtype, k_pool, v_pool, tables, contexts, starts, out_data);
+  };
+  auto queue = std::make_shared<WorkQueue>();
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), total) - 1;
+  for (int64_t i = 0; i < helpers; ++i) {
+    // `work` captures this frame by reference: a helper only runs it while items remain, and
+    // this frame outlives every item (the wait below), so the references stay valid when used.
+    pool.Schedule([queue, total, &work] { RunItems(queue, total, work); });
+  }
+  RunItems(queue, total, work);
+  std::unique_lock<std::mutex> lock(queue->mutex);
+  queue->all_done.wait(lock, [&] { return queue->done.load() == total; });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedDecode, PagedDecodeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()        // q [T, Hq, D]
+                                  .Arg<ffi::AnyBuffer>()        // k_pages [Hkv, N, B, D]
+                                  .Arg<ffi::AnyBuffer>()        // v_pages
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k_scale [Hkv]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v_scale [Hkv]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_tables [S, M]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // context_lens [S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // query_start [S]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // query_lens [S]
+                                  .Attr<float>("sm_scale")
+                                  .Attr<int64_t>("sliding_window")
+                                  .Attr<float>("soft_cap")
+                                  .Ret<ffi::AnyBuffer>());      // out [T, Hq, D]
