@@ -27,10 +27,11 @@ class EngineQueries:
                            kv_usage=self.kv.stats.usage)
 
     def tenant_requests(self, tenant: str | None) -> tuple[int, int]:
-        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(requests)."""
+        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(the tenant's
+        requests), whatever the other tenants have queued."""
         unfinished = waiting = 0
-        for request in self._requests.values():
-            if request.tenant == tenant and request.seqs:
+        for request in self._requests_by_tenant.get(tenant, {}).values():
+            if request.seqs:
                 unfinished += 1
                 waiting += all(seq.status is SeqStatus.WAITING for seq in request.seqs)
         return unfinished, waiting
