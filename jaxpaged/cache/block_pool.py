@@ -31,8 +31,9 @@ from jaxpaged.cache.residency import ResidencyTracker
 
 __all__ = ["BlockPool", "EvictCallback", "FreeBlockQueue", "FreeBlocks", "KVBlock", "EVICTION_REASONS"]
 
-# on_evict(block_id, block_hash, token_ids, parent_hash): a cached block is being reused
-EvictCallback = Callable[[int, bytes, tuple[int, ...], bytes | None], None]
+# on_evict(block_id, block_hash, token_ids, parent_hash, cache_salt): a cached block is being reused;
+# cache_salt is its chain's (the lower tiers keep it, so a tenant's reset finds its blocks there too)
+EvictCallback = Callable[[int, bytes, tuple[int, ...], bytes | None, str | None], None]
 # why a cached block lost its content: the policy's victim, a pinned block (nothing unpinned was
 # left), or a prefix-cache reset
 EVICTION_REASONS = ("capacity", "pinned", "reset")
@@ -96,7 +97,8 @@ class BlockPool:
 
     @property
     def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
+        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash, cache_salt)`` when a cached block
+        is reused."""
         return self._on_evict
 
     @on_evict.setter
@@ -122,9 +124,10 @@ class BlockPool:
             return
         first, second = hooks
 
-        def both(block_id: int, block_hash: bytes, token_ids: tuple[int, ...], parent_hash: bytes | None) -> None:
-            first(block_id, block_hash, token_ids, parent_hash)
-            second(block_id, block_hash, token_ids, parent_hash)
+        def both(block_id: int, block_hash: bytes, token_ids: tuple[int, ...], parent_hash: bytes | None,
+                 cache_salt: str | None) -> None:
+            first(block_id, block_hash, token_ids, parent_hash, cache_salt)
+            second(block_id, block_hash, token_ids, parent_hash, cache_salt)
 
         self._evict_hook = both
 
@@ -165,7 +168,8 @@ class BlockPool:
         return taken
 
     def _evict(self, block: KVBlock, reason: str) -> None:
-        block_hash, token_ids, parent_hash = block.block_hash, block.token_ids, block.parent_hash
+        block_hash, token_ids, parent_hash, cache_salt = block.block_hash, block.token_ids, block.parent_hash, \
+            block.cache_salt
         if block.sampled:
             self.residency.evicted(block)
         del self.cached[block_hash]
@@ -174,7 +178,7 @@ class BlockPool:
         self.evictions_by_reason[reason] += 1
         self.cache_epoch += 1
         if self._evict_hook is not None:
-            self._evict_hook(block.block_id, block_hash, token_ids, parent_hash)
+            self._evict_hook(block.block_id, block_hash, token_ids, parent_hash, cache_salt)
 
     def take(self, blocks: Sequence[KVBlock]) -> None:
         """Adds one reference to each block; a free one leaves its list (a "touch"), a cached one counts a hit."""

@@ -92,7 +92,7 @@ class KVEventLog:
         self._events.append(event)
 
     def removed(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
-                parent_hash: bytes | None) -> None:
+                parent_hash: bytes | None, cache_salt: str | None) -> None:
         """Device eviction hook (the block pool's ``on_evict`` signature): records one removed hash."""
         self.remove(block_hash, DEVICE_TIER)
 

@@ -75,7 +75,8 @@ class ManagerQueries:
 
     @property
     def on_evict(self) -> EvictCallback | None:
-        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash)`` when a cached block is reused."""
+        """Called as ``on_evict(block_id, block_hash, token_ids, parent_hash, cache_salt)`` when a cached block
+        is reused."""
         return self._pool.on_evict
 
     @on_evict.setter

@@ -72,6 +72,8 @@ class Engine(EngineQueries):
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
+        # the same requests by tenant, so counting one tenant's (tenant_requests) walks only its own
+        self._requests_by_tenant: dict[str | None, dict[str, Request]] = {}
         self._arrivals = itertools.count()
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
         self._phases = StepPhases()
@@ -121,6 +123,7 @@ class Engine(EngineQueries):
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             arrival_order=next(self._arrivals), priority=priority, tenant=tenant)
         self._requests[request_id] = request
+        self._requests_by_tenant.setdefault(request.tenant, {})[request_id] = request
         if self.kv_connector is not None and self.kv_connector.start_load(request):
             return  # its prompt's blocks are being pulled: step() queues it once they are in
         self.scheduler.add_request(request)
@@ -346,5 +349,9 @@ class Engine(EngineQueries):
             self.kv_connector.request_finished(finished)
         for request in finished:
             del self._requests[request.request_id]
+            of_tenant = self._requests_by_tenant[request.tenant]
+            del of_tenant[request.request_id]
+            if not of_tenant:
+                del self._requests_by_tenant[request.tenant]
         with self._phases.outputs:
             return self.output_processor.process(advanced, finished)

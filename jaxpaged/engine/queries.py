@@ -27,10 +27,11 @@ class EngineQueries:
                            kv_usage=self.kv.stats.usage)
 
     def tenant_requests(self, tenant: str | None) -> tuple[int, int]:
-        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(requests)."""
+        """The tenant's unfinished requests, and how many of them wait (no sequence running); O(the tenant's
+        requests), whatever the other tenants have queued."""
         unfinished = waiting = 0
-        for request in self._requests.values():
-            if request.tenant == tenant and request.seqs:
+        for request in self._requests_by_tenant.get(tenant, {}).values():
+            if request.seqs:
                 unfinished += 1
                 waiting += all(seq.status is SeqStatus.WAITING for seq in request.seqs)
         return unfinished, waiting
@@ -134,10 +135,13 @@ class EngineQueries:
         block is in use. The disk tier is kept: it is persistent storage that other engines may share,
         and its files are only served to an engine with the same identity.
 
-        With ``namespace`` (a tenant's, `jaxpaged.cache.namespaces`): only the device pool's free cached
-        blocks whose salt is in it are forgotten, never refused; blocks in use, other namespaces and the
-        lower tiers (which do not record salts) are kept."""
+        With ``namespace`` (a tenant's, `jaxpaged.cache.namespaces`): only the blocks whose chain's salt is
+        in it are forgotten, never refused: the device pool's free cached ones, the host tier's entries and
+        the disk tier's files (the tenant asked to forget its prompts, persistent copies included); blocks
+        in use and other namespaces are kept."""
         if namespace is not None:
+            if self.tiers is not None:
+                self.tiers.drop_namespace(tuple(namespace))
             return self.kv.reset_prefix_cache(tuple(namespace))
         if not self.kv.reset_prefix_cache():
             return False

@@ -60,6 +60,7 @@ class TransferStats:
 class _Wanted:
     keys: list[bytes]
     meta: dict[bytes, tuple[bytes | None, tuple[int, ...]]]  # key -> (parent hash, block tokens), for events
+    cache_salt: str | None = None  # the request's: its host entries are in its namespace
 
 
 @dataclasses.dataclass
@@ -146,7 +147,7 @@ class PeerKVConnector:
                     continue
                 keys.append(key)
                 meta[key] = (group_key(hashes[j - 1], g) if j else None, block_tokens)
-        return _Wanted(keys, meta)
+        return _Wanted(keys, meta, request.cache_salt)
 
     def _pull(self, keys: list[bytes]) -> _Pulled:
         """Worker thread: ask each peer in turn for the keys still missing; checked blocks only."""
@@ -189,7 +190,7 @@ class PeerKVConnector:
                 continue
             for key, block in pulled.blocks:
                 parent, tokens = wanted.meta.get(key, (None, None))
-                self.host.put(key, HostBlock(block, parent, tokens))
+                self.host.put(key, HostBlock(block, parent, tokens, wanted.cache_salt))
             self.stats.blocks_received += len(pulled.blocks)
             self.stats.bytes_received += pulled.num_bytes
             self.stats.pull_seconds += pulled.seconds

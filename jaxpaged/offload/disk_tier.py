@@ -2,7 +2,12 @@
 
 File layout (little-endian)::
 
-    magic b"JPKVBLK1" | format tag (32) | key length (u8) | key | payload sha256 (32) | payload
+    magic b"JPKVBLK2" | format tag (32) | key length (u8) | key | salt length (u32) | salt (UTF-8)
+        | sha256 of salt + payload (32) | payload
+
+The salt is the block chain's cache salt (empty: none), read only by a
+tenant's reset (:meth:`DiskKVCache.drop_namespace`), which deletes the files in
+its namespace; a lookup needs no salt, the key already commits to it.
 
 The format tag commits to the pool's dtype and block shape and to the engine's
 identity (model config, weights fingerprint, block size, KV dtype, fp8 scales,
@@ -46,11 +51,13 @@ from jaxpaged.cache.events import (
     KVEventLog,
     stored_in_chain_order,
 )
+from jaxpaged.cache.namespaces import Namespace, salt_in_namespace
 
 logger = logging.getLogger(__name__)
 
-_MAGIC = b"JPKVBLK1"
+_MAGIC = b"JPKVBLK2"
 _SUFFIX = ".kvblk"
+_TAG_END = len(_MAGIC) + 32  # the format tag's end; the key's length byte follows
 
 
 def format_tag(dtype: np.dtype, block_shape: tuple[int, ...], identity: bytes) -> bytes:
@@ -82,6 +89,7 @@ class DiskKVCache:
         self._events: KVEventLog | None = None
         self._block_size = 0  # tokens per block, for events
         self._parents: dict[bytes, bytes] = {}  # parent hash of indexed files this process wrote (for events)
+        self._salts: dict[bytes, str | None] = {}  # cache salt of indexed files written or read (namespaces)
         self.num_corrupt = 0
         self.num_vanished = 0  # indexed files gone when read (another engine evicted them)
         self.num_write_errors = 0
@@ -153,16 +161,18 @@ class DiskKVCache:
         return self.directory / f"{block_hash.hex()}{_SUFFIX}"
 
     def store(self, block_hash: bytes, data: np.ndarray, parent_hash: bytes | None = None,
-              token_ids: tuple[int, ...] | None = None) -> None:
+              token_ids: tuple[int, ...] | None = None, cache_salt: str | None = None) -> None:
         """Write one block (atomically: temp file then rename), evicting old files beyond capacity.
 
-        ``parent_hash`` and ``token_ids`` (the block's hash inputs, when known) go only into KV events.
+        ``parent_hash`` and ``token_ids`` (the block's hash inputs, when known) go only into KV events;
+        ``cache_salt`` (its chain's) into the file, for :meth:`drop_namespace`.
         """
         if not self.usable or block_hash in self._sizes:
             return
         payload = np.ascontiguousarray(data, self.dtype).tobytes()
-        blob = b"".join([_MAGIC, self.tag, bytes([len(block_hash)]), block_hash,
-                         hashlib.sha256(payload).digest(), payload])
+        salt = (cache_salt or "").encode("utf-8", "surrogatepass")
+        blob = b"".join([_MAGIC, self.tag, bytes([len(block_hash)]), block_hash, len(salt).to_bytes(4, "little"),
+                         salt, hashlib.sha256(salt + payload).digest(), payload])
         path = self._path(block_hash)
         tmp = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
         try:
@@ -176,6 +186,7 @@ class DiskKVCache:
                 pass
             return
         self._add(block_hash, len(blob))
+        self._salts[block_hash] = cache_salt or None
         if parent_hash is not None:
             self._parents[block_hash] = parent_hash
         if self._events is not None:
@@ -200,18 +211,52 @@ class DiskKVCache:
         self._sizes.move_to_end(block_hash)
         return data
 
+    def salt_of(self, block_hash: bytes) -> str | None:
+        """The cache salt of an indexed block's file (None: none, or unknown because unreadable)."""
+        return self._salts.get(block_hash)
+
+    def drop_namespace(self, namespace: Namespace) -> int:
+        """Delete the indexed block files whose salt is in ``namespace`` (a tenant's reset), whatever their
+        format tag; returns how many. The salts of files indexed at start are read from their headers once."""
+        for block_hash in self._sizes:
+            if block_hash not in self._salts:
+                self._salts[block_hash] = self._read_salt(block_hash)
+        doomed = [h for h in self._sizes if salt_in_namespace(self._salts[h], namespace)]
+        for block_hash in doomed:
+            self._drop(block_hash)
+        return len(doomed)
+
+    def _read_salt(self, block_hash: bytes) -> str | None:
+        """The salt in an indexed file's header (None: none, or the file is not a readable one of ours)."""
+        try:
+            with open(self._path(block_hash), "rb") as f:
+                head = f.read(_TAG_END + 1)
+                if len(head) < _TAG_END + 1 or head[:len(_MAGIC)] != _MAGIC:
+                    return None
+                f.seek(head[-1], os.SEEK_CUR)  # past the key
+                salt = f.read(int.from_bytes(f.read(4), "little"))
+            return salt.decode("utf-8", "surrogatepass") or None
+        except (OSError, UnicodeDecodeError):
+            return None
+
     def _parse(self, block_hash: bytes, blob: bytes) -> np.ndarray | None:
-        head = len(_MAGIC) + 32
+        head = _TAG_END
         if blob[:len(_MAGIC)] != _MAGIC or blob[len(_MAGIC):head] != self.tag or len(blob) <= head:
             return None
         key_len = blob[head]
         key_end = head + 1 + key_len
         if blob[head + 1:key_end] != block_hash:
             return None
-        digest, payload = blob[key_end:key_end + 32], blob[key_end + 32:]
+        salt_end = key_end + 4 + int.from_bytes(blob[key_end:key_end + 4], "little")
+        salt, digest, payload = blob[key_end + 4:salt_end], blob[salt_end:salt_end + 32], blob[salt_end + 32:]
         expected = int(np.prod(self.block_shape)) * self.dtype.itemsize
-        if len(payload) != expected or hashlib.sha256(payload).digest() != digest:
+        if len(payload) != expected or hashlib.sha256(salt + payload).digest() != digest:
             return None
+        try:
+            salt = salt.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return None
+        self._salts[block_hash] = salt or None
         return np.frombuffer(payload, self.dtype).reshape(self.block_shape).copy()
 
     def _add(self, block_hash: bytes, size: int) -> None:
@@ -230,6 +275,7 @@ class DiskKVCache:
     def _drop(self, block_hash: bytes) -> None:
         self.used_bytes -= self._sizes.pop(block_hash, 0)
         self._parents.pop(block_hash, None)
+        self._salts.pop(block_hash, None)
         if self._events is not None and self.usable:
             self._events.remove(block_hash, DISK_TIER)
         try:

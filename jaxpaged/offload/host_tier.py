@@ -1,7 +1,9 @@
 """The host (CPU RAM) tier: an LRU cache of KV blocks keyed by block hash, bounded in bytes.
 
 Swapped-out sequences share the byte budget but are pinned (never evicted)
-until they are swapped back in or dropped. While KV events are on
+until they are swapped back in or dropped. Each entry keeps its chain's cache
+salt, so a tenant's reset drops its entries (:meth:`HostKVCache.drop_namespace`);
+restoring needs no salt: the hash already commits to it. While KV events are on
 (:meth:`HostKVCache.attach_events`), a new entry is a host ``BlockStored`` and
 an evicted one a host ``BlockRemoved``.
 """
@@ -14,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxpaged.cache.events import HOST_TIER, AllBlocksCleared, KVEventLog, stored_in_chain_order
+from jaxpaged.cache.namespaces import Namespace, salt_in_namespace
 
 
 class HostBlock:
@@ -21,15 +24,18 @@ class HostBlock:
 
     ``parent_hash`` and ``token_ids`` are the block's hash inputs when known
     (an offloaded device block), for the tier's KV events; None otherwise.
+    ``cache_salt`` is its chain's salt when known (the namespace a tenant's
+    reset matches it by, `jaxpaged.cache.namespaces`).
     """
 
-    __slots__ = ("data", "parent_hash", "token_ids")
+    __slots__ = ("data", "parent_hash", "token_ids", "cache_salt")
 
     def __init__(self, data: np.ndarray | None = None, parent_hash: bytes | None = None,
-                 token_ids: tuple[int, ...] | None = None) -> None:
+                 token_ids: tuple[int, ...] | None = None, cache_salt: str | None = None) -> None:
         self.data = data
         self.parent_hash = parent_hash
         self.token_ids = token_ids
+        self.cache_salt = cache_salt
 
 
 class HostKVCache:
@@ -109,6 +115,16 @@ class HostKVCache:
         if dropped and self._events is not None:
             self._events.append(AllBlocksCleared(HOST_TIER))
         return dropped
+
+    def drop_namespace(self, namespace: Namespace) -> int:
+        """Drop the cached entries whose salt is in ``namespace`` (a tenant's reset), without spilling them;
+        returns how many."""
+        doomed = [h for h, block in self._lru.items() if salt_in_namespace(block.cache_salt, namespace)]
+        for block_hash in doomed:
+            del self._lru[block_hash]
+            if self._events is not None:
+                self._events.remove(block_hash, HOST_TIER)
+        return len(doomed)
 
     def _shrink(self, limit: int) -> None:
         while len(self._lru) > limit:

@@ -43,6 +43,7 @@ import numpy as np
 from jaxpaged.cache import KVCacheManager, PrefixMatch
 from jaxpaged.cache.events import KVEventLog
 from jaxpaged.cache.kv_groups import NULL_BLOCK, group_key
+from jaxpaged.cache.namespaces import Namespace, salt_in_namespace
 from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.disk_tier import DiskKVCache, format_tag
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
@@ -112,8 +113,8 @@ class KVTiers:
     # ---------------------------------------------------------------- offload
 
     def _on_device_evict(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...],
-                         parent_hash: bytes | None) -> None:
-        copy = HostBlock(None, parent_hash, token_ids)
+                         parent_hash: bytes | None, cache_salt: str | None) -> None:
+        copy = HostBlock(None, parent_hash, token_ids, cache_salt)
         self._outgoing.append((block_id, copy))
         self.host.put(block_hash, copy)
         self.stats.offloaded += 1
@@ -210,7 +211,7 @@ class KVTiers:
         data = self.disk.load(block_hash)
         if data is None:
             return None
-        block = HostBlock(data, parent_hash)
+        block = HostBlock(data, parent_hash, cache_salt=self.disk.salt_of(block_hash))
         self.host.put(block_hash, block)
         self.stats.disk_hits += 1
         return block
@@ -227,6 +228,15 @@ class KVTiers:
             self.stats.swapped_in += len(restore.blocks)
         else:
             self.stats.host_hits += len(restore.blocks)
+
+    def drop_namespace(self, namespace: Namespace) -> int:
+        """A tenant's reset: drop the host entries and delete the disk files whose chain's salt is in
+        ``namespace``; returns how many. Blocks swapped out for a live sequence stay (they are in use)."""
+        self._spilled = [(h, b) for h, b in self._spilled if not salt_in_namespace(b.cache_salt, namespace)]
+        dropped = self.host.drop_namespace(namespace)
+        if self.disk is not None:
+            dropped += self.disk.drop_namespace(namespace)
+        return dropped
 
     # ---------------------------------------------------------------- device
 
@@ -264,7 +274,7 @@ class KVTiers:
                 copy.data = data
         for block_hash, block in self._spilled:
             if block.data is not None:
-                self.disk.store(block_hash, block.data, block.parent_hash, block.token_ids)
+                self.disk.store(block_hash, block.data, block.parent_hash, block.token_ids, block.cache_salt)
         self._spilled.clear()
         if self.disk is not None:
             self.stats.disk_write_errors = self.disk.num_write_errors

@@ -169,7 +169,8 @@ class AsyncEngine:
 
     async def reset_prefix_cache(self, namespace: tuple[str, ...] | None = None) -> bool:
         """Drop every unreferenced cached block, on the device and in the host tier (see `reset_prefix_cache`);
-        False if some are still in use. With ``namespace``: only that namespace's free device blocks."""
+        False if some are still in use. With ``namespace``: only that namespace's free device blocks and
+        lower-tier entries."""
         return await self._call({"op": "reset", "namespace": None if namespace is None else list(namespace)})
 
     async def pin_prefix(self, prompt, ttl_s: float, *, cache_salt: str | None = None,
@@ -339,7 +340,8 @@ def reset_prefix_cache(engine: Engine, namespace: list[str] | None = None) -> bo
     (unpinned) block of the host tier, so no earlier prompt is a hit afterwards. False, and nothing
     cleared, while some device block is in use. The disk tier is kept: it is persistent storage that
     other engines may share, and its files are only served to an engine with the same identity.
-    With ``namespace`` (a tenant's reset): only that namespace's free device blocks (`Engine.reset_prefix_cache`)."""
+    With ``namespace`` (a tenant's reset): only that namespace's free device blocks and lower-tier entries
+    (`Engine.reset_prefix_cache`)."""
     return engine.reset_prefix_cache(None if namespace is None else tuple(namespace))
 
 

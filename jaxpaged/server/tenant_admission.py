@@ -9,8 +9,9 @@ counts the tenant's requests when it applies the add, so the bound holds across
 API server processes; a request over it is refused with `TenantLimitError` (a
 429 with ``Retry-After``) and changes nothing. Every prompt of a multi-prompt
 request is one request here. With replicas, each replica counts its own.
-Counting walks the engine's unfinished requests, once per add of a tenant
-that has a limit (none for the others).
+Counting walks the tenant's own unfinished requests (the engine indexes them
+by tenant), once per add of a tenant that has a limit (none for the others):
+another tenant's queue costs nothing (docs/benchmarks/tenants.md).
 """
 
 from __future__ import annotations

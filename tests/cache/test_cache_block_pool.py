@@ -69,7 +69,7 @@ def test_uncached_blocks_are_reused_before_cached_ones_are_evicted():
 def test_eviction_is_lru_then_deepest_first_and_reports_each_block():
     pool = BlockPool(4)
     evicted = []
-    pool.on_evict = lambda block_id, block_hash, tokens, parent: evicted.append((block_id, block_hash, tokens, parent))
+    pool.on_evict = lambda block_id, block_hash, tokens, parent, salt: evicted.append((block_id, block_hash, tokens, parent))
     old = pool.allocate(2)
     new = pool.allocate(2)
     for seq, tag in ((old, b"o"), (new, b"n")):

@@ -175,7 +175,7 @@ def test_revived_cached_blocks_count_against_free_space():
 def test_eviction_is_lru_deepest_first_and_drops_hash_entries():
     mgr = KVCacheManager(6, BS)
     evicted = []
-    mgr.on_evict = lambda block_id, block_hash, tokens, parent: evicted.append((block_id, tokens, block_hash, parent))
+    mgr.on_evict = lambda block_id, block_hash, tokens, parent, salt: evicted.append((block_id, tokens, block_hash, parent))
     prefill(mgr, "old", toks(12))  # 3 blocks
     prefill(mgr, "new", toks(8, start=100))  # 2 blocks
     old_table, new_table = mgr.block_table("old"), mgr.block_table("new")

@@ -51,7 +51,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.fresh_token = 1000
 
-    def _on_evict(self, block_id, block_hash, token_ids, parent_hash):
+    def _on_evict(self, block_id, block_hash, token_ids, parent_hash, cache_salt):
         held = {b for sid in self.tokens for b in self.mgr.block_table(sid)}
         assert block_id not in held, f"evicted block {block_id} is in a live block table"
         assert tuple(self.device[block_id]) == token_ids

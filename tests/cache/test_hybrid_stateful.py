@@ -64,8 +64,9 @@ class HybridMachine(RuleBasedStateMachine):
         self.fresh = 1000
         self.tier: dict[bytes, tuple[tuple, np.ndarray]] = {}  # group key -> (model entry, evicted data)
 
-    def _on_evict(self, block_id, key, token_ids, parent_hash):
+    def _on_evict(self, block_id, key, token_ids, parent_hash, cache_salt):
         entry = next(e for e, b in self.cache.items() if b == block_id)
+        assert cache_salt == entry[1]  # the chain's salt, for the lower tiers' namespaces
         del self.cache[entry]
         self.tier[key] = (entry, self.device[block_id].copy())
         assert all(block_id not in t for sid in self.tokens for t in self.mgr.group_block_tables(sid))

@@ -46,7 +46,7 @@ def test_events_and_on_evict_both_see_evictions():
     mgr = KVCacheManager(4, BS)
     log = mgr.enable_events()
     evicted = []
-    mgr.on_evict = lambda block_id, block_hash, tokens, parent: evicted.append(block_hash)
+    mgr.on_evict = lambda block_id, block_hash, tokens, parent, salt: evicted.append(block_hash)
     prefill(mgr, "a", list(range(16)))
     mgr.free("a")
     prefill(mgr, "b", list(range(100, 116)))  # reuses all four cached blocks

@@ -75,8 +75,9 @@ def add_byte_vocab(writer, vocab_size: int, *, chat_template: str | None = None,
 
 
 def write_gguf(path: Path, hf: dict, weights: dict[str, np.ndarray], *, qtype_of=lambda name: "F32",
-               arch: str | None = None, chat_template: str | None = None, extra=None) -> Path:
-    """Write `weights` (HF names) of config dict `hf` as a GGUF file at `path`; `extra(writer)` adds more keys."""
+               arch: str | None = None, chat_template: str | None = None, extra=None, add_vocab=None) -> Path:
+    """Write `weights` (HF names) of config dict `hf` as a GGUF file at `path`; `extra(writer)` adds more keys;
+    `add_vocab(writer)` writes the vocabulary (default: `add_byte_vocab`)."""
     from gguf import GGUFWriter
 
     arch = arch or hf["model_type"]
@@ -94,8 +95,11 @@ def write_gguf(path: Path, hf: dict, weights: dict[str, np.ndarray], *, qtype_of
     writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
     writer.add_rope_freq_base(hf["rope_theta"])
     writer.add_vocab_size(hf["vocab_size"])
-    add_byte_vocab(writer, hf["vocab_size"], chat_template=chat_template,
-                   bos=hf.get("bos_token_id", 1), eos=hf.get("eos_token_id", 2))
+    if add_vocab is None:
+        add_byte_vocab(writer, hf["vocab_size"], chat_template=chat_template,
+                       bos=hf.get("bos_token_id", 1), eos=hf.get("eos_token_id", 2))
+    else:
+        add_vocab(writer)
     if extra is not None:
         extra(writer)
     for name, tensor in weights.items():

@@ -29,13 +29,14 @@ FAMILIES = {
 }
 
 
-def _random_gemma(family: str, seed: int):
-    """A transformers Gemma with unit-scale random weights and norms away from identity."""
+def _random_gemma(family: str, seed: int, **shapes):
+    """A transformers Gemma with unit-scale random weights and norms away from identity (`shapes` override
+    `SHAPES`)."""
     import torch
     import transformers
 
     config_class, model_class, options = FAMILIES[family]
-    config = getattr(transformers, config_class)(**SHAPES, **options)
+    config = getattr(transformers, config_class)(**(SHAPES | shapes), **options)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).eval()

@@ -85,3 +85,42 @@ def test_disk_is_bounded_in_bytes(tmp_path):
     assert len(disk) == 3 and disk.used_bytes <= disk.capacity_bytes
     assert sum(p.stat().st_size for p in tmp_path.glob("*.kvblk")) == disk.used_bytes
     assert disk.load(keys[0]) is None and disk.load(keys[4]) is not None  # oldest went first
+
+
+# salts as the server's tenants spell them (jaxpaged.server.tenants): a tenant, a namespace inside it, another
+# tenant whose name starts alike, a client's free-form salt and none
+SALTS = ['["tenant", "alice"]', '["tenant", "alice", "sub"]', '["tenant", "alice2"]', "alice", None]
+ALICE = ("tenant", "alice")
+
+
+def test_host_tier_drops_exactly_a_namespaces_entries():
+    host = HostKVCache(10 * BLOCK_BYTES, BLOCK_BYTES)
+    for i, salt in enumerate(SALTS):
+        host.put(bytes([i]), HostBlock(_block(i), cache_salt=salt))
+    assert host.drop_namespace(ALICE) == 2
+    assert [bytes([i]) in host for i in range(len(SALTS))] == [False, False, True, True, True]
+
+
+def test_disk_tier_drops_a_namespaces_files_also_after_a_restart(tmp_path):
+    disk = _disk(tmp_path)
+    for i, salt in enumerate(SALTS):
+        disk.store(bytes([i]) * 32, _block(i), cache_salt=salt)
+    again = _disk(tmp_path)  # a later process: the salts are only in the files' headers
+    assert again.drop_namespace(ALICE) == 2
+    assert sorted(p.stem[:2] for p in tmp_path.glob("*.kvblk")) == ["02", "03", "04"]
+    for i, salt in enumerate(SALTS[2:], start=2):
+        np.testing.assert_array_equal(again.load(bytes([i]) * 32), _block(i))
+        assert again.salt_of(bytes([i]) * 32) == salt
+    assert disk.drop_namespace(("tenant", "alice2")) == 1  # the first process's index, files read as written
+    assert not (tmp_path / f"{'02' * 32}.kvblk").exists()
+
+
+def test_a_damaged_salt_is_a_miss_not_a_file_in_another_namespace(tmp_path):
+    disk = _disk(tmp_path)
+    key = b"\x09" * 32
+    disk.store(key, _block(3), cache_salt=SALTS[0])
+    path = next(tmp_path.glob("*.kvblk"))
+    blob = bytearray(path.read_bytes())
+    blob[blob.index(b"alice")] ^= 0x01  # "alice" -> "`lice": the payload is intact, the salt is not
+    path.write_bytes(bytes(blob))
+    assert _disk(tmp_path).load(key) is None

@@ -20,7 +20,7 @@ BS = 4
 SHAPE = (2, 2, 2, BS, 8)
 BLOCK_BYTES = int(np.prod(SHAPE)) * 4
 TINY_BLOCK_BYTES = 2 * 2 * 2 * BS * 16 * 4  # K/V x layers x kv heads x block size x head dim x float32
-FILE_BYTES = TINY_BLOCK_BYTES + 105  # a disk block file: the block plus its header
+FILE_BYTES = TINY_BLOCK_BYTES + 109  # a disk block file: the block plus its header (no salt)
 DISK_FILES = 70  # room for the waves that are reused, not for the unrelated one before them
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 TIERS = ("device", "host", "disk")
@@ -79,7 +79,7 @@ def test_disk_tier_events_follow_writes_deletions_and_disabling(tmp_path, monkey
     earlier = _disk(tmp_path)
     for i in range(3):
         earlier.store(_key(i), _block(i))
-    disk = _disk(tmp_path, capacity=4 * (BLOCK_BYTES + 105), tag=None)  # a later process, format not set yet
+    disk = _disk(tmp_path, capacity=4 * (BLOCK_BYTES + 109), tag=None)  # a later process, format not set yet
     log = KVEventLog()
     disk.attach_events(log, BS)
     assert log.take() == [] and disk.cached_hashes() == []  # every lookup misses: it holds nothing yet

@@ -2,8 +2,8 @@
 ``POST /v1/cache/pin`` (keep a prefix's blocks for a TTL).
 
 With API keys, an admin's reset drops every tenant's cache (409 while blocks are in use); a user's drops
-only the free cached blocks of its own namespace (never refused: its blocks in use keep their entries,
-other tenants' blocks are untouched). A pin is made in the caller's own namespace; an admin may name
+only the free cached blocks of its own namespace, on the device and in the host and disk tiers (never
+refused: its blocks in use keep their entries, other tenants' blocks are untouched). A pin is made in the caller's own namespace; an admin may name
 another tenant's with ``tenant``."""
 
 from __future__ import annotations
