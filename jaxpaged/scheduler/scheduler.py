@@ -29,7 +29,9 @@ it is the argmax; sampled: rejection sampling, `jaxpaged.spec_decode.rejection`)
 or else the target's own token. `update_from_output` accepts the drafts up to
 the first one not accepted, appends them plus the target's token after them, commits (hashes) only those accepted tokens'
 blocks, rewinds the computed count, and releases the slots of the rejected
-ones (`release_slots_after`).
+ones (`release_slots_after`). A proposer that writes K/V at the draft
+positions (`drafts_need_slots`: the draft model) is asked once the batch is
+final, with the slots allocated for placeholder drafts (`_fill_drafts`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import dataclasses
 import time
 from typing import Callable
 
+import numpy as np
+
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.logit_controls import RowControls
@@ -49,10 +53,11 @@ from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQ
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
-from jaxpaged.spec_decode.proposer import Proposer
+from jaxpaged.spec_decode.proposer import DraftContext, Proposer
 from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
+DRAFT_PLACEHOLDER = 0  # a draft slot scheduled before its token is proposed (`Scheduler._fill_drafts`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +194,8 @@ class Scheduler:
             self._admit_waiting(out, budget, now, may_preempt=True)
             if preempted:  # the priority policy made room for a waiting request that ranks first
                 self._drop_preempted(out)
+        if out.verify_spans and self.proposer.drafts_need_slots:
+            self._fill_drafts(out)
         self._finish_schedule(out)
         if self.num_constrained_requests:
             if self.defer_token_masks and self.num_grammar_requests and out.seqs:
@@ -241,8 +248,32 @@ class Scheduler:
         if not seqs:
             return {}
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
+        if self.proposer.drafts_need_slots:  # placeholders: `_fill_drafts` asks once the slots exist
+            k = self.proposer.num_speculative_tokens
+            return {seq.seq_id: [DRAFT_PLACEHOLDER] * min(k, limit) for seq, limit in zip(seqs, limits) if limit > 0}
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
         return {seq.seq_id: drafts for seq, drafts in zip(seqs, proposals) if drafts}
+
+    def _fill_drafts(self, out: SchedulerOutput) -> None:
+        """Ask a proposer that needs the verify slots (a draft model) for the drafts of the scheduled spans.
+
+        Each verifying sequence holds slots for its last known token and its
+        placeholder drafts; the proposer returns exactly that many tokens, which
+        replace the placeholders in the step's tokens.
+        """
+        seqs = [out.seqs[i] for i, _ in out.verify_spans]
+        context = DraftContext(block_tables=[self.kv.block_table(seq.seq_id) for seq in seqs],
+                               copies=list(out.copies))
+        if self.proposer.uses_hidden_states:
+            context.hidden_states = np.stack([seq.last_hidden for seq in seqs])
+        counts = [k for _, k in out.verify_spans]
+        proposals = self.proposer.propose([seq.token_ids for seq in seqs], counts, context)
+        ends = np.cumsum(out.num_tokens).tolist()
+        for (i, k), drafts in zip(out.verify_spans, proposals):
+            if len(drafts) != k:
+                raise RuntimeError(f"the proposer returned {len(drafts)} drafts for {k} allocated slots")
+            out.token_ids[ends[i] - k:ends[i]] = drafts
+        out.draft_token_ids = [list(drafts) for drafts in proposals]
 
     def _add(self, out: SchedulerOutput, seq: Sequence, num_new: int, update: BlockTableUpdate,
              now: float, drafts: list[int] | None = None) -> None:
