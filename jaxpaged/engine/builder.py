@@ -48,15 +48,21 @@ class EngineBuilder:
         tokenizer=None,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        proposer: Proposer | None = None,
     ):
         """`model` skips loading `config.model`; `runner` replaces the device (e.g. a simulator).
 
         A given runner must have the configured block size and block count
         (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
-        config, the runner's block count is taken.
+        config, the runner's block count is taken. `proposer` replaces the one
+        `speculative_config.method` names (which must be set): a proposer built
+        by the caller, e.g. an EAGLE-style head over the target's hidden states.
         """
+        if proposer is not None and config.speculative_config is None:
+            raise ValueError("a proposer needs speculative_config (k, disable_by_batch_size, the checks it implies)")
         self.config = config
         self.clock = clock
+        self._proposer = proposer
         self._model = model
         self._tokenizer = tokenizer
         self._runner = runner
@@ -148,6 +154,11 @@ class EngineBuilder:
         spec = self.config.speculative_config
         if isinstance(runner, ModelRunner):
             runner.attach_draft(None)  # a runner reused from an earlier engine drops that engine's draft
+        if self._proposer is not None:
+            runner.return_hidden_states(self._proposer.uses_hidden_states)
+            return self._proposer
+        if isinstance(runner, ModelRunner):
+            runner.return_hidden_states(False)
         if spec is None or spec.method != "draft_model":
             return make_proposer(spec) if spec is not None else None
         from jaxpaged.spec_decode.draft_model import load_draft_proposer

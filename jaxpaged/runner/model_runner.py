@@ -98,6 +98,8 @@ class PendingStep:
             prompt_top_logprobs=host.get("prompt_top_logprobs"),
             verify_ids=host.get("verify_ids"),  # span order, not row order
             verify_logprobs=host.get("verify_logprobs"),
+            hidden_states=host["hidden_states"][rows] if "hidden_states" in host else None,
+            verify_hidden_states=host.get("verify_hidden_states"),
         )
 
 
@@ -240,6 +242,7 @@ class ModelRunner:
                                 **forward_shardings)
         self._sample = jax.jit(self._sample_fn, donate_argnums=(0,))
         self._draft: StepFollower | None = None
+        self._return_hidden_states = False  # read when a step is traced: set before the first step
 
     def attach_draft(self, draft: StepFollower | None) -> None:
         """Keep `draft`'s own pool in step with this one (None: detach): after each step's forward pass it
@@ -248,6 +251,13 @@ class ModelRunner:
         if draft is not None and self.tp is not None:
             raise ValueError("speculative_config.method='draft_model' needs tensor_parallel_size=1")
         self._draft = draft
+
+    def return_hidden_states(self, on: bool) -> None:
+        """Whether each step also returns the last layer's hidden states (after the final norm) at its sample
+        rows and verify rows, for a proposer that reads them (EAGLE-style). Fixed once a step has compiled."""
+        if on != self._return_hidden_states and self._trace_count:
+            raise ValueError("return_hidden_states must be set before the runner's first step compiles")
+        self._return_hidden_states = on
 
     def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
         if self.tp is None:
@@ -342,6 +352,9 @@ class ModelRunner:
             out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
         if inputs.verify_rows.shape[0]:
             out.update(_verify(model, hidden, inputs))
+        if self._return_hidden_states:
+            out["hidden_states"] = hidden[inputs.logits_indices]
+            out["verify_hidden_states"] = hidden[inputs.verify_rows]
         if not sample:
             out["raw_logits"] = logits
             return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed

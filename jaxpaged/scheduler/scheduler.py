@@ -245,6 +245,8 @@ class Scheduler:
         if limit is not None and len(self.running) >= limit:
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
         seqs = [seq for seq in self.running if _speculates(seq)]
+        if self.proposer.uses_hidden_states:
+            seqs = [seq for seq in seqs if seq.last_hidden is not None]
         if not seqs:
             return {}
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
@@ -506,7 +508,8 @@ class Scheduler:
             request = seq.request
             touched[request] = None
             if verified and i in verified:
-                self._accept_drafts(seq, start, *verified[i], now)
+                drafts, targets, target_logprobs, hidden = verified[i]
+                self._accept_drafts(seq, start, drafts, targets, target_logprobs, now, hidden)
                 continue
             end = start + count
             # A decode that leaves its block partial has nothing to hash: its commit waits for the one
@@ -530,6 +533,8 @@ class Scheduler:
                 continue
             if request.params.logprobs is not None:
                 self._record_logprobs(seq, result, i, tokens[i], logprobs[i])
+            if result.hidden_states is not None:
+                seq.last_hidden = result.hidden_states[i]
             self._append(seq, tokens[i], logprobs[i], now)
         for request in beam_ready:
             self._beam_step(request, now)
@@ -540,19 +545,21 @@ class Scheduler:
         return touched_list
 
     @staticmethod
-    def _verified_tokens(out: SchedulerOutput, result: ModelOutput
-                         ) -> dict[int, tuple[list[int], list[int], list[float]]]:
-        """Per verifying sequence (index in `out.seqs`): its drafts, and the verified token (and its
-        logprob) after each of its k + 1 positions: the draft when accepted, else the target's token."""
+    def _verified_tokens(out: SchedulerOutput, result: ModelOutput):
+        """Per verifying sequence (index in `out.seqs`): its drafts, the verified token (and its logprob)
+        after each of its k + 1 positions (the draft when accepted, else the target's token), and the
+        hidden states at those positions (None unless the step returned them)."""
         ids, logprobs = result.verify_ids.tolist(), result.verify_logprobs.tolist()
+        hidden = result.verify_hidden_states
         verified, at = {}, 0
         for (i, k), drafts in zip(out.verify_spans, out.draft_token_ids):
-            verified[i] = (drafts, ids[at:at + k + 1], logprobs[at:at + k + 1])
+            verified[i] = (drafts, ids[at:at + k + 1], logprobs[at:at + k + 1],
+                           None if hidden is None else hidden[at:at + k + 1])
             at += k + 1
         return verified
 
     def _accept_drafts(self, seq: Sequence, start: int, drafts: list[int], targets: list[int],
-                       logprobs: list[float], now: float) -> None:
+                       logprobs: list[float], now: float, hidden: np.ndarray | None = None) -> None:
         """Verification: keep the drafts the target accepted, then its own token after them.
 
         Greedy, the emitted tokens are exactly what plain greedy decoding would
@@ -573,6 +580,8 @@ class Scheduler:
                 emitted = emitted[:j + 1]
                 break
         self._count_spec_step(len(drafts), num_accepted)
+        if hidden is not None:  # the row whose token is emitted last
+            seq.last_hidden = hidden[len(emitted) - 1]
         for token, logprob in zip(emitted[:-1], logprobs):
             self._append(seq, token, logprob, now)
         if seq.status is SeqStatus.RUNNING:
