@@ -48,6 +48,8 @@ class Sequence:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     # structured output / allowed_token_ids: what it may sample next (jaxpaged.structured.grammar)
     constraint: object = None
+    # a proposer that reads hidden states: the target's last-layer hidden state at the row that gave the last token
+    last_hidden: object = None
 
     @property
     def num_tokens(self) -> int:
@@ -91,7 +93,8 @@ class Sequence:
                         num_computed_tokens=self.num_computed_tokens,
                         cumulative_logprob=self.cumulative_logprob, status=self.status,
                         logprobs=None if self.logprobs is None else list(self.logprobs),
-                        constraint=None if self.constraint is None else self.constraint.fork())
+                        constraint=None if self.constraint is None else self.constraint.fork(),
+                        last_hidden=self.last_hidden)
 
 
 @dataclasses.dataclass(eq=False)

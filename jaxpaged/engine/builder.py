@@ -34,7 +34,7 @@ from jaxpaged.model import LlamaModel
 from jaxpaged.offload.setup import build_tiers
 from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
-from jaxpaged.spec_decode import make_proposer
+from jaxpaged.spec_decode import Proposer, make_proposer
 
 
 class EngineBuilder:
@@ -48,15 +48,21 @@ class EngineBuilder:
         tokenizer=None,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        proposer: Proposer | None = None,
     ):
         """`model` skips loading `config.model`; `runner` replaces the device (e.g. a simulator).
 
         A given runner must have the configured block size and block count
         (ValueError otherwise); without `num_blocks` or `kv_cache_bytes` in the
-        config, the runner's block count is taken.
+        config, the runner's block count is taken. `proposer` replaces the one
+        `speculative_config.method` names (which must be set): a proposer built
+        by the caller, e.g. an EAGLE-style head over the target's hidden states.
         """
+        if proposer is not None and config.speculative_config is None:
+            raise ValueError("a proposer needs speculative_config (k, disable_by_batch_size, the checks it implies)")
         self.config = config
         self.clock = clock
+        self._proposer = proposer
         self._model = model
         self._tokenizer = tokenizer
         self._runner = runner
@@ -92,6 +98,7 @@ class EngineBuilder:
         self._check_runner(runner)
         runner.reset()  # a runner reused from an earlier engine keeps none of its rows
         self.runner = runner
+        proposer = self._make_proposer(runner, kv_dtype)
         layout = kv_cache_layout(self.model_config.layer_windows)
         self.kv: KVManager = self._make_kv_manager(layout)
         # a decode engine's pulled blocks land in the host tier: one pool's worth unless host_cache_bytes says
@@ -101,7 +108,7 @@ class EngineBuilder:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.preemption_mode,
                             config.scheduling_policy),
             self.kv, tiers, clock=self.clock,
-            proposer=make_proposer(config.speculative_config) if config.speculative_config else None,
+            proposer=proposer,
             disable_speculation_at=config.speculative_config and config.speculative_config.disable_by_batch_size)
         input_processor = InputProcessor(
             self.model_config, max_model_len=self.max_model_len, num_blocks=self.num_blocks,
@@ -141,6 +148,27 @@ class EngineBuilder:
                                         or self.config.prefix_cache_snapshot or self.config.kv_role != "none"):
             raise ValueError("host_cache_bytes, prefix_cache_snapshot and kv_role are single-process only: with "
                              f"{jax.process_count()} processes no process can read a whole pool block")
+
+    def _make_proposer(self, runner: Runner, kv_dtype) -> Proposer | None:
+        """The proposer of `speculative_config` (None: off); a draft model gets its pool beside the runner's."""
+        spec = self.config.speculative_config
+        if isinstance(runner, ModelRunner):
+            runner.attach_draft(None)  # a runner reused from an earlier engine drops that engine's draft
+        if self._proposer is not None:
+            runner.return_hidden_states(self._proposer.uses_hidden_states)
+            return self._proposer
+        if isinstance(runner, ModelRunner):
+            runner.return_hidden_states(False)
+        if spec is None or spec.method != "draft_model":
+            return make_proposer(spec) if spec is not None else None
+        from jaxpaged.spec_decode.draft_model import load_draft_proposer
+        draft_kv_dtype = None if np.dtype(kv_dtype) == np.dtype("float8_e4m3fn") else kv_dtype  # no draft scales
+        draft = load_draft_proposer(
+            spec.model, self.model_config, spec.num_speculative_tokens, self.num_blocks, self.block_size,
+            dtype=self.config.dtype, seed=self.config.seed, kv_dtype=draft_kv_dtype, backend=runner.backend,
+            pool_fill_value=self.config.pool_fill_value)
+        runner.attach_draft(draft)
+        return draft
 
     def _make_kv_manager(self, layout: KVCacheLayout) -> KVManager:
         if self.config.kv_layout == "contiguous":  # the all-layers-full baseline, one region per group

@@ -98,8 +98,9 @@ class EngineConfig:
                                                "reuse gaps are measured (0 = off)")
     speculative_config: SpeculativeConfig | None = knob(
         None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
-              "prompt lookup), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; greedy requests "
-              "only, and needs async_scheduling=False")
+              "prompt lookup; 'draft_model': the checkpoint in model, with the target's vocabulary), "
+              "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, disable_by_batch_size; "
+              "needs async_scheduling=False")
     # disaggregated prefill and decode (jaxpaged.kv_transfer, docs/disaggregation.md)
     kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
                                 "(pulls the prompt blocks it lacks from kv_peers before admitting a request), "

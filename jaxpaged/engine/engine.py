@@ -42,6 +42,7 @@ from jaxpaged.runner import Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import SchedulerOutput, SchedulerStats
 from jaxpaged.sequence import Request
+from jaxpaged.spec_decode import Proposer
 from jaxpaged.validation import check_float, check_str
 
 MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
@@ -58,10 +59,13 @@ class Engine(EngineQueries):
         tokenizer=None,
         runner: Runner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        proposer: Proposer | None = None,
     ):
         """Build the parts with `EngineBuilder` (same arguments, checked there), then restore
-        `prefix_cache_snapshot`. `runner` replaces the device (e.g. a simulator), `clock` the time source."""
-        parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock).build()
+        `prefix_cache_snapshot`. `runner` replaces the device (e.g. a simulator), `clock` the time source,
+        `proposer` the speculative proposer `speculative_config` names (e.g. an EAGLE-style head)."""
+        parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock,
+                              proposer=proposer).build()
         self._parts = parts  # what the engine's persistence (jaxpaged.snapshot) reads and writes
         self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
         self.num_blocks, self.block_size, self.max_model_len = parts.num_blocks, parts.block_size, parts.max_model_len

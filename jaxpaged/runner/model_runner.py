@@ -48,6 +48,7 @@ from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_c
 from jaxpaged.sampling import SamplingBatch
 from jaxpaged.sampling import sample as _sample_tokens
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
+from jaxpaged.spec_decode.proposer import StepFollower
 from jaxpaged.spec_decode.rejection import verify_draft_tokens
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
 from jaxpaged.structured.bitmask import TokenMasks, apply_token_bitmask, empty_token_masks, pad_token_masks
@@ -97,6 +98,8 @@ class PendingStep:
             prompt_top_logprobs=host.get("prompt_top_logprobs"),
             verify_ids=host.get("verify_ids"),  # span order, not row order
             verify_logprobs=host.get("verify_logprobs"),
+            hidden_states=host["hidden_states"][rows] if "hidden_states" in host else None,
+            verify_hidden_states=host.get("verify_hidden_states"),
         )
 
 
@@ -238,6 +241,23 @@ class ModelRunner:
         self._forward = jax.jit(self._forward_fn, donate_argnums=(1,), static_argnums=(4, 5, 6, 7),
                                 **forward_shardings)
         self._sample = jax.jit(self._sample_fn, donate_argnums=(0,))
+        self._draft: StepFollower | None = None
+        self._return_hidden_states = False  # read when a step is traced: set before the first step
+
+    def attach_draft(self, draft: StepFollower | None) -> None:
+        """Keep `draft`'s own pool in step with this one (None: detach): after each step's forward pass it
+        runs over the same tokens and slots, and every copy-on-write copy is made in its pool too
+        (`jaxpaged.spec_decode.draft_model`)."""
+        if draft is not None and self.tp is not None:
+            raise ValueError("speculative_config.method='draft_model' needs tensor_parallel_size=1")
+        self._draft = draft
+
+    def return_hidden_states(self, on: bool) -> None:
+        """Whether each step also returns the last layer's hidden states (after the final norm) at its sample
+        rows and verify rows, for a proposer that reads them (EAGLE-style). Fixed once a step has compiled."""
+        if on != self._return_hidden_states and self._trace_count:
+            raise ValueError("return_hidden_states must be set before the runner's first step compiles")
+        self._return_hidden_states = on
 
     def _create_pool(self, kv_dtype, fill_value: float, k_scale, v_scale) -> KVPool:
         if self.tp is None:
@@ -332,6 +352,9 @@ class ModelRunner:
             out.update(_prompt_logprobs(model, hidden, inputs, num_prompt_top_logprobs))
         if inputs.verify_rows.shape[0]:
             out.update(_verify(model, hidden, inputs))
+        if self._return_hidden_states:
+            out["hidden_states"] = hidden[inputs.logits_indices]
+            out["verify_hidden_states"] = hidden[inputs.verify_rows]
         if not sample:
             out["raw_logits"] = logits
             return out, pool, last_tokens, logits.astype(jnp.float32) if processed is None else processed
@@ -372,6 +395,7 @@ class ModelRunner:
             out, self._pool, self._last_tokens = self._step(
                 self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs,
                 step.num_prompt_top_logprobs)
+        self._draft_catch_up(inputs, step.layout)
         return PendingStep(out, step.order)
 
     def dispatch_forward(self, step: StepInput, *, num_top_logprobs: int = 0) -> MaskPendingStep:
@@ -383,7 +407,15 @@ class ModelRunner:
             out, self._pool, logits = self._forward(
                 self.params, self._pool, self._last_tokens, inputs, step.layout, False, num_top_logprobs,
                 step.num_prompt_top_logprobs)
+        self._draft_catch_up(inputs, step.layout)
         return MaskPendingStep(self, out, logits, inputs, step.order)
+
+    def _draft_catch_up(self, inputs: DeviceStepInput, layout: StepLayout) -> None:
+        """The draft model computes its K/V for the step's tokens (speculation is synchronous, so every
+        input token is known to the host: none is read from `last_tokens`)."""
+        if self._draft is not None:
+            with jax.profiler.TraceAnnotation("draft_catch_up"):
+                self._draft.catch_up(inputs.token_ids, inputs.positions, inputs.attention, layout)
 
     def _dispatch_sample(self, logits, inputs: DeviceStepInput, masks: TokenMasks) -> dict[str, jax.Array]:
         with jax.profiler.TraceAnnotation("dispatch_sample"):
@@ -440,6 +472,8 @@ class ModelRunner:
         dst = np.full(size, self.num_blocks, np.int32)  # out of range = dropped
         src[:len(pairs)], dst[:len(pairs)] = zip(*pairs)
         self._pool = copy_blocks(self._pool, src, dst)
+        if self._draft is not None:
+            self._draft.copy_blocks(src, dst)
 
     def start_read_blocks(self, block_ids: Sequence[int]) -> _PendingBlocks:
         """Dispatch one gather of the given blocks and start its copy to the host."""

@@ -104,6 +104,9 @@ class ModelOutput:
     # speculative decoding: the verify spans' positions, concatenated (padded past their total)
     verify_ids: np.ndarray | None = None  # [V] verified token after each position (its draft when accepted)
     verify_logprobs: np.ndarray | None = None  # [V] its log-probability
+    # a proposer that reads the target's hidden states (EAGLE-style): the last layer's, after the final norm
+    hidden_states: np.ndarray | None = None  # [num_seqs, H] at each sequence's sampled row
+    verify_hidden_states: np.ndarray | None = None  # [V, H] at the verify positions (as verify_ids)
 
 
 @dataclasses.dataclass

@@ -29,7 +29,9 @@ it is the argmax; sampled: rejection sampling, `jaxpaged.spec_decode.rejection`)
 or else the target's own token. `update_from_output` accepts the drafts up to
 the first one not accepted, appends them plus the target's token after them, commits (hashes) only those accepted tokens'
 blocks, rewinds the computed count, and releases the slots of the rejected
-ones (`release_slots_after`).
+ones (`release_slots_after`). A proposer that writes K/V at the draft
+positions (`drafts_need_slots`: the draft model) is asked once the batch is
+final, with the slots allocated for placeholder drafts (`_fill_drafts`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import dataclasses
 import time
 from typing import Callable
 
+import numpy as np
+
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
 from jaxpaged.logit_controls import RowControls
@@ -49,10 +53,11 @@ from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQ
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
 from jaxpaged.sampling_params import sequence_seed
 from jaxpaged.sequence import Request, Sequence, SeqStatus
-from jaxpaged.spec_decode.proposer import Proposer
+from jaxpaged.spec_decode.proposer import DraftContext, Proposer
 from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
+DRAFT_PLACEHOLDER = 0  # a draft slot scheduled before its token is proposed (`Scheduler._fill_drafts`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +194,8 @@ class Scheduler:
             self._admit_waiting(out, budget, now, may_preempt=True)
             if preempted:  # the priority policy made room for a waiting request that ranks first
                 self._drop_preempted(out)
+        if out.verify_spans and self.proposer.drafts_need_slots:
+            self._fill_drafts(out)
         self._finish_schedule(out)
         if self.num_constrained_requests:
             if self.defer_token_masks and self.num_grammar_requests and out.seqs:
@@ -238,11 +245,37 @@ class Scheduler:
         if limit is not None and len(self.running) >= limit:
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
         seqs = [seq for seq in self.running if _speculates(seq)]
+        if self.proposer.uses_hidden_states:
+            seqs = [seq for seq in seqs if seq.last_hidden is not None]
         if not seqs:
             return {}
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
+        if self.proposer.drafts_need_slots:  # placeholders: `_fill_drafts` asks once the slots exist
+            k = self.proposer.num_speculative_tokens
+            return {seq.seq_id: [DRAFT_PLACEHOLDER] * min(k, limit) for seq, limit in zip(seqs, limits) if limit > 0}
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
         return {seq.seq_id: drafts for seq, drafts in zip(seqs, proposals) if drafts}
+
+    def _fill_drafts(self, out: SchedulerOutput) -> None:
+        """Ask a proposer that needs the verify slots (a draft model) for the drafts of the scheduled spans.
+
+        Each verifying sequence holds slots for its last known token and its
+        placeholder drafts; the proposer returns exactly that many tokens, which
+        replace the placeholders in the step's tokens.
+        """
+        seqs = [out.seqs[i] for i, _ in out.verify_spans]
+        context = DraftContext(block_tables=[self.kv.block_table(seq.seq_id) for seq in seqs],
+                               copies=list(out.copies))
+        if self.proposer.uses_hidden_states:
+            context.hidden_states = np.stack([seq.last_hidden for seq in seqs])
+        counts = [k for _, k in out.verify_spans]
+        proposals = self.proposer.propose([seq.token_ids for seq in seqs], counts, context)
+        ends = np.cumsum(out.num_tokens).tolist()
+        for (i, k), drafts in zip(out.verify_spans, proposals):
+            if len(drafts) != k:
+                raise RuntimeError(f"the proposer returned {len(drafts)} drafts for {k} allocated slots")
+            out.token_ids[ends[i] - k:ends[i]] = drafts
+        out.draft_token_ids = [list(drafts) for drafts in proposals]
 
     def _add(self, out: SchedulerOutput, seq: Sequence, num_new: int, update: BlockTableUpdate,
              now: float, drafts: list[int] | None = None) -> None:
@@ -475,7 +508,8 @@ class Scheduler:
             request = seq.request
             touched[request] = None
             if verified and i in verified:
-                self._accept_drafts(seq, start, *verified[i], now)
+                drafts, targets, target_logprobs, hidden = verified[i]
+                self._accept_drafts(seq, start, drafts, targets, target_logprobs, now, hidden)
                 continue
             end = start + count
             # A decode that leaves its block partial has nothing to hash: its commit waits for the one
@@ -499,6 +533,8 @@ class Scheduler:
                 continue
             if request.params.logprobs is not None:
                 self._record_logprobs(seq, result, i, tokens[i], logprobs[i])
+            if result.hidden_states is not None:
+                seq.last_hidden = result.hidden_states[i]
             self._append(seq, tokens[i], logprobs[i], now)
         for request in beam_ready:
             self._beam_step(request, now)
@@ -509,19 +545,21 @@ class Scheduler:
         return touched_list
 
     @staticmethod
-    def _verified_tokens(out: SchedulerOutput, result: ModelOutput
-                         ) -> dict[int, tuple[list[int], list[int], list[float]]]:
-        """Per verifying sequence (index in `out.seqs`): its drafts, and the verified token (and its
-        logprob) after each of its k + 1 positions: the draft when accepted, else the target's token."""
+    def _verified_tokens(out: SchedulerOutput, result: ModelOutput):
+        """Per verifying sequence (index in `out.seqs`): its drafts, the verified token (and its logprob)
+        after each of its k + 1 positions (the draft when accepted, else the target's token), and the
+        hidden states at those positions (None unless the step returned them)."""
         ids, logprobs = result.verify_ids.tolist(), result.verify_logprobs.tolist()
+        hidden = result.verify_hidden_states
         verified, at = {}, 0
         for (i, k), drafts in zip(out.verify_spans, out.draft_token_ids):
-            verified[i] = (drafts, ids[at:at + k + 1], logprobs[at:at + k + 1])
+            verified[i] = (drafts, ids[at:at + k + 1], logprobs[at:at + k + 1],
+                           None if hidden is None else hidden[at:at + k + 1])
             at += k + 1
         return verified
 
     def _accept_drafts(self, seq: Sequence, start: int, drafts: list[int], targets: list[int],
-                       logprobs: list[float], now: float) -> None:
+                       logprobs: list[float], now: float, hidden: np.ndarray | None = None) -> None:
         """Verification: keep the drafts the target accepted, then its own token after them.
 
         Greedy, the emitted tokens are exactly what plain greedy decoding would
@@ -542,6 +580,8 @@ class Scheduler:
                 emitted = emitted[:j + 1]
                 break
         self._count_spec_step(len(drafts), num_accepted)
+        if hidden is not None:  # the row whose token is emitted last
+            seq.last_hidden = hidden[len(emitted) - 1]
         for token, logprob in zip(emitted[:-1], logprobs):
             self._append(seq, token, logprob, now)
         if seq.status is SeqStatus.RUNNING:

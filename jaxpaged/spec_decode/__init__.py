@@ -2,6 +2,6 @@
 
 from jaxpaged.spec_decode.config import SPECULATIVE_METHODS, SpeculativeConfig
 from jaxpaged.spec_decode.ngram import NgramProposer
-from jaxpaged.spec_decode.proposer import Proposer, make_proposer
+from jaxpaged.spec_decode.proposer import DraftContext, Proposer, make_proposer
 
-__all__ = ["SPECULATIVE_METHODS", "NgramProposer", "Proposer", "SpeculativeConfig", "make_proposer"]
+__all__ = ["SPECULATIVE_METHODS", "DraftContext", "NgramProposer", "Proposer", "SpeculativeConfig", "make_proposer"]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from jaxpaged.validation import check_int, check_optional_int, check_optional_str, check_str
 
-SPECULATIVE_METHODS = ("ngram",)  # the draft-model and EAGLE proposers are not built yet
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16
 # speculation stops at this many running sequences: measured on SmolLM2-135M on a 2-core CPU, n-gram with
 # k = 4 on a repetition-heavy workload won 2.12x alone and lost at 4 (0.96x) and 8 (0.82x) sequences, where
@@ -23,7 +23,11 @@ class SpeculativeConfig:
     `method` "ngram" is prompt lookup: the longest suffix of a sequence (between
     `prompt_lookup_min` and `prompt_lookup_max` tokens) that occurred earlier in
     it proposes the `num_speculative_tokens` tokens that followed it there.
-    `model` is for the draft-model method (not yet supported).
+    `method` "draft_model" runs `model` (a smaller checkpoint with the
+    target's vocabulary: any path or name `jaxpaged.checkpoint.load_model`
+    takes) greedily for `num_speculative_tokens` steps over its own paged KV
+    (`jaxpaged.spec_decode.draft_model`); `model` is required there and
+    refused for "ngram".
     `disable_by_batch_size` (vLLM's): no sequence speculates in a step that
     starts with at least this many running sequences, since a large batch
     is already compute-bound and the drafts' extra query tokens cost more than
@@ -47,8 +51,11 @@ class SpeculativeConfig:
         check_optional_str("speculative_config.model", self.model)
         check_optional_int("speculative_config.disable_by_batch_size", self.disable_by_batch_size, low=1,
                            high=1 << 30)
-        if self.model is not None:
-            raise ValueError("speculative_config.model (a draft model) is not supported yet; use method='ngram'")
+        if self.method == "draft_model" and self.model is None:
+            raise ValueError("speculative_config.method='draft_model' needs speculative_config.model "
+                             "(the draft checkpoint's path or name)")
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError("speculative_config.model is for method='draft_model'; method='ngram' takes none")
 
     @classmethod
     def from_value(cls, value) -> "SpeculativeConfig | None":

@@ -24,6 +24,9 @@ DEFAULT_WINDOW = 1024  # tokens looked back over (bounds the host work per step)
 class NgramProposer:
     """Prompt lookup (vLLM's "ngram" method): longest suffix first, its first occurrence."""
 
+    drafts_need_slots = False  # reads the host's tokens only
+    uses_hidden_states = False
+
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
                  window: int = DEFAULT_WINDOW):
         """Suffixes of `prompt_lookup_max` down to `prompt_lookup_min` tokens are tried, over the last `window`."""
@@ -34,8 +37,9 @@ class NgramProposer:
         self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
         self.window = max(window, prompt_lookup_max + 1)
 
-    def propose(self, token_ids: Sequence[Sequence[int]], max_drafts: Sequence[int]) -> list[list[int]]:
-        """Draft tokens per sequence (see `Proposer.propose`)."""
+    def propose(self, token_ids: Sequence[Sequence[int]], max_drafts: Sequence[int],
+                context=None) -> list[list[int]]:
+        """Draft tokens per sequence (see `Proposer.propose`; `context` is not read)."""
         if not token_ids:
             return []
         k = self.num_speculative_tokens

@@ -62,8 +62,11 @@ def test_speculative_config_checks():
         SpeculativeConfig.from_value({"num_lookahead": 2})
     with pytest.raises(ValueError, match="JSON"):
         SpeculativeConfig.from_value("{ngram")
-    with pytest.raises(ValueError, match="draft model"):
+    with pytest.raises(ValueError, match="method='draft_model'"):
         SpeculativeConfig(model="small")
+    with pytest.raises(ValueError, match="needs speculative_config.model"):
+        SpeculativeConfig(method="draft_model")
+    assert SpeculativeConfig.from_value({"method": "draft_model", "model": "tiny"}).model == "tiny"
     with pytest.raises(ValueError, match="disable_by_batch_size"):
         SpeculativeConfig(disable_by_batch_size=0)
     assert SpeculativeConfig.from_value('{"disable_by_batch_size": null}').disable_by_batch_size is None
