@@ -98,8 +98,8 @@ class EngineConfig:
                                                "reuse gaps are measured (0 = off)")
     speculative_config: SpeculativeConfig | None = knob(
         None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
-              "prompt lookup), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max; greedy requests "
-              "only, and needs async_scheduling=False")
+              "prompt lookup), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
+              "disable_by_batch_size")
     # disaggregated prefill and decode (jaxpaged.kv_transfer, docs/disaggregation.md)
     kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
                                 "(pulls the prompt blocks it lacks from kv_peers before admitting a request), "
@@ -185,9 +185,6 @@ class EngineConfig:
         if self.preemption_mode == "swap" and self.host_cache_bytes is None:
             raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
         if self.speculative_config is not None:
-            if self.async_scheduling:
-                raise ValueError("speculative_config needs async_scheduling=False: the next step's drafts "
-                                 "depend on this step's accepted tokens (the overlapped step is not supported yet)")
             if self.kv_layout != "paged":
                 raise ValueError("speculative_config needs kv_layout='paged'")
         if self.kv_role != "none":

@@ -21,7 +21,7 @@ scheduling it runs one step late (after the next step was scheduled), so a
 sequence can have one step in flight past its stop; that step's token is
 dropped here and its blocks are already free.
 
-With a `proposer` (speculative decoding, synchronous steps only), each
+With a `proposer` (speculative decoding), each
 running decode first gets draft tokens; it is scheduled with its last token
 and the k drafts (slots allocated up front, through `allocate_slots`), and
 the step returns, per position, the draft when the target accepts it (greedy:
@@ -73,7 +73,7 @@ class Scheduler:
                  disable_speculation_at: int | None = None):
         """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it.
 
-        `proposer` turns on speculative decoding (steps must be synchronous);
+        `proposer` turns on speculative decoding;
         `disable_speculation_at` running sequences turn it off for a step (None: never).
         """
         self.config = config
@@ -227,12 +227,18 @@ class Scheduler:
     def _propose_drafts(self) -> dict[int, list[int]]:
         """Draft tokens for the running sequences that speculate, by sequence id (none: not listed).
 
-        A sequence speculates when it is a decode (greedy or sampled) with every
-        token known (no step in flight) and none of what speculation does not
-        handle yet (beams, logprobs, grammars, logit controls, stop strings).
-        Its drafts never take it past `max_len` (max_tokens, max_model_len):
-        all k accepted plus the token after them still fit. No sequence
-        speculates while `disable_speculation_at` or more are running.
+        A sequence speculates when it is a decode (greedy or sampled) whose
+        position is known and none of what speculation does not handle yet
+        (beams, logprobs, grammars, logit controls, stop strings). Its position
+        is known when every token is, or when the one step in flight for it is
+        a plain decode (overlapped steps): the proposer then reads the tokens
+        known, its first proposed token stands for the one in flight and the
+        rest are the drafts. A sequence whose verify step is in flight has no
+        known position (it depends on how many drafts are accepted) and is not
+        scheduled at all until its results are in. Its drafts never take it
+        past `max_len` (max_tokens, max_model_len): all of them accepted plus
+        the token after them still fit. No sequence speculates while
+        `disable_speculation_at` or more are running.
         """
         limit = self.disable_speculation_at
         if limit is not None and len(self.running) >= limit:
@@ -240,9 +246,12 @@ class Scheduler:
         seqs = [seq for seq in self.running if _speculates(seq)]
         if not seqs:
             return {}
+        # a token in flight (the overlapped step's plain decode) is guessed by the proposal's first token:
+        # the drafts are the tokens after it (verification stays exact whatever the drafts condition on)
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
-        return {seq.seq_id: drafts for seq, drafts in zip(seqs, proposals) if drafts}
+        return {seq.seq_id: proposal[seq.num_placeholders:] for seq, proposal in zip(seqs, proposals)
+                if len(proposal) > seq.num_placeholders}
 
     def _add(self, out: SchedulerOutput, seq: Sequence, num_new: int, update: BlockTableUpdate,
              now: float, drafts: list[int] | None = None) -> None:
@@ -266,7 +275,7 @@ class Scheduler:
         if drafts:
             out.verify_spans.append((len(out.seqs) - 1, len(drafts)))
             out.draft_token_ids.append(drafts)
-            out.token_ids.extend(tokens[start:known])
+            out.token_ids.extend(_input_tokens(tokens, start, start + 1))  # the last token, maybe on the device
             out.token_ids.extend(drafts)
         elif num_new == 1:
             out.token_ids.append(tokens[start] if start < known else TOKEN_ON_DEVICE)
@@ -673,8 +682,9 @@ def _speculates(seq: Sequence) -> bool:
     """Whether `seq` takes draft tokens this step (see `Scheduler._propose_drafts`)."""
     request = seq.request
     p = request.params
-    return (seq.status is SeqStatus.RUNNING and not seq.num_placeholders and not request.fork_pending
-            and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.pending_candidates is None
+    in_flight = seq.num_placeholders  # at most a plain decode's token: a verify step in flight computed more
+    return (seq.status is SeqStatus.RUNNING and in_flight <= 1 and not request.fork_pending
+            and seq.num_computed_tokens == len(seq.token_ids) + in_flight - 1 and seq.pending_candidates is None
             and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
             and _row_controls(request) is None)
 
