@@ -38,6 +38,9 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens with K/V in the pool or being written by a step in flight
     num_placeholders: int = 0  # tokens sampled by steps in flight, not yet read by the host
     cumulative_logprob: float = 0.0
+    # each output token's log-probability (the engine core sends a multi-token delta's, so that its API
+    # server can take the tokens it cuts after a stop string out of the cumulative logprob)
+    token_logprobs: list[float] = dataclasses.field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
     # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
@@ -89,7 +92,8 @@ class Sequence:
         """A child with the same tokens and computed state (its blocks are shared by the cache manager)."""
         return Sequence(self.request, list(self.token_ids), index,
                         num_computed_tokens=self.num_computed_tokens,
-                        cumulative_logprob=self.cumulative_logprob, status=self.status,
+                        cumulative_logprob=self.cumulative_logprob, token_logprobs=list(self.token_logprobs),
+                        status=self.status,
                         logprobs=None if self.logprobs is None else list(self.logprobs),
                         constraint=None if self.constraint is None else self.constraint.fork())
 

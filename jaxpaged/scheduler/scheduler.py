@@ -574,6 +574,7 @@ class Scheduler:
     def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
         seq.token_ids.append(token)
         seq.cumulative_logprob += logprob
+        seq.token_logprobs.append(logprob)
         self.stats.generation_tokens += 1
         request = seq.request
         if request.first_token_time is None:
@@ -632,6 +633,7 @@ class Scheduler:
         request.token_times.append(now)
         for seq, tok, cum in chosen:
             seq.token_ids.append(tok)
+            seq.token_logprobs.append(cum - seq.cumulative_logprob)
             seq.cumulative_logprob = cum
             self.stats.generation_tokens += 1
             reason = _stop_reason(seq, tok)
