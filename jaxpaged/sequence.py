@@ -43,6 +43,9 @@ class Sequence:
     token_logprobs: list[float] = dataclasses.field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
+    # speculative decoding: verify steps in a row that accepted no draft, and decode steps left without drafts
+    spec_misses: int = 0
+    spec_skip_steps: int = 0
     # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
     pending_candidates: list[tuple[int, float]] | None = None
     resident: bool = False  # the runner holds a row for it (its block table and sampling settings)

@@ -53,6 +53,9 @@ from jaxpaged.spec_decode.proposer import Proposer
 from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
+# speculative decoding: a sequence whose verify steps accept nothing n times in a row decodes plainly for
+# min(2^(n-1), this) steps before it drafts again (a rejected verify step costs more than a decode step)
+MAX_SPEC_BACKOFF_STEPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +246,7 @@ class Scheduler:
         limit = self.disable_speculation_at
         if limit is not None and len(self.running) >= limit:
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
-        seqs = [seq for seq in self.running if _speculates(seq)]
+        seqs = [seq for seq in self.running if _speculates(seq) and not _backs_off(seq)]
         if not seqs:
             return {}
         # a token in flight (the overlapped step's plain decode) is guessed by the proposal's first token:
@@ -551,6 +554,9 @@ class Scheduler:
                 emitted = emitted[:j + 1]
                 break
         self._count_spec_step(len(drafts), num_accepted)
+        seq.spec_misses = 0 if num_accepted else seq.spec_misses + 1
+        if seq.spec_misses:  # back off: 1, 2, 4, ... plain steps before it drafts again
+            seq.spec_skip_steps = min(1 << (seq.spec_misses - 1), MAX_SPEC_BACKOFF_STEPS)
         for token, logprob in zip(emitted[:-1], logprobs):
             self._append(seq, token, logprob, now)
         if seq.status is SeqStatus.RUNNING:
@@ -689,6 +695,14 @@ def _speculates(seq: Sequence) -> bool:
             and seq.num_computed_tokens == len(seq.token_ids) + in_flight - 1 and seq.pending_candidates is None
             and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
             and _row_controls(request) is None)
+
+
+def _backs_off(seq: Sequence) -> bool:
+    """Whether `seq` skips drafting this step after verify steps that accepted nothing (counts the step down)."""
+    if not seq.spec_skip_steps:
+        return False
+    seq.spec_skip_steps -= 1
+    return True
 
 
 def _needs_prompt_logits(request: Request) -> bool:
