@@ -87,31 +87,35 @@ def _verify_first_inputs(out) -> list[int]:
 
 
 class _CyclingProposer:
-    """The n-gram proposer with its proposals cut to 1, 2, 3, 4, 1, ... tokens: every k in turn."""
+    """Proposes the target's own next tokens (so every draft is accepted), 1, 2, 3, 4, 1, ... of them in turn."""
 
-    def __init__(self, proposer):
-        self.num_speculative_tokens = proposer.num_speculative_tokens
-        self._proposer, self._lengths = proposer, itertools.cycle(range(1, proposer.num_speculative_tokens + 1))
+    num_speculative_tokens = 4
+
+    def __init__(self, want: list[int]):
+        self.want, self._lengths = want, itertools.cycle(range(1, 5))
 
     def propose(self, token_ids, max_drafts):
-        return [p[:next(self._lengths)] for p in self._proposer.propose(token_ids, max_drafts)]
+        return [self.want[len(t) - len(LOOP):][:min(next(self._lengths), n)] for t, n in zip(token_ids, max_drafts)]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_verify_steps_do_not_compile_per_number_of_drafts(async_scheduling):
+def test_verify_steps_do_not_compile_per_number_of_drafts(runs, async_scheduling):
     """k is bucketed: once a verify step has compiled, verify steps with other draft counts compile nothing."""
+    (_, want, _), _ = runs
     engine = Engine(EngineConfig(model="tiny", block_size=16, num_blocks=32, async_scheduling=async_scheduling,
                                  speculative_config=SPEC))
-    engine.scheduler.proposer = _CyclingProposer(engine.scheduler.proposer)
-    engine.add_request("r", LOOP, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    engine.scheduler.proposer = _CyclingProposer(want["loop"][0][0])
+    engine.add_request("loop", LOOP, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     draft_counts, num_verify_steps, compiles_after_first = set(), 0, []
     while engine.has_unfinished_requests():
         before, drafts_before = engine.runner.num_compiles, engine.stats.spec_num_draft_tokens
-        engine.step()
+        for out in engine.step():
+            tokens = out.outputs[0].token_ids
         draft_counts.add(engine.stats.spec_num_draft_tokens - drafts_before)  # one verify step finished, or none
         if engine.stats.num_steps > 1 and engine.stats.last_step_tokens > 1:  # this call dispatched a verify step
             num_verify_steps += 1
             if num_verify_steps > 1:
                 compiles_after_first.append(engine.runner.num_compiles - before)
-    assert len(draft_counts - {0}) >= 3  # several k were verified
+    assert tokens == want["loop"][0][0]
+    assert draft_counts - {0} == {1, 2, 3, 4} or (async_scheduling and {1, 2, 3} <= draft_counts)
     assert len(compiles_after_first) >= 3 and not any(compiles_after_first)
