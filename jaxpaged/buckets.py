@@ -21,6 +21,9 @@ import dataclasses
 from jaxpaged.mathutils import next_power_of_two
 
 MIN_PREFILL_TOKENS = 16
+# a step whose only multi-token rows verify draft tokens (k + 1 tokens each, k <= 7 fits one bucket at batch 1):
+# padding a batch-1 verify step of 5 tokens to 16 made it cost 2.5x a decode step (docs/benchmarks/spec-decode.md)
+MIN_VERIFY_TOKENS = 8
 MIN_BLOCKS_PER_SEQ = 4
 MIN_DECODE_BLOCKS_PER_SEQ = 32
 
@@ -54,14 +57,18 @@ class StepBuckets:
 
 
 def step_buckets(num_decodes: int, num_prefills: int, prefill_tokens: int, max_chunk: int,
-                 max_blocks: int) -> StepBuckets:
-    """Pad a step's sizes to powers of two (with the minimums above), so it compiles a bounded number of times."""
-    t_pre = pow2_bucket(prefill_tokens, MIN_PREFILL_TOKENS)
+                 max_blocks: int, *, verify_only: bool = False) -> StepBuckets:
+    """Pad a step's sizes to powers of two (with the minimums above), so it compiles a bounded number of times.
+
+    `verify_only`: every multi-token row verifies drafts (the smaller `MIN_VERIFY_TOKENS` minimum).
+    """
+    min_tokens = MIN_VERIFY_TOKENS if verify_only else MIN_PREFILL_TOKENS
+    t_pre = pow2_bucket(prefill_tokens, min_tokens)
     min_blocks = MIN_BLOCKS_PER_SEQ if prefill_tokens else MIN_DECODE_BLOCKS_PER_SEQ
     return StepBuckets(
         num_decode_rows=pow2_bucket(num_decodes),
         num_prefill_rows=pow2_bucket(num_prefills),
         num_prefill_tokens=t_pre,
-        max_prefill_query_len=min(pow2_bucket(max_chunk, MIN_PREFILL_TOKENS), t_pre),
+        max_prefill_query_len=min(pow2_bucket(max_chunk, min_tokens), t_pre),
         blocks_per_seq=pow2_bucket(max_blocks, min_blocks),
     )

@@ -31,6 +31,9 @@ class CompletionOutput:
     # with SamplingParams.logprobs: per output token, {token id: logprob} for the sampled and top ids
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it, if any
+    # the engine core only: each token's logprob when a DELTA output carries several (speculative decoding),
+    # so that its API server can take tokens cut after a stop string out of cumulative_logprob
+    token_logprobs: list[float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -38,8 +38,14 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens with K/V in the pool or being written by a step in flight
     num_placeholders: int = 0  # tokens sampled by steps in flight, not yet read by the host
     cumulative_logprob: float = 0.0
+    # each output token's log-probability (the engine core sends a multi-token delta's, so that its API
+    # server can take the tokens it cuts after a stop string out of the cumulative logprob)
+    token_logprobs: list[float] = dataclasses.field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
+    # speculative decoding: verify steps in a row that accepted no draft, and decode steps left without drafts
+    spec_misses: int = 0
+    spec_skip_steps: int = 0
     # beam search: this sequence's top (token, logprob) candidates, waiting for its siblings
     pending_candidates: list[tuple[int, float]] | None = None
     resident: bool = False  # the runner holds a row for it (its block table and sampling settings)
@@ -91,7 +97,8 @@ class Sequence:
         """A child with the same tokens and computed state (its blocks are shared by the cache manager)."""
         return Sequence(self.request, list(self.token_ids), index,
                         num_computed_tokens=self.num_computed_tokens,
-                        cumulative_logprob=self.cumulative_logprob, status=self.status,
+                        cumulative_logprob=self.cumulative_logprob, token_logprobs=list(self.token_logprobs),
+                        status=self.status,
                         logprobs=None if self.logprobs is None else list(self.logprobs),
                         constraint=None if self.constraint is None else self.constraint.fork(),
                         last_hidden=self.last_hidden)

@@ -98,9 +98,9 @@ class EngineConfig:
                                                "reuse gaps are measured (0 = off)")
     speculative_config: SpeculativeConfig | None = knob(
         None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
-              "prompt lookup; 'draft_model': the checkpoint in model, with the target's vocabulary), "
-              "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, disable_by_batch_size; "
-              "needs async_scheduling=False")
+              "prompt lookup; 'draft_model': the checkpoint in model, with the target's vocabulary; it needs "
+              "async_scheduling=False), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, "
+              "disable_by_batch_size")
     # disaggregated prefill and decode (jaxpaged.kv_transfer, docs/disaggregation.md)
     kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
                                 "(pulls the prompt blocks it lacks from kv_peers before admitting a request), "
@@ -186,11 +186,11 @@ class EngineConfig:
         if self.preemption_mode == "swap" and self.host_cache_bytes is None:
             raise ValueError("preemption_mode='swap' needs the host tier: set host_cache_bytes")
         if self.speculative_config is not None:
-            if self.async_scheduling:
-                raise ValueError("speculative_config needs async_scheduling=False: the next step's drafts "
-                                 "depend on this step's accepted tokens (the overlapped step is not supported yet)")
             if self.kv_layout != "paged":
                 raise ValueError("speculative_config needs kv_layout='paged'")
+            if self.speculative_config.method == "draft_model" and self.async_scheduling:
+                raise ValueError("speculative_config method 'draft_model' needs async_scheduling=False: the draft "
+                                 "model catches up on each step's tokens from the host")
         if self.kv_role != "none":
             if self.kv_layout != "paged" or not self.enable_prefix_caching:
                 raise ValueError(f"kv_role={self.kv_role!r} needs kv_layout='paged' with enable_prefix_caching "

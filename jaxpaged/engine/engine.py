@@ -272,17 +272,27 @@ class Engine(EngineQueries):
         row the runner dispatches only the forward pass, the previous step's
         results are applied, the masks filled, and then the sampling half is
         dispatched, all while the forward pass runs (vLLM's async scheduling
-        with structured output).
+        with structured output). A step in flight that verifies draft tokens
+        is finished before the next is scheduled (speculative decoding: the
+        drafts it accepted set its sequences' next positions and drafts); a
+        plain decode in flight is not, and the proposer drafts from the
+        tokens known (see `Scheduler._propose_drafts`).
         """
         if self.scheduler.num_beam_requests:
             return self._finish_in_flight() + self._sync_step()
+        # after a verify step, its sequences' positions and next drafts depend on how many drafts it accepted
+        advanced = self._finish_in_flight() if self._verify_in_flight() else []
         with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()
         handle = self._dispatch(scheduler_output)
-        advanced = self._finish_in_flight()  # the previous step's results, while this step runs
+        advanced += self._finish_in_flight()  # the previous step's results, while this step runs
         self._sample_with_masks(scheduler_output, handle)
         self._in_flight = (scheduler_output, handle)
         return advanced
+
+    def _verify_in_flight(self) -> bool:
+        """Whether the step in flight verifies draft tokens (speculative decoding)."""
+        return self._in_flight is not None and bool(self._in_flight[0].verify_spans)
 
     def _sample_with_masks(self, scheduler_output: SchedulerOutput, handle: StepHandle) -> None:
         """Fill a deferred step's token masks and dispatch its sampling half (nothing for other steps)."""

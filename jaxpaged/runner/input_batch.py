@@ -13,7 +13,7 @@ import operator
 
 import numpy as np
 
-from jaxpaged.buckets import pow2_bucket
+from jaxpaged.buckets import MIN_VERIFY_TOKENS, pow2_bucket
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.runner.logit_rows import LogitRows
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
@@ -136,7 +136,8 @@ class InputBatch:
         prefill_counts = counts[prefill]
         max_blocks = cdiv(int(context.max()), bs)
         buckets = step_buckets(len(decode), len(prefill), int(prefill_counts.sum()),
-                               int(prefill_counts.max()) if len(prefill) else 0, max_blocks)
+                               int(prefill_counts.max()) if len(prefill) else 0, max_blocks,
+                               verify_only=len(out.verify_spans) == len(prefill))
         self._ensure_columns(buckets.blocks_per_seq * len(self.windows))
         step = empty_step_input(buckets, num_seqs)
 
@@ -219,7 +220,7 @@ def _lay_out_verify_rows(step: StepInput, out: SchedulerOutput, first_token: np.
     lengths = spans[:, 1] + 1
     total = int(lengths.sum())
     offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    size = pow2_bucket(total, 16)
+    size = pow2_bucket(total, MIN_VERIFY_TOKENS)
     rows, drafts = np.zeros(size, np.int32), np.full(size, -1, np.int32)
     seq_rows, counters = np.zeros(size, np.int32), np.zeros(size, np.int32)
     seq_row = np.repeat(batch_row[spans[:, 0]], lengths)

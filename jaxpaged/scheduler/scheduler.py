@@ -21,7 +21,7 @@ scheduling it runs one step late (after the next step was scheduled), so a
 sequence can have one step in flight past its stop; that step's token is
 dropped here and its blocks are already free.
 
-With a `proposer` (speculative decoding, synchronous steps only), each
+With a `proposer` (speculative decoding), each
 running decode first gets draft tokens; it is scheduled with its last token
 and the k drafts (slots allocated up front, through `allocate_slots`), and
 the step returns, per position, the draft when the target accepts it (greedy:
@@ -58,6 +58,9 @@ from jaxpaged.structured.bitmask import fill_bitmasks
 
 PREEMPTION_MODES = ("recompute", "swap")
 DRAFT_PLACEHOLDER = 0  # a draft slot scheduled before its token is proposed (`Scheduler._fill_drafts`)
+# speculative decoding: a sequence whose verify steps accept nothing n times in a row decodes plainly for
+# min(2^(n-1), this) steps before it drafts again (a rejected verify step costs more than a decode step)
+MAX_SPEC_BACKOFF_STEPS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Scheduler:
                  disable_speculation_at: int | None = None):
         """`tiers` (a `jaxpaged.offload.KVTiers`) adds the host/disk tier; swap mode needs it.
 
-        `proposer` turns on speculative decoding (steps must be synchronous);
+        `proposer` turns on speculative decoding;
         `disable_speculation_at` running sequences turn it off for a step (None: never).
         """
         self.config = config
@@ -234,27 +237,36 @@ class Scheduler:
     def _propose_drafts(self) -> dict[int, list[int]]:
         """Draft tokens for the running sequences that speculate, by sequence id (none: not listed).
 
-        A sequence speculates when it is a decode (greedy or sampled) with every
-        token known (no step in flight) and none of what speculation does not
-        handle yet (beams, logprobs, grammars, logit controls, stop strings).
-        Its drafts never take it past `max_len` (max_tokens, max_model_len):
-        all k accepted plus the token after them still fit. No sequence
-        speculates while `disable_speculation_at` or more are running.
+        A sequence speculates when it is a decode (greedy or sampled) whose
+        position is known and none of what speculation does not handle yet
+        (beams, logprobs, grammars, logit controls, stop strings). Its position
+        is known when every token is, or when the one step in flight for it is
+        a plain decode (overlapped steps): the proposer then reads the tokens
+        known, its first proposed token stands for the one in flight and the
+        rest are the drafts. A sequence whose verify step is in flight has no
+        known position (it depends on how many drafts are accepted) and is not
+        scheduled at all until its results are in. Its drafts never take it
+        past `max_len` (max_tokens, max_model_len): all of them accepted plus
+        the token after them still fit. No sequence speculates while
+        `disable_speculation_at` or more are running.
         """
         limit = self.disable_speculation_at
         if limit is not None and len(self.running) >= limit:
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
-        seqs = [seq for seq in self.running if _speculates(seq)]
+        seqs = [seq for seq in self.running if _speculates(seq) and not _backs_off(seq)]
         if self.proposer.uses_hidden_states:
             seqs = [seq for seq in seqs if seq.last_hidden is not None]
         if not seqs:
             return {}
+        # a token in flight (the overlapped step's plain decode) is guessed by the proposal's first token:
+        # the drafts are the tokens after it (verification stays exact whatever the drafts condition on)
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
         if self.proposer.drafts_need_slots:  # placeholders: `_fill_drafts` asks once the slots exist
             k = self.proposer.num_speculative_tokens
             return {seq.seq_id: [DRAFT_PLACEHOLDER] * min(k, limit) for seq, limit in zip(seqs, limits) if limit > 0}
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
-        return {seq.seq_id: drafts for seq, drafts in zip(seqs, proposals) if drafts}
+        return {seq.seq_id: proposal[seq.num_placeholders:] for seq, proposal in zip(seqs, proposals)
+                if len(proposal) > seq.num_placeholders}
 
     def _fill_drafts(self, out: SchedulerOutput) -> None:
         """Ask a proposer that needs the verify slots (a draft model) for the drafts of the scheduled spans.
@@ -299,7 +311,7 @@ class Scheduler:
         if drafts:
             out.verify_spans.append((len(out.seqs) - 1, len(drafts)))
             out.draft_token_ids.append(drafts)
-            out.token_ids.extend(tokens[start:known])
+            out.token_ids.extend(_input_tokens(tokens, start, start + 1))  # the last token, maybe on the device
             out.token_ids.extend(drafts)
         elif num_new == 1:
             out.token_ids.append(tokens[start] if start < known else TOKEN_ON_DEVICE)
@@ -582,6 +594,9 @@ class Scheduler:
         self._count_spec_step(len(drafts), num_accepted)
         if hidden is not None:  # the row whose token is emitted last
             seq.last_hidden = hidden[len(emitted) - 1]
+        seq.spec_misses = 0 if num_accepted else seq.spec_misses + 1
+        if seq.spec_misses:  # back off: 1, 2, 4, ... plain steps before it drafts again
+            seq.spec_skip_steps = min(1 << (seq.spec_misses - 1), MAX_SPEC_BACKOFF_STEPS)
         for token, logprob in zip(emitted[:-1], logprobs):
             self._append(seq, token, logprob, now)
         if seq.status is SeqStatus.RUNNING:
@@ -605,6 +620,7 @@ class Scheduler:
     def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
         seq.token_ids.append(token)
         seq.cumulative_logprob += logprob
+        seq.token_logprobs.append(logprob)
         self.stats.generation_tokens += 1
         request = seq.request
         if request.first_token_time is None:
@@ -663,6 +679,7 @@ class Scheduler:
         request.token_times.append(now)
         for seq, tok, cum in chosen:
             seq.token_ids.append(tok)
+            seq.token_logprobs.append(cum - seq.cumulative_logprob)
             seq.cumulative_logprob = cum
             self.stats.generation_tokens += 1
             reason = _stop_reason(seq, tok)
@@ -713,10 +730,19 @@ def _speculates(seq: Sequence) -> bool:
     """Whether `seq` takes draft tokens this step (see `Scheduler._propose_drafts`)."""
     request = seq.request
     p = request.params
-    return (seq.status is SeqStatus.RUNNING and not seq.num_placeholders and not request.fork_pending
-            and seq.num_computed_tokens == len(seq.token_ids) - 1 and seq.pending_candidates is None
+    in_flight = seq.num_placeholders  # at most a plain decode's token: a verify step in flight computed more
+    return (seq.status is SeqStatus.RUNNING and in_flight <= 1 and not request.fork_pending
+            and seq.num_computed_tokens == len(seq.token_ids) + in_flight - 1 and seq.pending_candidates is None
             and p.beam_width == 1 and p.logprobs is None and not p.constrained and not p.stop
             and _row_controls(request) is None)
+
+
+def _backs_off(seq: Sequence) -> bool:
+    """Whether `seq` skips drafting this step after verify steps that accepted nothing (counts the step down)."""
+    if not seq.spec_skip_steps:
+        return False
+    seq.spec_skip_steps -= 1
+    return True
 
 
 def _needs_prompt_logits(request: Request) -> bool:

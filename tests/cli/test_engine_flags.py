@@ -13,8 +13,7 @@ from jaxpaged.spec_decode import SpeculativeConfig
 
 # what a field needs beside it to be valid (EngineConfig's cross-field rules)
 NEEDS = {"disk_cache_dir": ["--host_cache_bytes=1048576"], "preemption_mode": ["--host_cache_bytes=1048576"],
-         "save_prefix_cache_on_shutdown": ["--prefix_cache_snapshot=snap"],
-         "speculative_config": ["--noasync_scheduling"]}
+         "save_prefix_cache_on_shutdown": ["--prefix_cache_snapshot=snap"]}
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ BAD_VALUE = {
     "kv_serve_delay_s": -1.0,
 }
 # what a field needs beside it so that only the field itself is wrong
-CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}, "speculative_config": {"async_scheduling": False}}
+CONTEXT = {"disk_cache_dir": {"host_cache_bytes": 1 << 20}}
 
 
 def test_every_field_has_a_refusal_case():
@@ -74,9 +74,8 @@ def test_each_refusal_names_its_field(field):
     (dict(disk_cache_dir="/tmp/d"), "disk_cache_dir", "host_cache_bytes"),
     (dict(preemption_mode="swap"), "preemption_mode", "host_cache_bytes"),
     (dict(host_cache_bytes=1 << 20, kv_layout="contiguous"), "host_cache_bytes", "kv_layout='paged'"),
-    (dict(speculative_config={"method": "ngram"}), "speculative_config", "async_scheduling=False"),
     (dict(kv_role="prefill", enable_prefix_caching=False), "kv_role", "enable_prefix_caching"),
-    (dict(speculative_config={}, async_scheduling=False, kv_layout="contiguous"), "speculative_config",
+    (dict(speculative_config={}, kv_layout="contiguous"), "speculative_config",
      "kv_layout='paged'"),
 ])
 def test_combinations_name_both_fields(kwargs, field, limit):

@@ -29,7 +29,8 @@ def engine(tiny_model):
 def _view(outs):
     """A step's outputs as plain data, by request id (their order within a step is no promise)."""
     return sorted([(o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
-                                                c.logprobs) for c in o.outputs], o.prompt_logprobs) for o in outs])
+                                                c.logprobs, c.cumulative_logprob) for c in o.outputs],
+                    o.prompt_logprobs) for o in outs])
 
 
 def _direct(engine, params):
@@ -112,22 +113,34 @@ def _joined(steps) -> dict:
     seqs = {}
     for step in steps:
         for request_id, _, completions, _ in step:
-            for index, text, token_ids, finish, stop, _ in completions:
-                text0, tokens0, _, _ = seqs.get((request_id, index), ("", [], None, None))
-                seqs[request_id, index] = (text0 + text, tokens0 + token_ids, finish, stop)
+            for index, text, token_ids, finish, stop, _, cumulative_logprob in completions:
+                text0, tokens0, _, _, _ = seqs.get((request_id, index), ("", [], None, None, None))
+                seqs[request_id, index] = (text0 + text, tokens0 + token_ids, finish, stop, cumulative_logprob)
     return seqs
+
+
+def _pop_cumulative_logprobs(joined: dict) -> list[float]:
+    """Each sequence's last cumulative logprob, taken out of `_joined`'s entries (sorted by sequence)."""
+    logprobs = [joined[key][-1] for key in sorted(joined)]
+    for key, entry in joined.items():
+        joined[key] = entry[:-1]
+    return logprobs
 
 
 def test_a_speculating_core_is_cut_at_the_stop_string(engine, tiny_model):
     """A core that speculates sends several tokens a step, so a stop string can end mid-delta: the front end
     drops the tokens after it, and the client gets what the in-process engine (one token a step) gives."""
-    spec = Engine(EngineConfig(model="tiny", num_blocks=128, max_model_len=256, async_scheduling=False,
+    spec = Engine(EngineConfig(model="tiny", num_blocks=128, max_model_len=256,
                                speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                                    "disable_by_batch_size": None}), model=tiny_model)
     stop = _stop_string(engine)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, output_kind=D, stop=[stop])
     direct, split = _joined(_direct(engine, params)), _joined(_split(spec, params))
+    # the cumulative logprob counts the tokens kept, not those cut after the stop (float noise aside: the
+    # verify rows' logits come from another matmul shape than the sample row's)
+    direct_logprobs, split_logprobs = (_pop_cumulative_logprobs(j) for j in (direct, split))
     assert split == direct
+    assert split_logprobs == pytest.approx(direct_logprobs, rel=1e-4, abs=1e-4)
     assert spec.stats.spec_num_accepted_tokens > 0 and spec.kv.stats.usage == 0
     assert any(finish == "stop" for _, _, finish, _ in direct.values())
 
@@ -140,10 +153,13 @@ def test_tokens_past_a_stop_string_in_one_delta_are_dropped(engine, include):
     front = FrontendOutputs(tokenizer)
     params = SamplingParams(max_tokens=32, stop=["STOP"], include_stop_str_in_output=include)
     front.add("r", [5, 6], params)
-    outs, stopped = front.apply(M.RequestDelta("r", False, 0, [M.SeqDelta(0, tokens, -1.0, None, None, None, "")],
-                                               None))
+    token_logprobs = [-0.5 * (i + 1) for i in range(len(tokens))]
+    outs, stopped = front.apply(M.RequestDelta("r", False, 0, [M.SeqDelta(0, tokens, sum(token_logprobs), None, None,
+                                                                          None, "", token_logprobs)], None))
     assert stopped
     (completion,) = outs[-1].outputs
     assert completion.token_ids == tokenizer.encode("hello STOP", add_special_tokens=False)  # as one token a step
+    kept = len(completion.token_ids)  # the cumulative logprob counts the kept tokens only
+    assert completion.cumulative_logprob == pytest.approx(sum(token_logprobs[:kept])) and kept < len(tokens)
     assert completion.text == ("hello STOP" if include else "hello ")
     assert (completion.finish_reason, completion.stop_reason) == ("stop", "STOP")

@@ -1,6 +1,6 @@
 """Speculative decoding through the live server (`--engine_core=process`), driven with the official `openai` client.
 
-The engine core speculates (n-gram, k = 4); its API server detokenizes and
+The engine core speculates (n-gram, k = 4) with overlapped steps (async scheduling); its API server detokenizes and
 applies stop strings, which the core never sees, so a greedy request with a
 stop string speculates too and a step can send several tokens past the stop.
 Outputs are compared with `LLM.generate` in this process on the same
@@ -22,7 +22,7 @@ PROMPTS = ["abcabcabcabc the cat sat on the mat, the cat sat on the", "Hello pag
 @pytest.fixture(scope="module")
 def server():
     yield from serving(f"--kv_budget_tokens={KV_TOKENS}", f"--max_model_len={MAX_MODEL_LEN}", "--engine_core=process",
-                       "--noasync_scheduling", '--speculative_config={"method": "ngram", "num_speculative_tokens": 4}')
+                       '--speculative_config={"method": "ngram", "num_speculative_tokens": 4}')
 
 
 @pytest.fixture(scope="module")

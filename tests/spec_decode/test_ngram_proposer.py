@@ -48,10 +48,8 @@ def test_proposer_window_bounds_the_lookup():
 
 def test_speculative_config_checks():
     assert SpeculativeConfig.from_value('{"num_speculative_tokens": 2}').num_speculative_tokens == 2
-    config = EngineConfig(async_scheduling=False, speculative_config={"method": "ngram", "prompt_lookup_max": 3})
-    assert config.speculative_config == SpeculativeConfig(prompt_lookup_max=3)
-    with pytest.raises(ValueError, match="async_scheduling=False"):
-        EngineConfig(speculative_config={"method": "ngram"})
+    config = EngineConfig(speculative_config={"method": "ngram", "prompt_lookup_max": 3})
+    assert config.speculative_config == SpeculativeConfig(prompt_lookup_max=3) and config.async_scheduling
     with pytest.raises(ValueError, match="method"):
         SpeculativeConfig(method="eagle")
     with pytest.raises(ValueError, match="num_speculative_tokens"):

@@ -72,7 +72,7 @@ def setup(tmp_path_factory):
 def test_sampled_requests_speculate_and_some_drafts_are_rejected(setup):
     _, spec, _, _, _ = setup
     stats = spec.stats
-    assert stats.spec_num_drafts > NUM_SEEDS
+    assert stats.spec_num_drafts >= NUM_SEEDS  # one verify step per sequence at least (then some back off)
     assert 0.1 * stats.spec_num_draft_tokens < stats.spec_num_accepted_tokens < 0.9 * stats.spec_num_draft_tokens
 
 

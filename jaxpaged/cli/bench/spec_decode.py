@@ -7,8 +7,9 @@ Two workloads of chat prompts rendered with the model's chat template: a
 repetition-heavy one (copy a paragraph with one word changed, rename a
 variable in a function) and plain chat questions. Modes: `off`, `on` (n-gram,
 speculating at every batch size) and `default` (n-gram with the default
-`disable_by_batch_size`). Greedy, EOS ignored, `--output_len` tokens each; the
-modes' tokens are checked equal. See `jaxpaged.bench.offline.spec_decode`.
+`disable_by_batch_size`), all on the overlapped step (async scheduling, the
+default). Greedy, EOS ignored, `--output_len` tokens each; the modes' tokens
+are checked equal. See `jaxpaged.bench.offline.spec_decode`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def main(argv):
     from jaxpaged.server.chat import ChatTemplate
 
     batch_sizes = [int(b) for b in BATCH_SIZES.value]
-    base = EngineConfig(**ENGINE.kwargs(), max_num_seqs=max(batch_sizes), async_scheduling=False)
+    base = EngineConfig(**ENGINE.kwargs(), max_num_seqs=max(batch_sizes))  # overlapped steps, as served
     on = SpeculativeConfig(num_speculative_tokens=NUM_SPEC.value, disable_by_batch_size=None)
     engines = {"off": Engine(base), "on": Engine(dataclasses.replace(base, speculative_config=on)),
                "default": Engine(dataclasses.replace(

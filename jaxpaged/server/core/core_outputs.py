@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from jaxpaged.engine.output_processor import OutputProcessor, _index
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
-from jaxpaged.sequence import Request
+from jaxpaged.sequence import Request, Sequence
 from jaxpaged.server.core import messages as M
 
-_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+_FINAL_ONLY, _DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
 
 
 class CoreOutputProcessor(OutputProcessor):
@@ -44,9 +44,10 @@ class CoreOutputProcessor(OutputProcessor):
                 if len(tokens) - num_prompt == emitted:
                     continue  # nothing new (a prefill chunk that sampled nothing yet)
                 stream.num_tokens = len(tokens) - num_prompt
+                new = tokens[num_prompt + emitted:]
                 outputs.append(M.RequestDelta(request.request_id, False, request.num_cached_tokens or 0,
-                                              [M.SeqDelta(seq.index, tokens[num_prompt + emitted:],
-                                                          seq.cumulative_logprob, None, None, None, "")],
+                                              [M.SeqDelta(seq.index, new, seq.cumulative_logprob, None, None, None,
+                                                          "", _token_logprobs(seq, len(new)))],
                                               None, None))
                 continue
             if request.finished_seqs:
@@ -59,6 +60,22 @@ class CoreOutputProcessor(OutputProcessor):
         return outputs
 
 
+    def _output(self, request: Request, seqs: list[Sequence], *, finished: bool) -> RequestOutput | None:
+        """As `OutputProcessor._output`, with each multi-token delta's token logprobs (see `_token_logprobs`)."""
+        output = super()._output(request, seqs, finished=finished)
+        if output is not None and request.params.output_kind is _DELTA:
+            by_index = {seq.index: seq for seq in seqs}
+            for c in output.outputs:
+                c.token_logprobs = _token_logprobs(by_index[c.index], len(c.token_ids))
+        return output
+
+
+def _token_logprobs(seq: Sequence, num_new: int) -> list[float] | None:
+    """The logprobs of `seq`'s last `num_new` tokens when they are several (a speculating core's step), else None:
+    the API server takes those it cuts after a stop string out of the cumulative logprob."""
+    return seq.token_logprobs[-num_new:] if num_new > 1 else None
+
+
 def to_delta(out: RequestOutput | M.RequestDelta) -> M.RequestDelta:
     """A core-side output (token ids only) as its wire form (a wire delta already is)."""
     if isinstance(out, M.RequestDelta):
@@ -67,6 +84,6 @@ def to_delta(out: RequestOutput | M.RequestDelta) -> M.RequestDelta:
     metrics = None if m is None else M.Metrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
                                                m.finish_time, m.num_preemptions, m.peak_blocks_shared,
                                                m.peak_blocks_unshared, list(m.token_times))
-    seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text)
-            for c in out.outputs]
+    seqs = [M.SeqDelta(c.index, c.token_ids, c.cumulative_logprob, c.finish_reason, c.stop_reason, c.logprobs, c.text,
+                       c.token_logprobs) for c in out.outputs]
     return M.RequestDelta(out.request_id, out.finished, out.num_cached_tokens, seqs, metrics, out.prompt_logprobs)

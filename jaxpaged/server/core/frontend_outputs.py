@@ -28,12 +28,14 @@ from jaxpaged.server.core import messages as M
 class _Seq:
     """What `OutputProcessor` reads of a `Sequence`."""
 
-    __slots__ = ("index", "token_ids", "finish_reason", "stop_reason", "cumulative_logprob", "logprobs")
+    __slots__ = ("index", "token_ids", "finish_reason", "stop_reason", "cumulative_logprob", "logprobs",
+                 "delta_logprobs")
 
     def __init__(self, index: int, prompt_token_ids: list[int], with_logprobs: bool) -> None:
         self.index, self.token_ids = index, list(prompt_token_ids)
         self.finish_reason = self.stop_reason = None
         self.cumulative_logprob = 0.0
+        self.delta_logprobs: list[float] | None = None  # the last delta's token logprobs, when it had several
         self.logprobs = [] if with_logprobs else None
 
 
@@ -101,7 +103,7 @@ class FrontendOutputs:
             if seq is None:
                 continue  # stopped here already; the core had not heard yet
             seq.token_ids.extend(d.token_ids)
-            seq.cumulative_logprob = d.cumulative_logprob
+            seq.cumulative_logprob, seq.delta_logprobs = d.cumulative_logprob, d.token_logprobs
             if d.logprobs is not None and seq.logprobs is not None:
                 seq.logprobs.extend(d.logprobs)
             if d.finish_reason is not None:
@@ -109,6 +111,9 @@ class FrontendOutputs:
                 _finish(request, seq)
         for seq, stop, num_tokens in self._processor.find_stop_strings([request]):
             # a delta of several tokens (speculative decoding) may run past the stop: drop the tokens after it
+            num_dropped = len(seq.token_ids) - len(request.prompt_token_ids) - num_tokens
+            if num_dropped and seq.delta_logprobs is not None:  # and their logprobs from the cumulative one
+                seq.cumulative_logprob -= sum(seq.delta_logprobs[-num_dropped:])
             del seq.token_ids[len(request.prompt_token_ids) + num_tokens:]
             if seq.logprobs is not None:
                 del seq.logprobs[num_tokens:]

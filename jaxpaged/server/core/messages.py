@@ -71,6 +71,9 @@ class SeqDelta(msgspec.Struct, array_like=True, gc=False):
     stop_reason: str | int | None
     logprobs: list[dict[int, float]] | None
     text: str  # empty except for beam search, whose final texts the core decodes
+    # each new token's logprob when there are several (speculative decoding): a stop string the API server
+    # finds inside the delta cuts the tokens after it out of cumulative_logprob too
+    token_logprobs: list[float] | None = None
 
 
 class Metrics(msgspec.Struct, array_like=True, gc=False):
