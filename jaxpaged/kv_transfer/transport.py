@@ -169,8 +169,6 @@ class KVBlockClient:
 
     def pull_offered(self, reply: PullReply, header) -> np.ndarray:
         """The payload through ``jax.experimental.transfer`` (device to device), as host bytes to check."""
-        import datetime
-
         import jax
         import jax.numpy as jnp
         server = local_transfer_server(None)
