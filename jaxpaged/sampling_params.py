@@ -14,6 +14,7 @@ MAX_SEED = 2**64 - 1  # seeds are 64-bit; distinct seeds give distinct sample st
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for per token (vLLM's default cap)
 MAX_LOGIT_BIAS = 1024  # the most `logit_bias` entries one request may give
 MAX_LOGIT_BIAS_VALUE = 100.0  # |bias| at most this (OpenAI's range)
+MAX_KV_SOURCE_CHARS = 256  # a KV endpoint (tcp://host:port) is far shorter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ class SamplingParams:
     (in [0, 1]) drops tokens whose probability is below `min_p` times the most
     likely one's (after temperature). A constraint that does not compile is a
     ValueError when the request is added.
+
+    `kv_source` (disaggregated prefill and decode; vLLM carries it in
+    `kv_transfer_params`): the KV endpoint (`tcp://host:port`) of the engine
+    that prefilled this prompt. A decode engine pulls the prompt's blocks from
+    that engine alone when it is one of its `kv_peers`, and from every peer in
+    turn otherwise. It changes no token.
     """
 
     n: int = 1
@@ -90,6 +97,7 @@ class SamplingParams:
     min_p: float = 0.0
     allowed_token_ids: Sequence[int] | None = None
     structured_outputs: StructuredOutputsParams | None = dataclasses.field(default=None, hash=False)
+    kv_source: str | None = None
 
     def __post_init__(self):
         """Check every field's type and range (ValueError naming the field); store them normalised."""
@@ -120,6 +128,10 @@ class SamplingParams:
 
     def _check_constraints(self) -> None:
         object.__setattr__(self, "min_p", check_float("min_p", self.min_p, low=0.0, high=1.0))
+        if self.kv_source is not None and (not isinstance(self.kv_source, str)
+                                           or not 0 < len(self.kv_source) <= MAX_KV_SOURCE_CHARS):
+            raise ValueError(f"kv_source must be an endpoint string of 1 to {MAX_KV_SOURCE_CHARS} characters, "
+                             f"got {self.kv_source!r:.80}")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
             if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):

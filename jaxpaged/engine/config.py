@@ -105,15 +105,17 @@ class EngineConfig:
     kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
                                 "(pulls the prompt blocks it lacks from kv_peers before admitting a request), "
                                 "both, or none", choices=("none", "prefill", "decode", "both"))
-    kv_transport: str = knob("zmq", "how KV blocks travel: zmq (host memory over ZeroMQ) or jax "
-                                    "(jax.experimental.transfer, device to device)", choices=("zmq", "jax"))
+    kv_transport: str = knob("auto", "how a prefill engine serves its KV blocks: jax (jax.experimental.transfer, "
+                                     "device to device), zmq (host memory over ZeroMQ), or auto (jax where this "
+                                     "process can start a transfer server, else zmq)", choices=("auto", "zmq", "jax"))
     kv_listen: str | None = knob(None, "prefill/both: the ZeroMQ endpoint serving KV pulls (tcp://host:port; "
                                        "port 0 picks one; default tcp://127.0.0.1:0)")
     kv_peers: str | None = knob(None, "decode/both: comma-separated endpoints of the prefill engines to pull from "
                                       "(unset: none until set at run time, as the Ray Serve ingress does)")
     kv_outbox_blocks: int = knob(4096, "prefill/both: finished prompts' blocks kept for pullers (LRU)")
     kv_transfer_timeout_s: float = knob(10.0, "decode/both: a pull with no whole answer by then fails and the "
-                                              "prompt is computed here")
+                                              "prompt is computed here; prefill/both (jax transport): blocks "
+                                              "offered to a puller and not pulled by then are dropped")
     kv_serve_delay_s: float = knob(0.0, "tests only: delay before each KV pull is answered")
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "

@@ -31,14 +31,21 @@ from jaxpaged.cache.hashing import chain_block_hashes, request_extra_keys
 from jaxpaged.cache.kv_groups import group_key
 from jaxpaged.kv_transfer.blocks import KVBlockBatch, KVTransferRefused
 from jaxpaged.kv_transfer.outbox import KVOutbox
-from jaxpaged.kv_transfer.transport import KVBlockClient, KVBlockServer, TransferFailed
+from jaxpaged.kv_transfer.transport import KVBlockClient, KVBlockServer, TransferFailed, choose_transport
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 from jaxpaged.sequence import Request
 
 log = logging.getLogger(__name__)
 
 KV_ROLES = ("none", "prefill", "decode", "both")
-KV_TRANSPORTS = ("zmq", "jax")
+KV_TRANSPORTS = ("auto", "zmq", "jax")
+
+
+def pull_order(peers: tuple[str, ...], source: str | None) -> tuple[str, ...]:
+    """Whom a decode engine asks for a request's blocks: the engine that prefilled it (the request's
+    ``kv_source``) alone when that is one of ``peers``, else every peer in turn. A source that is not a peer
+    is never dialled (a client must not make the engine connect anywhere it names)."""
+    return (source,) if source is not None and source in peers else peers
 
 
 @dataclasses.dataclass
@@ -75,7 +82,7 @@ class _Pulled:
 class PeerKVConnector:
     """A ``KVConnector`` (``jaxpaged.kv_transfer.protocol``) over a block server and a pulling client."""
 
-    def __init__(self, role: str, kv, runner, host: HostKVCache | None, *, transport: str = "zmq",
+    def __init__(self, role: str, kv, runner, host: HostKVCache | None, *, transport: str = "auto",
                  listen: str | None = None, peers: tuple[str, ...] = (), outbox_blocks: int = 1024,
                  timeout_s: float = 10.0, serve_delay_s: float = 0.0):
         """``kv``: the paged KV manager; ``runner``: owns the pool; ``host``: the tier loads land in."""
@@ -90,9 +97,12 @@ class PeerKVConnector:
         self.stats = TransferStats()
         self.serve_delay_s = serve_delay_s
         self.outbox = self.server = self.client = None
+        self.transport = None  # what this engine serves its blocks over (a puller follows each reply)
         if role in ("prefill", "both"):
             self.outbox = KVOutbox(outbox_blocks)
-            self.server = KVBlockServer(listen or "tcp://127.0.0.1:0", self._answer_pull, transport)
+            self.transport = choose_transport(transport, listen)
+            self.server = KVBlockServer(listen or "tcp://127.0.0.1:0", self._answer_pull, self.transport,
+                                        offer_timeout_s=timeout_s)
         self.peers = tuple(peers)
         if role in ("decode", "both"):
             if host is None:
@@ -126,7 +136,7 @@ class PeerKVConnector:
             return False
         self.stats.loads += 1
         self.stats.blocks_wanted += len(wanted.keys)
-        future = self._executor.submit(self._pull, wanted.keys)
+        future = self._executor.submit(self._pull, wanted.keys, pull_order(self.peers, request.params.kv_source))
         with self._lock:
             self._loads[request.request_id] = (future, wanted)
         return True
@@ -149,12 +159,12 @@ class PeerKVConnector:
                 meta[key] = (group_key(hashes[j - 1], g) if j else None, block_tokens)
         return _Wanted(keys, meta, request.cache_salt)
 
-    def _pull(self, keys: list[bytes]) -> _Pulled:
-        """Worker thread: ask each peer in turn for the keys still missing; checked blocks only."""
+    def _pull(self, keys: list[bytes], peers: tuple[str, ...]) -> _Pulled:
+        """Worker thread: ask each of ``peers`` in turn for the keys still missing; checked blocks only."""
         start = time.perf_counter()
         pulled = _Pulled([], 0, 0.0)
         missing = list(keys)
-        for peer in self.peers:
+        for peer in peers:
             try:
                 batch = self.client.pull(peer, missing)
                 batch.check(self.identity, self.dtype, self.block_shape)

@@ -8,11 +8,17 @@ its outbox holds. What differs is how the payload travels:
 * ``zmq``: the payload is the reply's last frame (host memory, copied once
   into the socket). Works wherever the two processes can reach each other.
 * ``jax``: the server stages the blocks as one device array and offers it with
-  ``jax.experimental.transfer`` (``TransferServer.await_pull``); the puller
-  pulls it device to device with ``TransferConnection.pull``, through one
-  transfer server per process (two in one process abort), so the bytes never
-  cross the control socket. On CPU both ends are host memory; the code is the
-  same on GPUs.
+  ``jax.experimental.transfer`` (``TransferServer.await_pull``) until
+  ``offer_timeout_s`` has passed (an offer whose puller gave up is dropped
+  then, not kept for ever); the puller pulls it device to device with
+  ``TransferConnection.pull``, through one transfer server per process (two in
+  one process abort), so the bytes never cross the control socket, and waits
+  for the data no longer than its own timeout (a pull of an offer that is gone
+  never completes: it is abandoned, never served). On CPU both ends are host
+  memory; the code is the same on GPUs.
+* ``auto`` (:func:`choose_transport`): ``jax`` where this process can start
+  its transfer server, else ``zmq``. Only the serving side chooses: a puller
+  follows each reply.
 
 A ZeroMQ multipart reply arrives whole or not at all, and the jax pull is
 checked against the header's digest, so a server killed mid-transfer leaves
@@ -21,9 +27,11 @@ the puller with a timeout or an error, never a partial batch.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import logging
 import threading
+import time
 from typing import Callable
 
 import msgspec
@@ -66,9 +74,11 @@ class KVBlockServer:
     offered through this process's jax transfer server.
     """
 
-    def __init__(self, listen: str, lookup: Callable[[list[bytes]], KVBlockBatch], transport: str = "zmq"):
+    def __init__(self, listen: str, lookup: Callable[[list[bytes]], KVBlockBatch], transport: str = "zmq",
+                 offer_timeout_s: float = 10.0):
         self._lookup = lookup
         self._transport = transport
+        self._offer_timeout = datetime.timedelta(seconds=offer_timeout_s)
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -104,7 +114,8 @@ class KVBlockServer:
             server = local_transfer_server(self.address)
             uuid = next(self._uuids)
             import jax
-            server.await_pull(uuid, [jax.device_put(batch.payload)])
+            server.await_pull(uuid, [jax.device_put(batch.payload)],
+                              timeout=datetime.datetime.now() + self._offer_timeout)
             reply = PullReply(request.request_no, server.address(), uuid)
             return [msgspec.msgpack.encode(reply), header, b""]
         return [msgspec.msgpack.encode(PullReply(request.request_no)), header, batch.payload]
@@ -148,7 +159,7 @@ class KVBlockClient:
             header = decode_header(header_raw.bytes)
             if reply.transfer_address is None:
                 return KVBlockBatch(header, payload.buffer)
-            return KVBlockBatch(header, self._pull_device(reply, header))
+            return KVBlockBatch(header, self.pull_offered(reply, header))
         except (TransferFailed, KVTransferRefused, zmq.ZMQError, msgspec.DecodeError, ValueError) as err:
             socket.close(0)
             del sockets[peer]
@@ -156,10 +167,8 @@ class KVBlockClient:
                 raise
             raise TransferFailed(f"KV pull from {peer} failed: {err}") from err
 
-    def _pull_device(self, reply: PullReply, header) -> np.ndarray:
+    def pull_offered(self, reply: PullReply, header) -> np.ndarray:
         """The payload through ``jax.experimental.transfer`` (device to device), as host bytes to check."""
-        import datetime
-
         import jax
         import jax.numpy as jnp
         server = local_transfer_server(None)
@@ -173,10 +182,32 @@ class KVBlockClient:
         deadline = datetime.datetime.now() + datetime.timedelta(seconds=self.timeout_s)
         try:
             (array,) = connection.pull(reply.uuid, [spec], timeout=deadline)
+            # A pull whose offer is gone (expired on the server) never completes, whatever the pull's own
+            # timeout says: the wait for its data is bounded here. (No helper taking the array: a traceback
+            # that printed it would wait for its data for ever.)
+            give_up, pause = time.monotonic() + self.timeout_s, 1e-4
+            while not array.is_ready():
+                if time.monotonic() >= give_up:
+                    raise TimeoutError(f"the pulled blocks did not arrive within {self.timeout_s} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 5e-3)
             return np.ascontiguousarray(jax.device_get(array))
-        except Exception as err:  # the peer died or the pull timed out: drop the connection
+        except Exception as err:  # the peer died, the offer is gone or the pull timed out: drop the connection
             connections.pop(reply.transfer_address, None)
             raise TransferFailed(f"jax transfer pull from {reply.transfer_address} failed: {err}") from err
+
+
+def choose_transport(transport: str, listen: str | None) -> str:
+    """The transport a serving engine uses: ``auto`` is ``jax`` where this process can start its
+    ``jax.experimental.transfer`` server, else ``zmq``; ``zmq`` and ``jax`` are taken as given."""
+    if transport != "auto":
+        return transport
+    try:
+        local_transfer_server(listen)
+    except Exception as err:  # noqa: BLE001 - any failure to start it means the fallback
+        log.info("jax.experimental.transfer is not available here (%s): KV blocks travel over ZeroMQ", err)
+        return "zmq"
+    return "jax"
 
 
 _transfer_server = None

@@ -44,6 +44,16 @@ def prefill_body(body: dict) -> dict:
     return body
 
 
+def decode_body(body: dict, prefill_answer: bytes | None) -> dict:
+    """The request a decode engine runs: as sent, with the prefill engine's ``kv_transfer_params`` (where its
+    blocks are: the decode engine pulls from that engine alone) when its answer named them."""
+    try:
+        params = json.loads(prefill_answer).get("kv_transfer_params") if prefill_answer else None
+    except (ValueError, AttributeError):
+        params = None
+    return dict(body, kv_transfer_params=params) if isinstance(params, dict) else body
+
+
 def pick(urls: list[str], body: dict) -> str:
     """The engine a request's prompt prefix hashes to (the same prefix, the same engine)."""
     if len(urls) == 1:
@@ -69,16 +79,19 @@ def build_proxy_app(prefill_urls: list[str], decode_urls: list[str], *, timeout_
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
         headers = {k: v for k, v in raw.headers.items() if k.lower() in FORWARDED_HEADERS}
+        prefill_answer = None
         try:
             first = await client.post(pick(prefill_urls, body) + path, json=prefill_body(body), headers=headers)
             if 400 <= first.status_code < 500:
                 return Response(first.content, first.status_code, media_type="application/json")
             if first.status_code != 200:
                 raise httpx.HTTPStatusError(f"status {first.status_code}", request=first.request, response=first)
+            prefill_answer = first.content
         except httpx.HTTPError as err:  # the decode engine computes the prompt itself
             app.state.stats["prefill_failures"] += 1
             log.warning("prefill engine failed (%s); the decode engine computes the prompt", err)
-        request = client.build_request("POST", pick(decode_urls, body) + path, json=body, headers=headers)
+        request = client.build_request("POST", pick(decode_urls, body) + path, json=decode_body(body, prefill_answer),
+                                       headers=headers)
         try:
             second = await client.send(request, stream=True)
         except httpx.HTTPError as err:

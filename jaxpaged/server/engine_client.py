@@ -34,13 +34,15 @@ class ModelInfo:
     hash_algo: str
     max_num_seqs: int = 64
     max_waiting_requests: int = 1024
+    kv_address: str | None = None  # a prefill engine's KV endpoint: its responses name it (kv_transfer_params)
 
     @classmethod
     def of(cls, engine, max_waiting_requests: int = 1024) -> "ModelInfo":
         """The facts of an `Engine` (fixed at its construction, so safe to read from any thread), served with
         a waiting queue of `max_waiting_requests`."""
+        from jaxpaged.server.engine_queries import kv_address
         return cls(engine.tokenizer, engine.model_config, engine.max_model_len, engine.block_size,
-                   engine.config.hash_algo, engine.config.max_num_seqs, max_waiting_requests)
+                   engine.config.hash_algo, engine.config.max_num_seqs, max_waiting_requests, kv_address(engine))
 
 
 class RequestOutputStream(Protocol):

@@ -35,6 +35,14 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class KVTransferParams(BaseModel):
+    """vLLM's ``kv_transfer_params``, as far as jaxpaged uses it: the prefill engine's KV endpoint."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    remote_address: StrictStr | None = None
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -68,6 +76,7 @@ class _SamplingFields(BaseModel):
     guided_choice: Strings | None = None
     guided_grammar: StrictStr | None = None
     response_format: dict | None = None
+    kv_transfer_params: KVTransferParams | None = None  # disaggregation: set by the proxy on the decode hop
     structured_outputs: dict | None = None
     pin_ttl_s: Number | None = None  # pin the prompt's full blocks for this long (jaxpaged extension)
 
@@ -91,7 +100,8 @@ class _SamplingFields(BaseModel):
             repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias, min_tokens=self.min_tokens,
             bad_words=list(self.bad_words or []), min_p=self.min_p, allowed_token_ids=self.allowed_token_ids,
             structured_outputs=constraint if constraint is not None else self.structured_outputs_params(),
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            kv_source=self.kv_transfer_params.remote_address if self.kv_transfer_params is not None else None)
 
     def structured_outputs_params(self):
         """The request's structured-output constraint (None: free text); ValueError naming the field."""

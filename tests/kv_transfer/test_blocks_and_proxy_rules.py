@@ -1,11 +1,14 @@
 """The wire batch refuses every kind of mismatch; the proxy's prefill request and engine choice (no processes)."""
 
+import json
+
 import numpy as np
 import pytest
 
 from jaxpaged.kv_transfer import KVBlockBatch, KVOutbox, KVTransferRefused
 from jaxpaged.kv_transfer.blocks import decode_header, encode_header
-from jaxpaged.server.disagg_proxy import pick, prefill_body
+from jaxpaged.kv_transfer.connector import pull_order
+from jaxpaged.server.disagg_proxy import decode_body, pick, prefill_body
 
 SHAPE = (2, 2, 2, 4, 8)
 IDENTITY = b"i" * 32
@@ -69,3 +72,15 @@ def test_prefill_request_is_one_unstreamed_token_and_engines_follow_the_prefix()
     shared = "x" * 300
     assert pick(urls, {"prompt": shared + "a"}) == pick(urls, {"prompt": shared + "b"})  # same first 256 chars
     assert len({pick(urls, {"prompt": f"{i}" + shared}) for i in range(40)}) > 1
+
+
+def test_the_decode_hop_carries_the_prefill_engines_kv_address_and_pulls_from_it_alone():
+    body = {"prompt": "p", "max_tokens": 9}
+    answer = json.dumps({"choices": [], "kv_transfer_params": {"remote_address": "tcp://10.0.0.2:5601"}}).encode()
+    assert decode_body(body, answer) == body | {"kv_transfer_params": {"remote_address": "tcp://10.0.0.2:5601"}}
+    assert decode_body(body, None) == body and decode_body(body, b'{"choices": []}') == body
+    assert decode_body(body, b"not json") == body
+    peers = ("tcp://10.0.0.1:5600", "tcp://10.0.0.2:5601")
+    assert pull_order(peers, "tcp://10.0.0.2:5601") == ("tcp://10.0.0.2:5601",)
+    assert pull_order(peers, None) == peers
+    assert pull_order(peers, "tcp://evil.example:22") == peers  # not a peer: never dialled

@@ -5,10 +5,12 @@ computed where it is used). Each engine is driven by hand; the prefill
 engine's block server answers pulls on its own thread.
 """
 
+import dataclasses
 import time
 
 import pytest
 
+from jaxpaged.bench.online.server_process import free_port
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.model import init_model
 from jaxpaged.sampling_params import SamplingParams
@@ -20,8 +22,9 @@ SHARED = list(range(3, 3 + 4 * BS))  # four shared blocks
 
 
 def _config(**kw):
+    # ZeroMQ: every engine here shares this process, which may start only one jax transfer server
     return EngineConfig(model="tiny", num_blocks=48, block_size=BS, max_num_batched_tokens=64,
-                        pool_fill_value=float("nan"), **kw)
+                        pool_fill_value=float("nan"), kv_transport="zmq", **kw)
 
 
 def _run(engine, requests, *, params=GREEDY):
@@ -176,3 +179,18 @@ def test_a_sliding_window_model_moves_each_groups_blocks(tiny_config):
     decode.kv.check_invariants()
     decode.shutdown()
     prefill.shutdown()
+
+
+def test_decode_pulls_from_the_engine_its_request_names_not_its_peers_in_order(tiny_model, prefill, reference):
+    """The first peer never answers: asking it would fail the pull after the timeout (counted in `failed`)."""
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    decode = Engine(_config(kv_role="decode", kv_peers=f"{dead},{prefill.kv_connector.address}",
+                            kv_transfer_timeout_s=0.5), model=tiny_model)
+    prompt = list(range(110, 110 + 3 * BS + 1))
+    _run(prefill, [("n", prompt, None)], params=PREFILL_ONLY)
+    named = dataclasses.replace(GREEDY, kv_source=prefill.kv_connector.address)
+    got = _run(decode, [("n", prompt, None)], params=named)
+    stats = decode.kv_connector.stats
+    assert stats.failed == 0 and stats.blocks_received == 3 and got["n"].num_cached_tokens == 3 * BS
+    assert _tokens(got, "n") == _tokens(_run(reference, [("n", prompt, None)]), "n")
+    decode.shutdown()

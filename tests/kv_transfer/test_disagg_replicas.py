@@ -98,3 +98,43 @@ def test_greedy_through_the_deployments_equals_colocated_and_the_shared_prefix_i
     assert _held(after_second) - _held(after_first) >= shared_blocks  # already on the decode replica: not pulled
     assert _received(after_second) - _received(after_first) == (answer["usage"]["prompt_tokens"] - 1) // 16 - \
         (_held(after_second) - _held(after_first))
+
+
+class _FakeStream:
+    def __init__(self, replica):
+        self.replica = replica
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+
+class _FakePool:
+    """Stands in for a ReplicaPool: records each add's params; answers `kv_address` per replica."""
+
+    def __init__(self, replicas, addresses=None, serving=None):
+        self._replicas = dict.fromkeys(replicas)
+        self.addresses, self.serving, self.params = addresses or {}, serving, []
+        self.model_info = None
+
+    async def add_request(self, request_id, prompt, params, **kwargs):
+        self.params.append(params)
+        return _FakeStream(self.serving)
+
+    async def _ask_each(self, replicas, method, *args):
+        return [self.addresses.get(r) if method == "kv_address" else None for r in replicas]
+
+
+def test_the_decode_hop_names_the_prefill_replica_that_ran_the_prompt():
+    import asyncio
+
+    from jaxpaged.sampling_params import SamplingParams
+    from jaxpaged.server.replicas.disagg import DisaggPool
+    addresses = {"p0": "tcp://10.0.0.1:5600", "p1": "tcp://10.0.0.2:5601"}
+    decode = _FakePool(["d0"])
+    for serving in ("p1", "p0"):
+        pool = DisaggPool(_FakePool(["p0", "p1"], addresses, serving=serving), decode)
+        asyncio.run(pool.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4)))
+        assert decode.params[-1].kv_source == addresses[serving] and decode.params[-1].max_tokens == 4

@@ -1,6 +1,7 @@
 """`jaxpaged serve --kv_role=prefill` and `--kv_role=decode` as two processes, `jaxpaged proxy` in front.
 
-Blocks travel over ``jax.experimental.transfer`` between the two engine core
+Blocks travel over the default transport (``--kv_transport=auto``: ``jax.experimental.transfer``
+here) between the two engine core
 processes. The prefill engine answers each pull after 1 s
 (``--kv_serve_delay_s``), which gives the last test a window to SIGKILL it
 mid-transfer; it must stay the module's last.
@@ -20,7 +21,7 @@ from tests.server.live_server import (ROOT, WAIT_S, free_port, keep_draining, li
                                       start_server, wait_healthy)
 
 KV_TOKENS, MAX_LEN = 2048, 512
-COMMON = (f"--kv_budget_tokens={KV_TOKENS}", f"--max_model_len={MAX_LEN}", "--kv_transport=jax")
+COMMON = (f"--kv_budget_tokens={KV_TOKENS}", f"--max_model_len={MAX_LEN}")  # --kv_transport=auto: jax here
 PROMPT = "The paged KV cache moves between engines block by block, " * 2
 
 
@@ -105,7 +106,9 @@ def test_bad_input_is_the_prefill_engines_400(disagg):
 
 def test_cache_salt_isolation_holds_across_the_hop(disagg, reference):
     prompt = "Tenant A's private system prompt, which tenant B must never read from a cache. " * 2
-    _complete(disagg["prefill"], prompt, max_tokens=1, cache_salt="tenant-a")
+    prefilled = _complete(disagg["prefill"], prompt, max_tokens=1, cache_salt="tenant-a")
+    # where its blocks are, for the decode hop (the proxy passes it on: the decode engine pulls from there)
+    assert prefilled["kv_transfer_params"] == {"remote_address": f"tcp://127.0.0.1:{disagg['kv_port']}"}
     other = _complete(disagg["decode"], prompt, cache_salt="tenant-b")
     assert _cached(other) == 0 and other["choices"][0]["text"] == reference(prompt)
     same = _complete(disagg["decode"], prompt, cache_salt="tenant-a")

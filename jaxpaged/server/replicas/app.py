@@ -48,19 +48,15 @@ QUIET = {"enable_access_log": False}  # one line per event report would drown th
 PINNED_ROUTER = "jaxpaged.server.replicas.pinned_router.PinnedReplicaRouter"  # by name: imported where it runs
 
 
-@serve.ingress()
-class Ingress:
-    """The HTTP front: the OpenAI-compatible app over a `ReplicaPool` of the replica deployment."""
+class PoolIngress:
+    """What every ingress shares: the single-engine server's app over a pool (an `EngineClient`), built once the
+    pool exists, with the debug routes over ``debug_pool`` when enabled."""
 
-    async def __init__(self, replicas, *, served_model_name: str, model: str, policy: str,
-                       enable_debug_endpoints: bool, liveness_timeout_s: float,
-                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
-                       chat_template: str | None = None, keys: TenantKeys | None = None) -> None:
-        """``replicas``: the `EngineReplica` deployment's handle; ``chat_template``: a file replacing the
-        model's; ``keys``: the API keys (None: none)."""
-        info = await replicas.model_info.remote()
-        self.pool = ReplicaPool(replicas, info, deployment=REPLICA_DEPLOYMENT, policy=policy,
-                                liveness_timeout_s=liveness_timeout_s)
+    def _serve_pool(self, pool, debug_pool: ReplicaPool, *, served_model_name: str, model: str,
+                    enable_debug_endpoints: bool, max_request_body_bytes: int | None, chat_template: str | None,
+                    keys: TenantKeys | None) -> None:
+        """Keep what the app is built from (called by the ingress's ``__init__``)."""
+        self.pool, self._debug_pool = pool, debug_pool
         self._served_model_name = served_model_name
         self._chat_template = ChatTemplate.for_model(model, chat_template)
         self._debug = enable_debug_endpoints
@@ -72,8 +68,26 @@ class Ingress:
         app = build_app(self.pool, served_model_name=self._served_model_name, chat_template=self._chat_template,
                         enable_debug_endpoints=self._debug, max_request_body_bytes=self._max_body, keys=self._keys)
         if self._debug:
-            add_debug_routes(app, self.pool)
+            add_debug_routes(app, self._debug_pool)
         return app
+
+
+@serve.ingress()
+class Ingress(PoolIngress):
+    """The HTTP front: the OpenAI-compatible app over a `ReplicaPool` of the replica deployment."""
+
+    async def __init__(self, replicas, *, served_model_name: str, model: str, policy: str,
+                       enable_debug_endpoints: bool, liveness_timeout_s: float,
+                       max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       chat_template: str | None = None, keys: TenantKeys | None = None) -> None:
+        """``replicas``: the `EngineReplica` deployment's handle; ``chat_template``: a file replacing the
+        model's; ``keys``: the API keys (None: none)."""
+        info = await replicas.model_info.remote()
+        pool = ReplicaPool(replicas, info, deployment=REPLICA_DEPLOYMENT, policy=policy,
+                           liveness_timeout_s=liveness_timeout_s)
+        self._serve_pool(pool, pool, served_model_name=served_model_name, model=model,
+                         enable_debug_endpoints=enable_debug_endpoints, max_request_body_bytes=max_request_body_bytes,
+                         chat_template=chat_template, keys=keys)
 
     def report(self, report: ReplicaReport) -> str | None:
         """A replica's KV-event batch and load (called by the replicas)."""

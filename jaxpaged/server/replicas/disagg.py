@@ -31,10 +31,8 @@ from jaxpaged.engine.pin_quota import PinQuota
 from jaxpaged.router import POLICIES
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.server.api import build_app
 from jaxpaged.server.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
-from jaxpaged.server.chat import ChatTemplate
-from jaxpaged.server.replicas.app import HEALTH_CHECK_PERIOD_S, PINNED_ROUTER, QUIET, add_debug_routes
+from jaxpaged.server.replicas.app import HEALTH_CHECK_PERIOD_S, PINNED_ROUTER, QUIET, PoolIngress
 from jaxpaged.server.replicas.messages import ReplicaReport
 from jaxpaged.server.replicas.pool import ReplicaPool
 from jaxpaged.server.replicas.replica import EngineReplica
@@ -64,6 +62,7 @@ class DisaggPool:
         self.model_info = decode.model_info
         self.error: BaseException | None = None
         self._peers_for: tuple | None = None  # (prefill ids, decode ids) the decode replicas' peers were set for
+        self._kv_addresses: dict[str, str] = {}  # prefill replica id -> its KV endpoint
         self.prefill_failures = 0
 
     @property
@@ -92,17 +91,21 @@ class DisaggPool:
         `limits` hold on each hop.
 
         A bad request is the prefill replica's ValueError; a prefill hop that fails otherwise only costs
-        the decode replica the prompt's compute."""
+        the decode replica the prompt's compute. The decode replica pulls from the prefill replica that ran
+        the prompt (``SamplingParams.kv_source``)."""
+        source = None
         try:
             stream = await self.prefill.add_request(f"{request_id}-prefill", prompt, prefill_params(params),
                                                     cache_salt=cache_salt, priority=priority, tenant=tenant,
                                                     limits=limits)
             async for _ in stream:
                 pass
+            source = stream.replica
         except EngineDeadError as err:
             self.prefill_failures += 1
             log.warning("prefill hop of %s failed (%s); the decode replica computes the prompt", request_id, err)
         await self._sync_peers()
+        params = dataclasses.replace(params, kv_source=self._kv_addresses.get(source))
         return await self.decode.add_request(request_id, prompt, params, cache_salt=cache_salt, priority=priority,
                                              tenant=tenant, limits=limits)
 
@@ -111,7 +114,9 @@ class DisaggPool:
         members = (tuple(sorted(self.prefill._replicas)), tuple(sorted(self.decode._replicas)))
         if members == self._peers_for:
             return
-        addresses = [a for a in await self.prefill._ask_each(list(members[0]), "kv_address") if isinstance(a, str)]
+        answers = await self.prefill._ask_each(list(members[0]), "kv_address")
+        self._kv_addresses = {r: a for r, a in zip(members[0], answers) if isinstance(a, str)}
+        addresses = list(self._kv_addresses.values())
         answers = await self.decode._ask_each(list(members[1]), "set_kv_peers", addresses)
         failed = [a for a in answers if isinstance(a, BaseException)]
         if failed:
@@ -146,33 +151,23 @@ class DisaggPool:
 
 
 @serve.ingress()
-class DisaggIngress:
+class DisaggIngress(PoolIngress):
     """The HTTP front over a `DisaggPool`: the single-engine server's app, routes and errors."""
 
     async def __init__(self, prefill, decode, *, served_model_name: str, model: str, policy: str,
                        enable_debug_endpoints: bool, liveness_timeout_s: float,
                        max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
                        chat_template: str | None = None, keys: TenantKeys | None = None) -> None:
-        """``prefill`` / ``decode``: the two deployments' handles."""
+        """``prefill`` / ``decode``: the two deployments' handles; the debug routes see the decode side."""
         info = await decode.model_info.remote()
-        self.pool = DisaggPool(
+        pool = DisaggPool(
             ReplicaPool(prefill, info, deployment=PREFILL_DEPLOYMENT, policy=policy,
                         liveness_timeout_s=liveness_timeout_s),
             ReplicaPool(decode, info, deployment=DECODE_DEPLOYMENT, policy=policy,
                         liveness_timeout_s=liveness_timeout_s))
-        self._served_model_name = served_model_name
-        self._chat_template = ChatTemplate.for_model(model, chat_template)
-        self._debug = enable_debug_endpoints
-        self._max_body = max_request_body_bytes
-        self._keys = keys
-
-    def __serve_build_asgi_app__(self):
-        """The app, built once the pools exist; the debug routes see the decode side."""
-        app = build_app(self.pool, served_model_name=self._served_model_name, chat_template=self._chat_template,
-                        enable_debug_endpoints=self._debug, max_request_body_bytes=self._max_body, keys=self._keys)
-        if self._debug:
-            add_debug_routes(app, self.pool.decode)
-        return app
+        self._serve_pool(pool, pool.decode, served_model_name=served_model_name, model=model,
+                         enable_debug_endpoints=enable_debug_endpoints, max_request_body_bytes=max_request_body_bytes,
+                         chat_template=chat_template, keys=keys)
 
     def report_prefill(self, report: ReplicaReport) -> str | None:
         """A prefill replica's KV-event batch and load."""

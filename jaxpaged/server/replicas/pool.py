@@ -299,6 +299,11 @@ class _ReplicaStream:
             self._state.in_flight += 1
             self._state.routed += 1
 
+    @property
+    def replica(self) -> str:
+        """The replica serving this request."""
+        return self._replica
+
     def __aiter__(self) -> "_ReplicaStream":
         return self
 

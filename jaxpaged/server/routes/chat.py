@@ -71,7 +71,7 @@ def router(state: ServerState) -> APIRouter:
                    | prompt_logprobs_field(body, out, tokenizer)
                    for out in finals for c in out.outputs]
         return {"id": request_id, "object": "chat.completion", "created": created, "model": state.served_model_name,
-                "choices": choices, "usage": R.usage(*R.totals(finals))}
+                "choices": choices, "usage": R.usage(*R.totals(finals))} | state.kv_transfer_fields()
 
     return routes
 

@@ -60,7 +60,7 @@ def router(state: ServerState) -> APIRouter:
                    for i, out in enumerate(finals) for c in out.outputs]
         prompt_tokens, completion_tokens, cached = R.totals(finals)
         return head | {"choices": choices, "usage": R.usage(prompt_tokens, 0 if body.echo_only else completion_tokens,
-                                                            cached)}
+                                                            cached)} | state.kv_transfer_fields()
 
     return routes
 

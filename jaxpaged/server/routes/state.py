@@ -45,6 +45,12 @@ class ServerState:
         self.limits.check_sampling(body)
         self.limits.check_prompts(prompts)
 
+    def kv_transfer_fields(self) -> dict:
+        """What a final response adds on a prefill engine: where its blocks are, for the decode hop
+        (vLLM's ``kv_transfer_params``; the proxy passes it on); nothing elsewhere."""
+        address = self.client.model_info.kv_address
+        return {} if address is None else {"kv_transfer_params": {"remote_address": address}}
+
     def check_model(self, name: str | None) -> None:
         """ModelNotFound (a 404) unless `name` is absent or the served model's."""
         if name is not None and name != self.served_model_name:
