@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Sequence
 
 from jaxpaged.outputs import RequestOutputKind
@@ -122,7 +123,7 @@ class SamplingParams:
         object.__setattr__(self, "min_p", check_float("min_p", self.min_p, low=0.0, high=1.0))
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
-            if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+            if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, Iterable):
                 raise ValueError(f"allowed_token_ids must be a list of token ids, got {ids!r}")
             ids = tuple(check_int("allowed_token_ids entry", t, low=0, high=INT32_MAX) for t in ids)
             if not ids:
@@ -193,7 +194,7 @@ class SamplingParams:
 
 def _stop_token_ids(values) -> tuple[int, ...]:
     """The stop ids as a tuple of ints; ValueError unless a list/tuple of non-negative integers."""
-    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
         raise ValueError(f"stop_token_ids must be a list of token ids, got {values!r}")
     return tuple(check_int("stop_token_ids entry", t, low=0, high=INT32_MAX) for t in values)
 
