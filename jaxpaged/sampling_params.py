@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Sequence
 
 from jaxpaged.outputs import RequestOutputKind
@@ -134,7 +135,7 @@ class SamplingParams:
                              f"got {self.kv_source!r:.80}")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
-            if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+            if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, Iterable):
                 raise ValueError(f"allowed_token_ids must be a list of token ids, got {ids!r}")
             ids = tuple(check_int("allowed_token_ids entry", t, low=0, high=INT32_MAX) for t in ids)
             if not ids:
@@ -205,7 +206,7 @@ class SamplingParams:
 
 def _stop_token_ids(values) -> tuple[int, ...]:
     """The stop ids as a tuple of ints; ValueError unless a list/tuple of non-negative integers."""
-    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
         raise ValueError(f"stop_token_ids must be a list of token ids, got {values!r}")
     return tuple(check_int("stop_token_ids entry", t, low=0, high=INT32_MAX) for t in values)
 

@@ -30,6 +30,12 @@ class Tokenizer(Protocol):
     eos_token_id: int | None
     stop_token_ids: frozenset[int]  # generation stops on any of these (EOS may be several ids)
     vocab_size: int
+    # declared, never probed: the most characters one token covers when the tokenizer bounds it (a text
+    # longer than this many times max_model_len cannot fit), else None
+    max_chars_per_token: int | None
+    # how structured output reads the vocabulary (`jaxpaged.structured.tokenizer_bridge`): "hf" (the
+    # tokenizer.json), "bytes", "sentencepiece", or "none" (a checkpoint without a tokenizer)
+    vocabulary_form: str
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; with `add_special_tokens`, whatever the tokenizer adds around a text (BOS).
@@ -47,6 +53,7 @@ class ByteTokenizer:
     """UTF-8 bytes as tokens: ids 0-255 are bytes, `bos_token_id`/`eos_token_id` follow."""
 
     max_chars_per_token = 1  # every token covers at most one character: a text's tokens >= its length
+    vocabulary_form = "bytes"
 
     def __init__(self, bos_token_id: int = 256, eos_token_id: int = 257, vocab_size: int = 258):
         if min(bos_token_id, eos_token_id) < 256 or max(bos_token_id, eos_token_id) >= vocab_size:
@@ -87,6 +94,9 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer (from `tokenizer.json`) behind the `Tokenizer` protocol."""
 
+    max_chars_per_token = None
+    vocabulary_form = "hf"
+
     def __init__(self, tokenizer: Any, bos_token_id: int | None, eos_token_id: int | None,
                  stop_token_ids: Iterable[int] = ()):
         self._tok = tokenizer
@@ -122,6 +132,9 @@ class HFTokenizer:
 
 class SentencePieceTokenizer:
     """A sentencepiece `tokenizer.model` (Llama-2 style checkpoints) behind the `Tokenizer` protocol."""
+
+    max_chars_per_token = None
+    vocabulary_form = "sentencepiece"
 
     def __init__(self, processor: Any, bos_token_id: int | None, eos_token_id: int | None,
                  stop_token_ids: Iterable[int] = ()):
@@ -165,6 +178,8 @@ class IdsOnlyTokenizer:
     """
 
     can_encode = False
+    max_chars_per_token = None
+    vocabulary_form = "none"
 
     def __init__(self, bos_token_id: int | None, eos_token_id: int | None, vocab_size: int,
                  stop_token_ids: Iterable[int] = ()):

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 
 
 @dataclasses.dataclass

@@ -90,7 +90,8 @@ def _cpu_default() -> str:
 
 def _gpu_default() -> str:
     """pallas_mosaic on compute capability 9.x (H100/H200) when available, else pallas."""
-    capability = str(getattr(jax.devices()[0], "compute_capability", ""))
+    device = jax.devices()[0]
+    capability = str(device.compute_capability) if device.platform == "gpu" else ""  # CUDA devices have one
     return "pallas_mosaic" if capability.startswith("9.") and mosaic_gpu_available() else "pallas"
 
 

@@ -180,7 +180,8 @@ class KVCacheManager(ManagerQueries):
         admits the extended length as computed and publishes the restored blocks.
         """
         match.group_blocks = extension.group_blocks
-        match.matched = [b for blocks in extension.group_blocks for b in blocks if isinstance(b, KVBlock)]
+        match.matched = [b for blocks in extension.group_blocks for b in blocks
+                         if b is not None and b is not FROM_TIER]  # pool blocks: not slid out, not a tier's
         match.num_extended_tokens = extension.num_tokens
         return [j * self.num_groups + g for j, g in extension.slots]
 
@@ -298,7 +299,7 @@ class KVCacheManager(ManagerQueries):
             return  # no hash entry has disappeared since the match: all still valid
         for manager, blocks in zip(self._coordinator.managers, match.group_blocks):
             for block, block_hash in zip(blocks, match.block_hashes):
-                if isinstance(block, KVBlock) and block.block_hash != manager.key(block_hash):
+                if block is not None and block is not FROM_TIER and block.block_hash != manager.key(block_hash):
                     raise ValueError(
                         f"stale PrefixMatch: block {block.block_id} was evicted since match_prefix; "
                         "call match_prefix again right before allocate_new")

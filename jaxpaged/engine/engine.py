@@ -29,7 +29,7 @@ from typing import Sequence as Seq
 
 import jax
 
-from jaxpaged.engine.builder import EngineBuilder, restore_prefix_cache_at_start, tie_disk_tier_to_identity
+from jaxpaged.engine.builder import EngineBuilder
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.fast_forward import can_run_plain_decodes, run_plain_decodes
 from jaxpaged.engine.output_processor import OutputProcessor
@@ -42,14 +42,35 @@ from jaxpaged.runner import Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import SchedulerOutput, SchedulerStats
 from jaxpaged.sequence import Request
+from jaxpaged.snapshot import (RestoreStats, engine_identity, load_prefix_cache, restore_prefix_cache_at_start,
+                               save_prefix_cache, tie_disk_tier_to_identity)
 from jaxpaged.spec_decode import Proposer
 from jaxpaged.validation import check_float, check_str
 
 MAX_PIN_TTL_S = 7 * 24 * 3600.0  # a pin outlives no week: pinned blocks must not become a leak
 
 
+class _Part:
+    """An engine attribute that is one of its `EngineParts` (read and written there: the engine keeps no copy)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine: "Engine | None", owner: type | None = None):
+        return self if engine is None else getattr(engine._parts, self.name)
+
+    def __set__(self, engine: "Engine", value) -> None:
+        setattr(engine._parts, self.name, value)
+
+
 class Engine(EngineQueries):
     """Continuous-batching engine over one model and one paged KV pool."""
+
+    # what the engine is made of and was sized by, as built (`EngineParts`)
+    config, clock, model_config = _Part(), _Part(), _Part()
+    num_blocks, block_size, max_model_len = _Part(), _Part(), _Part()
+    runner, kv, tiers, scheduler, kv_connector = _Part(), _Part(), _Part(), _Part(), _Part()
+    input_processor, output_processor = _Part(), _Part()
 
     def __init__(
         self,
@@ -64,15 +85,10 @@ class Engine(EngineQueries):
         """Build the parts with `EngineBuilder` (same arguments, checked there), then restore
         `prefix_cache_snapshot`. `runner` replaces the device (e.g. a simulator), `clock` the time source,
         `proposer` the speculative proposer `speculative_config` names (e.g. an EAGLE-style head)."""
-        parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock,
-                              proposer=proposer).build()
-        self._parts = parts  # what the engine's persistence (jaxpaged.snapshot) reads and writes
-        self.config, self.clock, self.model_config = parts.config, parts.clock, parts.model_config
-        self.num_blocks, self.block_size, self.max_model_len = parts.num_blocks, parts.block_size, parts.max_model_len
-        self.runner, self.kv, self.tiers, self.scheduler = parts.runner, parts.kv, parts.tiers, parts.scheduler
-        self.input_processor, self.output_processor = parts.input_processor, parts.output_processor
-        self._calibrate_kv_scales = parts.calibrate_kv_scales
-        self.kv_connector = parts.kv_connector  # disaggregated prefill/decode (jaxpaged.kv_transfer), or None
+        # the engine's parts, also what its persistence (jaxpaged.snapshot) reads and writes
+        self._parts = EngineBuilder(config, model, tokenizer=tokenizer, runner=runner, clock=clock,
+                                    proposer=proposer).build()
+        self._calibrate_kv_scales = self._parts.calibrate_kv_scales  # until the first prefill (or a snapshot)
         # called as logger(engine, outputs) after every step (metrics, progress logs)
         self.stat_loggers: list[Callable[["Engine", list[RequestOutput]], None]] = []
         self._requests: dict[str, Request] = {}  # every request whose final output has not been handed out
@@ -85,7 +101,7 @@ class Engine(EngineQueries):
         # chosen once: overlapped (async scheduling) or synchronous steps
         self._run_step = self._overlapped_step if config.async_scheduling else self._sync_step
         self.scheduler.defer_token_masks = config.async_scheduling
-        restore_prefix_cache_at_start(self)
+        self._adopted_scales(restore_prefix_cache_at_start(self._parts, adopt_kv_scales=self._calibrate_kv_scales))
 
     @property
     def tokenizer(self):
@@ -169,7 +185,7 @@ class Engine(EngineQueries):
 
         Only between steps: the outputs of a step in flight are built by the new one.
         """
-        self.output_processor = self._parts.output_processor = processor
+        self._parts.output_processor = processor
 
     @property
     def has_step_in_flight(self) -> bool:
@@ -194,7 +210,6 @@ class Engine(EngineQueries):
 
         Returns the number of blocks written; an earlier snapshot at `path` is replaced.
         """
-        from jaxpaged.snapshot import save_prefix_cache
         path = path or self.config.prefix_cache_snapshot
         if not path:
             raise ValueError("save_prefix_cache needs a path (or EngineConfig.prefix_cache_snapshot)")
@@ -207,9 +222,12 @@ class Engine(EngineQueries):
 
         Returns `jaxpaged.snapshot.RestoreStats` (blocks restored / skipped / dropped for room).
         """
-        from jaxpaged.snapshot import load_prefix_cache
-        stats = load_prefix_cache(self._parts, path, adopt_kv_scales=self._calibrate_kv_scales)
-        if self._calibrate_kv_scales:  # an fp8 engine took the snapshot's scales: no calibration now
+        return self._adopted_scales(load_prefix_cache(self._parts, path, adopt_kv_scales=self._calibrate_kv_scales))
+
+    def _adopted_scales(self, stats: RestoreStats | None) -> RestoreStats | None:
+        """After a restore (`stats` not None), an fp8 engine whose scales were not calibrated has taken the
+        snapshot's: no calibration now, and its identity is final. Returns `stats`."""
+        if stats is not None and self._calibrate_kv_scales:
             self._calibrate_kv_scales = False
             tie_disk_tier_to_identity(self._parts)
         return stats
@@ -217,7 +235,6 @@ class Engine(EngineQueries):
     def snapshot_identity(self) -> dict:
         """What a prefix-cache snapshot of this engine must match to be restored elsewhere (model config,
         weights fingerprint, block size, KV dtype and scales, hash function, KV cache groups)."""
-        from jaxpaged.snapshot import engine_identity
         return engine_identity(self._parts)
 
     def shutdown(self) -> None:

@@ -1,7 +1,7 @@
 """Decode fast-forward: run many predictable steps at once, exactly as `Engine.step` would.
 
 `Engine.fast_forward` is the entry point. With a runner whose steps are
-predictable (`predictable_steps`: the simulator's `SimulatedRunner` samples
+predictable (`capabilities.predictable_steps`, a `PredictableRunner`: the simulator's `SimulatedRunner` samples
 one fixed token, `token`, and costs each step by its cost model on its clock)
 once every running sequence is a plain decode,
 each following step is predictable for them: every one computes one token and
@@ -75,7 +75,7 @@ def run_plain_decodes(scheduler: Scheduler, kv: KVCacheManager, runner: Runner, 
 
 def can_run_plain_decodes(scheduler: Scheduler, kv: KVManager, runner: Runner) -> bool:
     """Whether every running sequence is a plain decode of a predictable runner's token (and can be a lane)."""
-    if not getattr(runner, "predictable_steps", False) or not kv.unitary:
+    if not runner.capabilities.predictable_steps or not kv.unitary:
         return False
     if not scheduler.running or len(scheduler.running) > scheduler.config.max_num_batched_tokens:
         return False  # nothing to run, or the budget would leave some sequences out of a step

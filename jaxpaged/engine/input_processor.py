@@ -15,8 +15,7 @@ from typing import Sequence as Seq
 import numpy as np
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.buckets import pow2_bucket
-from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.mathutils import cdiv, next_power_of_two, pow2_bucket
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sequence import Request, Sequence
 from jaxpaged.structured.grammar import compile_constraint

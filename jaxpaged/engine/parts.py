@@ -1,7 +1,9 @@
 """`EngineParts`: what an engine is made of, as `EngineBuilder.build` hands it over.
 
-The engine loops over these parts; its persistence (`jaxpaged.snapshot`) is
-handed them too (they are the `SnapshotParts` that package declares).
+The engine loops over these parts and keeps no copy of them (`engine.kv` reads
+`parts.kv`); its persistence (`jaxpaged.snapshot`) is handed them too (they
+are the `SnapshotParts` that package declares). `max_model_len` and
+`num_blocks` are the effective values the builder settled, not the config's.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class EngineQueries:
     def device_wait_s(self) -> float:
         """Host seconds spent waiting for the device, for runners that count it (the sleeping simulated
         device, `jaxpaged.sim.sleeping_runner`, behind `serve --device=simulated`); 0.0 for the others."""
-        return getattr(self.runner, "wait_s", 0.0)
+        return self.runner.wait_s if self.runner.capabilities.counts_device_time else 0.0
 
     def kv_slot_usage(self) -> tuple[int, int]:
         """``(filled, reserved)`` KV slots now, across the pool (the PagedAttention paper's waste).
@@ -93,7 +93,7 @@ class EngineQueries:
 
     def device_busy_s(self) -> float | None:
         """Seconds the device spent in steps, for runners that count it (the simulated ones); else None."""
-        return getattr(self.runner, "busy_s", None)
+        return self.runner.busy_s if self.runner.capabilities.counts_device_time else None
 
     @property
     def num_compiles(self) -> int:

@@ -50,7 +50,7 @@ class PrefixIndex:
         blocks = self._replica_blocks(replica)
         holders = self._holders
         for event in events:
-            if getattr(event, "tier", self.tier) != self.tier:
+            if event.tier != self.tier:
                 continue
             if isinstance(event, BlockStored):
                 for block_hash in event.block_hashes:

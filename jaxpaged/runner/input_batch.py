@@ -13,11 +13,11 @@ import operator
 
 import numpy as np
 
-from jaxpaged.buckets import MIN_VERIFY_TOKENS, pow2_bucket
-from jaxpaged.mathutils import cdiv, next_power_of_two
+from jaxpaged.runner.buckets import MIN_VERIFY_TOKENS
+from jaxpaged.mathutils import cdiv, next_power_of_two, pow2_bucket
 from jaxpaged.runner.logit_rows import LogitRows
+from jaxpaged.runner.step_input import StepInput, empty_step_input, step_buckets
 from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, SchedulerOutput
-from jaxpaged.step_input import StepInput, empty_step_input, step_buckets
 from jaxpaged.structured.bitmask import pad_token_masks
 
 MIN_ROWS = 16

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxpaged.buckets import pow2_bucket
-from jaxpaged.logit_controls import DROPPED, LogitControls, RowControls, empty_controls
+from jaxpaged.mathutils import DROPPED, pow2_bucket
+from jaxpaged.runner.logit_controls import LogitControls, empty_controls
+from jaxpaged.scheduler.output import RowControls
 
 
 class _Row:

@@ -34,9 +34,9 @@ import numpy as np
 from flax import nnx
 
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
-from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import LlamaModel
@@ -44,13 +44,14 @@ from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gathe
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
-from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
-from jaxpaged.sampling import SamplingBatch
-from jaxpaged.sampling import sample as _sample_tokens
+from jaxpaged.runner.logit_controls import LogitControls, apply_logit_controls, empty_controls
+from jaxpaged.runner.protocol import RunnerCapabilities
+from jaxpaged.runner.rejection import verify_draft_tokens
+from jaxpaged.runner.sampling import SamplingBatch
+from jaxpaged.runner.sampling import sample as _sample_tokens
+from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.spec_decode.proposer import StepFollower
-from jaxpaged.spec_decode.rejection import verify_draft_tokens
-from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
 from jaxpaged.structured.bitmask import TokenMasks, apply_token_bitmask, empty_token_masks, pad_token_masks
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def _prompt_logprobs(model, hidden, inputs: DeviceStepInput, k: int) -> dict[str
 
 def _verify(model, hidden, inputs: DeviceStepInput) -> dict[str, jax.Array]:
     """Each verify row's token (its draft when accepted, else the target's) and its log-probability (raw
-    logits): greedy rows match the argmax, sampled rows rejection-sample (`jaxpaged.spec_decode.rejection`)."""
+    logits): greedy rows match the argmax, sampled rows rejection-sample (`jaxpaged.runner.rejection`)."""
     seq = inputs.verify_seq_rows
     s = inputs.sampling
     params = SamplingBatch(s.temperature[seq], s.top_k[seq], s.top_p[seq], s.seeds[seq], inputs.verify_counters,
@@ -184,6 +185,8 @@ class _PendingBlocks:
 
 class ModelRunner:
     """Runs steps of one model over one paged pool (implements `KVPoolRunner`)."""
+
+    capabilities = RunnerCapabilities(verifies_drafts=True, owns_kv_pool=True)
 
     def __init__(
         self,

@@ -3,12 +3,18 @@
 Runners: `ModelRunner` (the jitted step over a device pool), the simulator's
 `SimulatedRunner` (a cost model and a clock), and wrappers that time or record
 steps (`jaxpaged.bench.offline.timing.TimedRunner`, `jaxpaged.sim.validate.RecordingRunner`).
+
+What only some runners can do is declared, never probed: every runner has
+`capabilities` (`RunnerCapabilities`), and a flag there says the runner
+implements the matching protocol below (`owns_kv_pool`: `KVPoolRunner`,
+`predictable_steps`: `PredictableRunner`, `counts_device_time`: `DeviceTimeRunner`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
 
@@ -23,12 +29,31 @@ class StepHandle(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerCapabilities:
+    """What a runner can do beyond executing steps, as the runner declares it (the defaults: a runner that
+    computes logits and does nothing more)."""
+
+    computes_logits: bool = True  # real logits per row: prompt logprobs, top logprobs, beam search
+    samples_under_token_masks: bool = True  # honours structured output's token masks when it samples
+    verifies_drafts: bool = False  # its step checks speculative draft tokens against the model
+    owns_kv_pool: bool = False  # implements `KVPoolRunner`: lower tiers, snapshots, fp8 scales, KV transfer
+    predictable_steps: bool = False  # implements `PredictableRunner`: the engine may fast-forward decodes
+    counts_device_time: bool = False  # implements `DeviceTimeRunner`: busy and wait seconds
+
+    def of_steps(self) -> RunnerCapabilities:
+        """What a wrapper that forwards only `execute_model` (a timer, a recorder) can do: its steps' own
+        capabilities, none of the pool, prediction or timing members it does not forward."""
+        return dataclasses.replace(self, owns_kv_pool=False, predictable_steps=False, counts_device_time=False)
+
+
 class Runner(Protocol):
     """Executes the scheduler's steps over a KV pool of `num_blocks` blocks of `block_size` tokens."""
 
     config: ModelConfig
     block_size: int
     num_blocks: int
+    capabilities: RunnerCapabilities
 
     @property
     def num_compiles(self) -> int:
@@ -52,7 +77,6 @@ class PendingBlocks(Protocol):
         ...
 
 
-@runtime_checkable
 class KVPoolRunner(Runner, Protocol):
     """A runner that owns a device KV pool: block transfers, fp8 scales, weights for fingerprints.
 
@@ -87,3 +111,32 @@ class KVPoolRunner(Runner, Protocol):
     def calibrate_kv_scales(self, token_ids: Sequence[int], margin: float) -> None:
         """Set fp8 scales from the K/V absmax of running `token_ids` through a float32 pool."""
         ...
+
+    def attach_draft(self, draft) -> None:
+        """Keep a draft model's pool in step with this one (every forward pass, every copy); None: none."""
+        ...
+
+    def return_hidden_states(self, enabled: bool) -> None:
+        """Whether steps also return the last layer's hidden states at their sample and verify rows."""
+        ...
+
+
+class PredictableRunner(Runner, Protocol):
+    """A runner whose every step samples `token` and costs its `cost_model`'s time (the simulator's): the
+    engine may run plain decode steps in bulk (`jaxpaged.engine.fast_forward`), booking each with
+    `account_step`."""
+
+    token: int
+    cost_model: object  # a `jaxpaged.sim.cost_model.CostModel`: `step_time`, `decode_step_time`
+    clock: object  # the `jaxpaged.sim.runner.SimClock` its steps advance (`now`)
+
+    def account_step(self, seconds: float) -> None:
+        """A step of `seconds` run outside `execute_model`: counted as a step and as busy time."""
+        ...
+
+
+class DeviceTimeRunner(Runner, Protocol):
+    """A runner that counts its device's time (the simulated ones)."""
+
+    busy_s: float  # seconds the device spent in steps
+    wait_s: float  # host seconds spent waiting for the device (0.0 where the host never waits)

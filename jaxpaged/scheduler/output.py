@@ -15,11 +15,26 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxpaged.logit_controls import RowControls
 from jaxpaged.sequence import Request, Sequence
 
 TOKEN_ON_DEVICE = -1  # an input token sampled by the previous step and still on the device
 _seq_id = operator.attrgetter("seq_id")
+
+
+class RowControls(NamedTuple):
+    """A sequence's logit controls, as the scheduler hands them to the runner with its row (host values)."""
+
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    stop_ids: tuple[int, ...] = ()  # masked while fewer than min_tokens tokens are out (stop ids + EOS)
+    repetition: float = 1.0
+    frequency: float = 0.0
+    presence: float = 0.0
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token ids of each bad word (output must not contain them)
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition != 1.0 or bool(self.frequency) or bool(self.presence)
 
 
 class NewRow(NamedTuple):

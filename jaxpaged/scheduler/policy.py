@@ -18,13 +18,18 @@
   counter of those active (so idle time is not banked). When blocks run out the
   latest-arrived request of the tenant with the highest counter is preempted.
   Requests without a tenant count as one tenant.
+
+Each policy is its waiting queue: the deque methods the scheduler uses, plus
+what the policy decides, declared on every queue (`WaitingQueue`) so the
+scheduler never asks which policy it runs.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
 
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair")
 PROMPT_TOKEN_WEIGHT = 1  # VTC's w_p
@@ -41,8 +46,45 @@ def priority_rank(seq) -> tuple[int, int, int]:
     return seq.request.priority, seq.request.arrival_order, seq.index
 
 
-class PriorityQueue:
+class WaitingQueue(Protocol):
+    """The waiting sequences in the policy's order, and the policy's answers (beside the deque methods the
+    scheduler uses: append, appendleft, extendleft, popleft, remove, [0], len, iter)."""
+
+    preempts_lower_priority: bool  # a waiting request may preempt a running one that ranks after it
+
+    def victim(self, running: Sequence) -> object:
+        """The request to preempt first among ``running`` (non-empty, in rank order)."""
+        ...
+
+    def charge(self, seqs: Sequence, starts: Sequence[int], num_tokens: Sequence[int],
+               samples: Sequence[bool]) -> None:
+        """Book a scheduled step's work to its tenants (only the fair policy counts it)."""
+        ...
+
+
+class _RankOrder:
+    """The answers of the policies that rank requests (fcfs, priority): the last-ranked running request is
+    preempted first, and no tenant is charged."""
+
+    preempts_lower_priority = False
+
+    def victim(self, running: Sequence) -> object:
+        """The last-ranked running request (``running`` is in rank order)."""
+        return running[-1].request
+
+    def charge(self, seqs: Sequence, starts: Sequence[int], num_tokens: Sequence[int],
+               samples: Sequence[bool]) -> None:
+        """Nothing: only the fair policy counts tenants' tokens."""
+
+
+class FcfsQueue(_RankOrder, collections.deque):
+    """The fcfs waiting queue: a deque in arrival order."""
+
+
+class PriorityQueue(_RankOrder):
     """The waiting queue in `priority_rank` order, with the deque methods the scheduler uses."""
+
+    preempts_lower_priority = True
 
     def __init__(self) -> None:
         self._seqs: list = []
@@ -139,9 +181,18 @@ class FairQueue:
             del self._queues[tenant]
         self._len -= 1
 
-    def charge(self, tenant, amount: float) -> None:
-        """Add ``amount`` of served tokens (weighted) to ``tenant``'s counter."""
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + amount
+    preempts_lower_priority = False
+
+    def victim(self, running: Sequence) -> object:
+        """The latest arrival of the running tenant with the highest virtual token counter."""
+        return max(running, key=lambda s: (self.counters.get(s.request.tenant, 0.0), arrival_rank(s))).request
+
+    def charge(self, seqs: Sequence, starts: Sequence[int], num_tokens: Sequence[int],
+               samples: Sequence[bool]) -> None:
+        """Add each scheduled sequence's served tokens (weighted, `served_tokens`) to its tenant's counter."""
+        for seq, start, n, sampled in zip(seqs, starts, num_tokens, samples):
+            tenant = seq.request.tenant
+            self.counters[tenant] = self.counters.get(tenant, 0.0) + served_tokens(seq, start, n, sampled)
 
     def __len__(self) -> int:
         return self._len
@@ -155,3 +206,11 @@ def served_tokens(seq, start: int, num_tokens: int, samples: bool) -> int:
     """A step's VTC charge for one sequence: its prompt tokens computed, and its generated token if it samples."""
     prompt = max(min(num_tokens, len(seq.request.prompt_token_ids) - start), 0)
     return PROMPT_TOKEN_WEIGHT * prompt + (OUTPUT_TOKEN_WEIGHT if samples else 0)
+
+
+def waiting_queue(policy: str, has_running) -> WaitingQueue:
+    """The waiting queue of scheduling ``policy`` (one of `SCHEDULING_POLICIES`); ``has_running(tenant)`` tells
+    the fair policy whether a tenant has anything running."""
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got {policy!r}")
+    return PriorityQueue() if policy == "priority" else FairQueue(has_running) if policy == "fair" else FcfsQueue()

@@ -25,7 +25,7 @@ With a `proposer` (speculative decoding), each
 running decode first gets draft tokens; it is scheduled with its last token
 and the k drafts (slots allocated up front, through `allocate_slots`), and
 the step returns, per position, the draft when the target accepts it (greedy:
-it is the argmax; sampled: rejection sampling, `jaxpaged.spec_decode.rejection`)
+it is the argmax; sampled: rejection sampling, `jaxpaged.runner.rejection`)
 or else the target's own token. `update_from_output` accepts the drafts up to
 the first one not accepted, appends them plus the target's token after them, commits (hashes) only those accepted tokens'
 blocks, rewinds the computed count, and releases the slots of the rejected
@@ -37,21 +37,19 @@ final, with the slots allocated for placeholder drafts (`_fill_drafts`).
 from __future__ import annotations
 
 import bisect
-import collections
 import dataclasses
 import time
 from typing import Callable
 
 import numpy as np
 
-from jaxpaged.buckets import pow2_bucket
 from jaxpaged.cache import NO_CHANGE, BlockTableUpdate, KVManager
-from jaxpaged.logit_controls import RowControls
-from jaxpaged.scheduler.beam import beam_score, rank_candidates
-from jaxpaged.scheduler.policy import (SCHEDULING_POLICIES, FairQueue, PriorityQueue, arrival_rank, priority_rank,
-                                       served_tokens)
-from jaxpaged.scheduler.output import TOKEN_ON_DEVICE, ModelOutput, NewRow, SchedulerOutput, SchedulerStats
+from jaxpaged.mathutils import pow2_bucket
 from jaxpaged.sampling_params import sequence_seed
+from jaxpaged.scheduler.beam import beam_score, rank_candidates
+from jaxpaged.scheduler.output import (TOKEN_ON_DEVICE, ModelOutput, NewRow, RowControls, SchedulerOutput,
+                                       SchedulerStats)
+from jaxpaged.scheduler.policy import arrival_rank, priority_rank, waiting_queue
 from jaxpaged.sequence import Request, Sequence, SeqStatus
 from jaxpaged.spec_decode.proposer import DraftContext, Proposer
 from jaxpaged.structured.bitmask import fill_bitmasks
@@ -90,14 +88,9 @@ class Scheduler:
         self.kv = kv
         self.tiers = tiers
         self.clock = clock
-        policy = config.scheduling_policy
-        if policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got {policy!r}")
-        # the waiting queue: a deque (fcfs), or a queue with the deque's methods that orders by the policy
-        self.waiting: collections.deque[Sequence] | PriorityQueue | FairQueue = (
-            PriorityQueue() if policy == "priority" else FairQueue(self._has_running) if policy == "fair"
-            else collections.deque())
-        self._rank = priority_rank if policy == "priority" else arrival_rank
+        # the waiting queue orders by the policy, and answers what the policy decides (`WaitingQueue`)
+        self.waiting = waiting_queue(config.scheduling_policy, self._has_running)
+        self._rank = priority_rank if config.scheduling_policy == "priority" else arrival_rank
         self.running: list[Sequence] = []  # in rank order: arrival (request, then sequence index), or priority
         self.num_preemptions = 0
         self.num_beam_requests = 0  # unfinished beam-search requests (they need synchronous steps)
@@ -346,12 +339,8 @@ class Scheduler:
                 return update
 
     def _victim(self) -> Request:
-        """The running request to preempt first: the last-ranked (running is in rank order), or with the fair
-        policy the latest arrival of the tenant with the highest virtual token counter."""
-        if isinstance(self.waiting, FairQueue):
-            counters = self.waiting.counters
-            return max(self.running, key=lambda s: (counters.get(s.request.tenant, 0.0), arrival_rank(s))).request
-        return self.running[-1].request
+        """The running request to preempt first, as the scheduling policy says (`WaitingQueue.victim`)."""
+        return self.waiting.victim(self.running)
 
     def _has_running(self, tenant) -> bool:
         return any(s.request.tenant == tenant for s in self.running)
@@ -387,9 +376,7 @@ class Scheduler:
 
     def _finish_schedule(self, out: SchedulerOutput) -> None:
         out.freed_seq_ids, self._freed = self._freed, []
-        if isinstance(self.waiting, FairQueue):
-            for seq, start, n, samples in zip(out.seqs, out.starts, out.num_tokens, out.samples):
-                self.waiting.charge(seq.request.tenant, served_tokens(seq, start, n, samples))
+        self.waiting.charge(out.seqs, out.starts, out.num_tokens, out.samples)
         if self.num_beam_requests or self.num_top_logprob_requests:
             # beams need 2 * width candidates; `logprobs=k` requests their top k
             top = max((2 * s.request.params.beam_width if s.request.use_beam_search
@@ -474,7 +461,7 @@ class Scheduler:
     def _preempt_lower_priority(self, request: Request, out: SchedulerOutput) -> bool:
         """Priority policy: preempt the last-ranked running request if its priority value is strictly higher
         than ``request``'s; whether one was."""
-        if not isinstance(self.waiting, PriorityQueue) or not self.running:
+        if not self.waiting.preempts_lower_priority or not self.running:
             return False
         victim = self.running[-1].request
         if victim.priority <= request.priority:

@@ -112,7 +112,7 @@ def _handle_errors(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException):
         # FastAPI's own refusals (a body that is not UTF-8, an unknown path, a wrong method), OpenAI-shaped
         kind = "NotFoundError" if exc.status_code == 404 else "BadRequestError"
-        return _error(exc.status_code, str(exc.detail), kind, headers=getattr(exc, "headers", None))
+        return _error(exc.status_code, str(exc.detail), kind, headers=exc.headers)
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError):

@@ -68,9 +68,8 @@ class RequestLimits:
     def check_sampling(self, body) -> None:
         """The sampling fields of a completion or chat body (`protocol._SamplingFields`)."""
         _at_most("n", body.n, self.max_choices, "max_num_seqs, the sequences the engine runs at once")
-        best_of = getattr(body, "best_of", None)
-        if best_of is not None:
-            _at_most("best_of", best_of, self.max_choices, "max_num_seqs, the sequences the engine runs at once")
+        if body.best_of is not None:  # completions only (chat declares it None)
+            _at_most("best_of", body.best_of, self.max_choices, "max_num_seqs, the sequences the engine runs at once")
         stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
         _count("stop", stops, MAX_STOP_STRINGS, "strings")
         _each_short("stop", stops, MAX_STOP_STRING_CHARS)

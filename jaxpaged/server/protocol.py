@@ -18,7 +18,7 @@ is built for it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -180,6 +180,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`."""
 
+    best_of: ClassVar[None] = None  # no such field in chat (a sent one is ignored): declared for the limits
     messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None

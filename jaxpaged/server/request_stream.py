@@ -108,7 +108,7 @@ def refuse_overlong(prompt, tokenizer, max_model_len: int) -> None:
     """ValueError for a prompt that cannot fit `max_model_len`, judged by its length alone (no per-token
     work): token ids by their count, a text by its length when the tokenizer bounds the characters per
     token (`max_chars_per_token`). Anything else is left to the engine's own checks."""
-    per_token = getattr(tokenizer, "max_chars_per_token", None)
+    per_token = tokenizer.max_chars_per_token
     if isinstance(prompt, str) and per_token is not None and len(prompt) > per_token * max_model_len:
         raise ValueError(f"prompt ({len(prompt)} characters, so more than {max_model_len} tokens) "
                          f"exceeds max_model_len ({max_model_len})")

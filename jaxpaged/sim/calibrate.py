@@ -19,9 +19,9 @@ import scipy.optimize
 
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from jaxpaged.mathutils import cdiv
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
-from jaxpaged.step_input import ScheduledSeq, build_step_input
 
 Shape = list[tuple[int, int]]  # (new tokens, context before) per sequence
 

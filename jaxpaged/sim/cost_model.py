@@ -23,7 +23,7 @@ each). A ring all-reduce of M bytes moves `2 (N - 1) / N * M` bytes through
 each device's link, at `profile.interconnect_bandwidth`, plus
 `interconnect_latency_s` per all-reduce; it is not overlapped with compute.
 With `profile.padded_shapes` the step is costed as jaxpaged's bucketed CPU
-step runs it (`jaxpaged/step_input.py`, `pallas_kernels/chunked_xla.py`):
+step runs it (`jaxpaged/runner/step_input.py`, `pallas_kernels/chunked_xla.py`):
 tokens and rows padded to powers of two; attention walks whole blocks up to
 the longest context of its group (decode or prefill), for every row of the
 group, and a prefill's query tiles each walk only as far as their last query.
@@ -39,8 +39,8 @@ from typing import Iterable
 
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from jaxpaged.mathutils import cdiv
+from jaxpaged.runner.step_input import step_buckets
 from jaxpaged.sim.profiles import DeviceProfile
-from jaxpaged.step_input import step_buckets
 from pallas_kernels.chunked_xla import PREFILL_QUERY_TILE
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxpaged.config import ModelConfig
+from jaxpaged.runner.protocol import RunnerCapabilities
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput
 from jaxpaged.sim.cost_model import CostModel
 
@@ -65,10 +66,12 @@ class SimulatedRunner:
     """Engine runner whose steps cost time on a `SimClock` instead of running a model."""
 
     num_compiles = 0
-    computes_logits = False  # a fixed token: no prompt logprobs, no beam search
-    # every step samples `token` and costs `cost_model`'s time on `clock`: the engine may run plain decode
-    # steps in bulk (`Engine.fast_forward`), accounting each with `account_step`
-    predictable_steps = True
+    # a fixed token: no prompt logprobs, no beam search, no token masks; every step samples `token` and costs
+    # `cost_model`'s time on `clock`: the engine may run plain decode steps in bulk (`Engine.fast_forward`),
+    # accounting each with `account_step`
+    capabilities = RunnerCapabilities(computes_logits=False, samples_under_token_masks=False,
+                                      predictable_steps=True, counts_device_time=True)
+    wait_s = 0.0  # the host never waits for a simulated clock
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, clock: SimClock, *, num_blocks: int):
         """A pool of `num_blocks` blocks of `cost_model.block_size` tokens (nothing is allocated)."""

@@ -27,10 +27,11 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxpaged.runner import InputBatch
+from jaxpaged.runner.protocol import RunnerCapabilities
+from jaxpaged.runner.step_input import StepInput
 from jaxpaged.scheduler import ModelOutput, SchedulerOutput
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.runner import fixed_token
-from jaxpaged.step_input import StepInput
 
 MAX_BUSY_INTERVALS = 1 << 16  # (start, end) pairs kept for `busy_seconds`; a server keeps only the newest
 
@@ -81,8 +82,9 @@ class SleepingDeviceRunner:
     """A runner whose device is a queue of deadlines, each step its predicted time (see the module docstring)."""
 
     num_compiles = 0
-    computes_logits = False  # a fixed token: no prompt logprobs, no beam search
-    samples_under_token_masks = True  # constrained rows draw a random allowed token (structured output)
+    # a fixed token: no prompt logprobs, no beam search; constrained rows draw a random allowed token
+    # (structured output); `busy_s` and `wait_s` count the sleeping device's time
+    capabilities = RunnerCapabilities(computes_logits=False, counts_device_time=True)
 
     def __init__(self, config, cost_model: CostModel, num_blocks: int, *, sleep: bool = True):
         self.config = config

@@ -13,9 +13,9 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.runner import InputBatch, Runner, StepHandle
+from jaxpaged.runner.step_input import ScheduledSeq
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, SchedulerOutput
-from jaxpaged.step_input import ScheduledSeq
 from jaxpaged.workloads import WorkloadRequest
 
 
@@ -31,6 +31,7 @@ class RecordingRunner:
         self.config = runner.config
         self.block_size = runner.block_size
         self.num_blocks = runner.num_blocks
+        self.capabilities = runner.capabilities.of_steps()
         self.batches: list[list[ScheduledSeq]] = []
         self._rows = InputBatch(runner.block_size)
 

@@ -8,7 +8,7 @@ config, weights fingerprint, block size, KV dtype and scales, hash function).
 re-admits its blocks through the cache manager (per group with sliding-window
 layers: ``jaxpaged.snapshot.groups``) and writes their K/V into the pool, so the first repeated prompt after
 a restart hits the cache. `Engine.save_prefix_cache` / `Engine.load_prefix_cache` / `EngineConfig.prefix_cache_snapshot`
-are the entry points: the engine hands this package its `EngineParts` (the KV
+(`restore_prefix_cache_at_start`) are the entry points: the engine hands this package its `EngineParts` (the KV
 manager, the runner that holds the pool, the tiers: the `SnapshotParts` this
 package declares), which it reads and writes as the engine's own persistence.
 """
@@ -21,14 +21,13 @@ from jaxpaged.snapshot.device import blocks_to_layers, layers_to_block
 from jaxpaged.snapshot.groups import key_and_group, manager_key, restore_groups_into
 from jaxpaged.snapshot.host import append_host_blocks, host_tier_blocks, restore_host_blocks
 from jaxpaged.snapshot.identity import (adopt_snapshot_kv_scales, check_identity, engine_identity,
-                                        identity_digest, params_fingerprint)
+                                        identity_digest, params_fingerprint, tie_disk_tier_to_identity)
 from jaxpaged.snapshot.parts import SnapshotParts
 from jaxpaged.snapshot.restore import RestoreStats, restore_into
 from jaxpaged.snapshot.store import BlockRecord, block_digest, is_snapshot_dir, read_kv, read_meta, write_snapshot
 
 __all__ = ["RestoreStats", "engine_identity", "identity_digest", "is_snapshot_dir", "load_prefix_cache",
-           "params_fingerprint",
-           "save_prefix_cache"]
+           "params_fingerprint", "restore_prefix_cache_at_start", "save_prefix_cache", "tie_disk_tier_to_identity"]
 
 
 def save_prefix_cache(parts: SnapshotParts, path: str | Path) -> int:
@@ -98,6 +97,15 @@ def load_prefix_cache(parts: SnapshotParts, path: str | Path, *, adopt_kv_scales
     kept = restore_host_blocks(parts.tiers, [manager_key(parts.kv, r) for r, _ in host], kv,
                                [row for _, row in host])
     return RestoreStats(stats.num_restored + kept, stats.num_skipped, stats.num_dropped + len(host) - kept)
+
+
+def restore_prefix_cache_at_start(parts: SnapshotParts, *, adopt_kv_scales: bool = False) -> RestoreStats | None:
+    """Restore `prefix_cache_snapshot` into a just-built engine; None when there is none (no path given, or a
+    first start: nothing saved there yet). Otherwise as `load_prefix_cache`."""
+    path = parts.config.prefix_cache_snapshot
+    if not path or not Path(path).exists():
+        return None
+    return load_prefix_cache(parts, path, adopt_kv_scales=adopt_kv_scales)
 
 
 def _record(parts: SnapshotParts, key: bytes, **fields) -> BlockRecord:

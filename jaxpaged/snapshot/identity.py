@@ -89,6 +89,20 @@ def identity_digest(identity: dict) -> bytes:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
 
 
+def tie_disk_tier_to_identity(parts: SnapshotParts) -> None:
+    """Tie the disk tier's files and the KV connector's transfers to the engine's identity (model, weights,
+    layout, final fp8 scales); called once the identity is final (at build, or after fp8 calibration or a
+    snapshot's scales were adopted)."""
+    has_disk = parts.tiers is not None and parts.tiers.disk is not None
+    if not has_disk and parts.kv_connector is None:
+        return
+    identity = identity_digest(engine_identity(parts))
+    if has_disk:
+        parts.tiers.set_format(identity)
+    if parts.kv_connector is not None:
+        parts.kv_connector.set_identity(identity)
+
+
 def adopt_snapshot_kv_scales(runner, saved: dict, where: str) -> None:
     """Give an uncalibrated fp8 runner the snapshot's scales, so its blocks can be restored and reused.
 

@@ -12,7 +12,8 @@ from jaxpaged.runner import KVPoolRunner
 
 class SnapshotParts(Protocol):
     """The KV manager (cached blocks), the runner (the pool's K/V and fp8 scales), the lower tiers, and
-    what the engine's identity is made of. The engine hands its `EngineParts`, which has all of these."""
+    what the engine's identity is made of, and what it is tied to (the disk tier's files, the KV connector's
+    transfers). The engine hands its `EngineParts`, which has all of these."""
 
     config: Any  # the engine's EngineConfig: its `hash_algo` is part of the identity
     model_config: ModelConfig
@@ -20,3 +21,4 @@ class SnapshotParts(Protocol):
     runner: KVPoolRunner
     kv: KVManager
     tiers: KVTiers | None
+    kv_connector: Any  # a `jaxpaged.kv_transfer.PeerKVConnector` (its transfers carry the identity), or None

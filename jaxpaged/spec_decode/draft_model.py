@@ -39,11 +39,11 @@ import numpy as np
 from flax import nnx
 
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
-from jaxpaged.buckets import MIN_DECODE_BLOCKS_PER_SEQ, pow2_bucket
+from jaxpaged.mathutils import cdiv, pow2_bucket
+from jaxpaged.runner.buckets import MIN_DECODE_BLOCKS_PER_SEQ
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
-from jaxpaged.mathutils import cdiv
 from jaxpaged.model import LlamaModel
 from jaxpaged.spec_decode.proposer import DraftContext
 

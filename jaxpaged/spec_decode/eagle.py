@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxpaged.buckets import pow2_bucket
+from jaxpaged.mathutils import pow2_bucket
 from jaxpaged.config import ModelConfig
 from jaxpaged.model import LlamaModel
 from jaxpaged.model.layers import DecoderLayer, _linear

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.buckets import pow2_bucket
-from jaxpaged.logit_controls import DROPPED
+from jaxpaged.mathutils import DROPPED, pow2_bucket
 from jaxpaged.structured.grammar import BITS, SequenceConstraint
 
 _executor = None

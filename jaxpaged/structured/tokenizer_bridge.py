@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import weakref
 
-from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, IdsOnlyTokenizer, SentencePieceTokenizer
 
 SPM_SPACE = "\u2581"
 _cache: "weakref.WeakKeyDictionary[object, dict[int, object]]" = weakref.WeakKeyDictionary()
@@ -43,21 +42,22 @@ def _build(tokenizer, vocab_size: int):
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(f"structured output needs the tokenizer's vocabulary ({tokenizer.vocab_size} ids) to fit "
                          f"the model's ({vocab_size} logits)")
-    if isinstance(tokenizer, HFTokenizer):
+    form = tokenizer.vocabulary_form  # declared by every tokenizer (`jaxpaged.tokenizer.Tokenizer`)
+    if form == "hf":
         return llguidance.LLTokenizer(tokenizer._tok.to_str(), n_vocab=vocab_size, eos_token=eos)
-    if isinstance(tokenizer, ByteTokenizer):
+    if form == "bytes":
         tokens = [bytes([i]) for i in range(256)] + [b""] * (vocab_size - 256)
         special = list(range(256, vocab_size))
         wrapper = _Wrapper(tokens, special, tokenizer, lambda data: list(data))
-    elif isinstance(tokenizer, SentencePieceTokenizer):
+    elif form == "sentencepiece":
         tokens, special = _sentencepiece_tokens(tokenizer._sp, vocab_size)
         # not sentencepiece's own encoder: it adds a leading space ("dummy prefix") that the bytes lack
         wrapper = _Wrapper(tokens, special, tokenizer, _GreedyEncoder(tokens, special))
-    elif isinstance(tokenizer, IdsOnlyTokenizer):
+    elif form == "none":
         raise ValueError("structured output needs a tokenizer: this model has none "
                          "(no tokenizer.json or tokenizer.model)")
     else:
-        raise ValueError(f"structured output does not support tokenizers of type {type(tokenizer).__name__}")
+        raise ValueError(f"structured output does not support tokenizers of vocabulary form {form!r}")
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(wrapper), n_vocab=vocab_size, eos_token=eos)
 
 

@@ -6,7 +6,7 @@ from jaxpaged.bench.offline.step_profile import CATEGORIES, category_of, leaf_op
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 
 HLO = """HloModule m
 

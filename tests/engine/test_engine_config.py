@@ -122,3 +122,36 @@ def test_the_block_count_is_capped_where_the_pool_is_sized():
         tiny.num_blocks()
     sized = dataclasses.replace(tiny, kv_cache_bytes=1 << 20)
     assert sized.num_blocks() == (1 << 20) // 1024
+
+
+def _simulated_tiny(num_blocks: int = 8) -> SimulatedRunner:
+    return SimulatedRunner(load_config("tiny"), Deployment(model="tiny").cost_model(), SimClock(), num_blocks=num_blocks)
+
+
+@pytest.mark.parametrize("kv_layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("asked", [1000, 100])
+def test_build_returns_the_effective_max_model_len_and_changes_nothing_it_was_given(kv_layout, asked):
+    """The longest sequence is the asked one cut to what the pool holds (one group of 8 blocks of 16 tokens:
+    128), returned in the parts; the config and the builder are left as they were given."""
+    config = EngineConfig(model="tiny", num_blocks=8, kv_layout=kv_layout, max_model_len=asked)
+    builder = EngineBuilder(config, runner=_simulated_tiny())
+    given = dict(vars(builder))
+    parts = builder.build()
+    assert parts.max_model_len == min(asked, 8 * DEFAULT_BLOCK_SIZE)
+    assert vars(builder) == given and config.max_model_len == asked
+    assert builder.build().max_model_len == parts.max_model_len  # built again: the same numbers
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(host_cache_bytes=1 << 20), "host_cache_bytes"),
+    (dict(prefix_cache_snapshot="unused-snapshot-dir"), "prefix_cache_snapshot"),
+    (dict(kv_role="decode"), "kv_role"),
+    (dict(async_scheduling=False, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "speculative_config"),
+])
+def test_a_config_the_runner_declares_it_cannot_serve_is_refused_naming_the_field(kwargs, field):
+    """The simulated runner declares no pool and no draft verification (`RunnerCapabilities`)."""
+    runner = _simulated_tiny()
+    assert not runner.capabilities.owns_kv_pool and not runner.capabilities.verifies_drafts
+    with pytest.raises(ValueError, match=rf"^{field} needs "):
+        EngineBuilder(EngineConfig(model="tiny", num_blocks=8, **kwargs), runner=runner).build()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.logit_controls import DROPPED, LogitControls, apply_logit_controls
+from jaxpaged.mathutils import DROPPED
+from jaxpaged.runner.logit_controls import LogitControls, apply_logit_controls
 from jaxpaged.sampling_params import SamplingParams
 from tests.paged_driver import dense_logits
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.sampling import SamplingBatch, sample
+from jaxpaged.runner.sampling import SamplingBatch, sample
 from jaxpaged.sampling_params import SamplingParams
 
 ROWS = 6000

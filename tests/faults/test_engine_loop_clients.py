@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.sampling import SamplingBatch, sample
+from jaxpaged.runner.sampling import SamplingBatch, sample
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine, EngineDeadError, reset_prefix_cache
 

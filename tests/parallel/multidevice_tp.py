@@ -21,8 +21,8 @@ from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.step_input import ScheduledSeq, build_step_input
 
 BS = 4
 SHARED = list(range(40, 61))  # 5 full blocks shared by half the prompts

@@ -11,10 +11,10 @@ import pytest
 
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.runner import InputBatch
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from jaxpaged.sampling_params import SamplingParams, sequence_seed
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, ModelOutput, Scheduler, SchedulerConfig
 from jaxpaged.sequence import Request, Sequence
-from jaxpaged.step_input import ScheduledSeq, build_step_input
 
 BS = 4
 FIELDS = ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens", "query_start", "query_lens",

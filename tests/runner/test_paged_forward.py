@@ -8,7 +8,7 @@ import pytest
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from tests.paged_driver import dense_logits, drive
 
 ATOL = 2e-4

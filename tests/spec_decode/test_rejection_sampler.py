@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import chisquare
 
-from jaxpaged.sampling import SamplingBatch, sample
-from jaxpaged.spec_decode.rejection import NO_DRAFT, verify_draft_tokens
+from jaxpaged.runner.rejection import NO_DRAFT, verify_draft_tokens
+from jaxpaged.runner.sampling import SamplingBatch, sample
 
 ROWS = 6000
 PROBS = np.array([0.05, 0.4, 0.1, 0.3, 0.15])

@@ -115,7 +115,7 @@ def test_min_p_keeps_only_tokens_near_the_top():
     import jax
     import jax.numpy as jnp
 
-    from jaxpaged.sampling import SamplingBatch, sample
+    from jaxpaged.runner.sampling import SamplingBatch, sample
     rng = np.random.default_rng(0)
     rows, vocab, min_p = 8, 64, 0.3
     logits = rng.normal(size=(rows, vocab)).astype(np.float32) * 3

@@ -26,7 +26,7 @@ from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from pallas_kernels import ragged_paged_attention_mgpu as mgpu
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
@@ -65,7 +65,7 @@ CPU_BACKENDS = ("xla_reference", "xla")
 
 def peak_bandwidth(device) -> float | None:
     """Peak HBM bytes/s of a known GPU, else None."""
-    kind = getattr(device, "device_kind", "")
+    kind = device.device_kind
     return next((peak for name, peak in PEAK_HBM_BYTES_PER_S.items() if name in kind), None)
 
 
@@ -276,7 +276,7 @@ def machine() -> dict:
     """What the report was measured on: the first device, JAX's backend and version, the host, its peak bandwidth."""
     device = jax.devices()[0]
     return {
-        "device": getattr(device, "device_kind", str(device)),
+        "device": device.device_kind,
         "backend": jax.default_backend(),
         "jax": jax.__version__,
         "host": platform.node(),

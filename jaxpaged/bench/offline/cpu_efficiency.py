@@ -17,7 +17,7 @@ from jaxpaged.checkpoint import model_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 
 
 def measure(config_name: str, decode_batch: int, decode_context: int, prefill_lens: list[int],

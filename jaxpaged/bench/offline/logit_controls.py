@@ -13,11 +13,11 @@ import time
 import numpy as np
 
 from jaxpaged.bench.output import markdown_table
-from jaxpaged.buckets import pow2_bucket
 from jaxpaged.config import ModelConfig
-from jaxpaged.logit_controls import LogitControls
+from jaxpaged.mathutils import pow2_bucket
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.runner.logit_controls import LogitControls
+from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
 
 
 def penalised(step: StepInput, context: int, vocab: int, rng: np.random.Generator, num_bias: int = 8) -> StepInput:

@@ -226,10 +226,9 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     over `repeats` timed runs after one compiling run. Returns rows of case,
     padding, median ms.
     """
-    from jaxpaged.buckets import StepBuckets
     from jaxpaged.checkpoint import load_model
-    from jaxpaged.runner import ModelRunner
-    from jaxpaged import step_input
+    from jaxpaged.runner import ModelRunner, step_input
+    from jaxpaged.runner.buckets import StepBuckets
 
     runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import StepInput
+from jaxpaged.runner.step_input import StepInput
 
 # innermost-first: the first of these function names on an op's stack decides its part
 CATEGORIES = {

@@ -20,7 +20,7 @@ from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
-from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
 
 
 @dataclasses.dataclass(frozen=True)

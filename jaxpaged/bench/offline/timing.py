@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from jaxpaged.runner import ModelRunner, Runner, StepHandle
+from jaxpaged.runner.step_input import StepInput
 from jaxpaged.scheduler import ModelOutput, SchedulerOutput
-from jaxpaged.step_input import StepInput
 
 
 class TimedRunner:
@@ -28,6 +28,7 @@ class TimedRunner:
         self.config = runner.config
         self.block_size = runner.block_size
         self.num_blocks = runner.num_blocks
+        self.capabilities = runner.capabilities.of_steps()
         self.device_s = 0.0
         self.compile_s = 0.0
         self.num_steps = 0

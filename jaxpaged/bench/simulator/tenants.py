@@ -54,7 +54,7 @@ def run_policy(deployment: Deployment, load: TenantLoad, policy: str) -> dict:
     """Serve ``load`` under ``policy`` in simulated time; each tenant's TTFT/TPOT p50/p99 (seconds) and count."""
     config = dataclasses.replace(deployment.engine_config(), scheduling_policy=policy)
     engine, clock = make_sim_engine(config, deployment.model_config, deployment.cost_model())
-    return serve_load(engine, clock, load, deployment.model_config.vocab_size)
+    return serve_load(engine, clock, load, deployment.model_config.vocab_size, advance_to=clock.advance_to)
 
 
 def run_policy_cpu(model: str, load: TenantLoad, policy: str, **engine_options) -> dict:
@@ -68,8 +68,9 @@ def run_policy_cpu(model: str, load: TenantLoad, policy: str, **engine_options) 
                       time_offset=start)
 
 
-def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float = 0.0) -> dict:
-    """Step ``engine`` through ``load``'s arrivals on ``clock`` (``advance_to`` when it has one, else waits)."""
+def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float = 0.0, *, advance_to=None) -> dict:
+    """Step ``engine`` through ``load``'s arrivals on ``clock``; idle, it jumps to the next arrival with
+    ``advance_to`` (a simulated clock's) or else waits for it."""
     import time
     params = SamplingParams(temperature=0, max_tokens=load.output_len, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.FINAL_ONLY)
@@ -85,8 +86,8 @@ def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float =
             engine.add_request(rid, prompt, params, arrival_time=arrival + time_offset, tenant=tenant,
                                priority=0 if tenant == "light" else 1)
         if not engine.has_unfinished_requests():
-            if hasattr(clock, "advance_to"):
-                clock.advance_to(pending[-1][0])
+            if advance_to is not None:
+                advance_to(pending[-1][0])
             else:
                 time.sleep(max(pending[-1][0] - clock(), 0.0))
             continue

@@ -17,7 +17,7 @@ EVICTION_POLICIES = tuple(POLICIES)
 def make_policy(policy: str | EvictionPolicy, num_blocks: int) -> EvictionPolicy:
     """The policy named ``policy`` (one of ``EVICTION_POLICIES``) for a pool of ``num_blocks``, or
     ``policy`` itself when it is already an instance."""
-    if isinstance(policy, EvictionPolicy):
+    if not isinstance(policy, str):  # a policy object given whole
         return policy
     cls = POLICIES.get(policy)
     if cls is None:

@@ -31,7 +31,7 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.request_stream import EngineDeadError, refuse_overlong
 from jaxpaged.server.tenant_admission import AdmissionLimits
 from jaxpaged.server.engine_client import ModelInfo
-from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaCacheView, ReplicaReport
+from jaxpaged.server.replicas.messages import Accepted, RemoteError, ReplicaReport
 from jaxpaged.server.replicas.metrics import merge_replica_metrics
 from jaxpaged.server.replicas.pinned_router import live_replica_ids
 from jaxpaged.server.replicas.replica import RESYNC
@@ -274,12 +274,13 @@ class ReplicaPool:
                    "routed_requests": state.routed if state else None,
                    "in_flight": state.in_flight if state else None,
                    "reported_load": dataclasses.asdict(state.reported) if state else None}
-            if isinstance(view, ReplicaCacheView) and view.replica_id == replica:
+            if isinstance(view, BaseException):  # the call failed
+                row |= {"cached_hashes": None, "error": repr(view)}
+            elif view.replica_id != replica:
+                row |= {"cached_hashes": None, "error": f"answered by {view.replica_id}"}
+            else:
                 row |= {"cached_hashes": sorted(h.hex() for h in view.cached_hashes),
                         "load": dataclasses.asdict(view.load)} | view.extra
-            else:
-                row |= {"cached_hashes": None, "error": repr(view) if isinstance(view, BaseException)
-                        else f"answered by {getattr(view, 'replica_id', None)}"}
             rows.append(row)
         return rows
 
@@ -343,4 +344,4 @@ class _ReplicaStream:
 
 def _device_tier(events: list[KVEvent]) -> list[KVEvent]:
     """The device tier's events: the index mirrors what a replica can hit without a transfer."""
-    return [e for e in events if getattr(e, "tier", DEVICE_TIER) == DEVICE_TIER]
+    return [e for e in events if e.tier == DEVICE_TIER]

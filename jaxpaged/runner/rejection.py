@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.sampling import SamplingBatch, filter_mask, filters, gumbel_noise, uniform_noise
+from jaxpaged.runner.sampling import SamplingBatch, filter_mask, filters, gumbel_noise, uniform_noise
 
 NO_DRAFT = -1  # a row with no draft after it (each span's last row, and padding)
 ACCEPT_SALT = 1  # the uniform stream of the acceptance test (see `uniform_noise`)
@@ -51,7 +51,7 @@ def verify_draft_tokens(logits: Float[Array, "R V"], drafts: Int[Array, "R"], pa
 
     `logits` are the raw logits at the rows; `params` holds each row's sampling
     settings and the counter (index among the sequence's generated tokens) of
-    the token the row decides. Like `jaxpaged.sampling.sample`, the step takes
+    the token the row decides. Like `jaxpaged.runner.sampling.sample`, the step takes
     the cheapest path at run time: argmax when every row is greedy, no sort
     unless some sampled row filters (top-k, top-p, min-p).
     """

@@ -9,7 +9,7 @@ Two builders make the same layout: the engine's runner cuts it from its
 persistent batch with vectorised numpy (`jaxpaged.runner.input_batch`), and
 `build_step_input` lays out a list of `ScheduledSeq` one sequence at a time
 (tests, benchmarks, calibration; the reference the persistent batch is tested
-against). `step_buckets` (`jaxpaged.buckets`) is the padding rule both use.
+against). `step_buckets` (`jaxpaged.runner.buckets`) is the padding rule both use.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import chex
 import numpy as np
 
 from jaxpaged.attention.batch import StepLayout
-from jaxpaged.buckets import StepBuckets, step_buckets
-from jaxpaged.logit_controls import LogitControls
 from jaxpaged.mathutils import cdiv
+from jaxpaged.runner.buckets import StepBuckets, step_buckets
+from jaxpaged.runner.logit_controls import LogitControls
 from jaxpaged.structured.bitmask import TokenMasks
 
 
@@ -74,7 +74,7 @@ class StepInput:
     prompt_logprob_rows: np.ndarray | None = None  # [P] int32
     prompt_logprob_targets: np.ndarray | None = None  # [P] int32
     num_prompt_top_logprobs: int = 0
-    # speculative decoding: token rows whose next token is verified (padded; see jaxpaged.spec_decode.rejection):
+    # speculative decoding: token rows whose next token is verified (padded; see jaxpaged.runner.rejection):
     # the draft after each row (-1: none), its sequence's batch row, and the counter of the token it decides
     verify_rows: np.ndarray | None = None  # [V] int32
     verify_drafts: np.ndarray | None = None  # [V] int32

@@ -32,7 +32,7 @@ def sample(logits: Float[Array, "S V"], params: SamplingBatch,
            processed: Float[Array, "S V"] | None = None) -> tuple[Int[Array, "S"], Float[Array, "S"]]:
     """Sample one token per row; returns ids and their log-probabilities under the raw logits.
 
-    `processed` (the logits after bias and penalties, `jaxpaged.logit_controls`)
+    `processed` (the logits after bias and penalties, `jaxpaged.runner.logit_controls`)
     is what tokens are chosen from when given; the log-probabilities stay the
     raw logits', as vLLM's default.
 

@@ -89,25 +89,6 @@ def _apply_penalties(logits: Float[Array, "S V"], c: LogitControls, last_tokens:
     return logits.at[rows, output_ids].set(value - c.presence[:, None], mode="drop")
 
 
-class RowControls(NamedTuple):
-    """A sequence's logit controls, as the scheduler hands them to the runner with its row (host values)."""
-
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_tokens: int = 0
-    stop_ids: tuple[int, ...] = ()  # masked while fewer than min_tokens tokens are out (stop ids + EOS)
-    repetition: float = 1.0
-    frequency: float = 0.0
-    presence: float = 0.0
-    bad_words: tuple[tuple[int, ...], ...] = ()  # token ids of each bad word (output must not contain them)
-
-    @property
-    def uses_penalties(self) -> bool:
-        return self.repetition != 1.0 or bool(self.frequency) or bool(self.presence)
-
-
-DROPPED = 2**30  # a row or token index past any batch or vocabulary: the scatters drop it
-
-
 def empty_controls() -> LogitControls:
     """Controls with no row using any (zero-size arrays: the step skips them when tracing)."""
     i32, f32 = np.int32, np.float32

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.mathutils import next_power_of_two
+from jaxpaged.mathutils import pow2_bucket
 
 MIN_PREFILL_TOKENS = 16
 # a step whose only multi-token rows verify draft tokens (k + 1 tokens each, k <= 7 fits one bucket at batch 1):
@@ -26,13 +26,6 @@ MIN_PREFILL_TOKENS = 16
 MIN_VERIFY_TOKENS = 8
 MIN_BLOCKS_PER_SEQ = 4
 MIN_DECODE_BLOCKS_PER_SEQ = 32
-
-
-def pow2_bucket(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum); 0 stays 0 (an absent group)."""
-    if n <= 0:
-        return 0
-    return next_power_of_two(max(n, minimum))
 
 
 @dataclasses.dataclass(frozen=True)
