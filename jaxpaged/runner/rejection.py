@@ -39,7 +39,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.runner.sampling import SamplingBatch, filter_mask, filters, gumbel_noise, uniform_noise
+from jaxpaged.runner.sampling import (SamplingBatch, filter_mask, filters, first_argmax, gumbel_noise,
+                                      token_logprobs, uniform_noise)
 
 NO_DRAFT = -1  # a row with no draft after it (each span's last row, and padding)
 ACCEPT_SALT = 1  # the uniform stream of the acceptance test (see `uniform_noise`)
@@ -56,8 +57,7 @@ def verify_draft_tokens(logits: Float[Array, "R V"], drafts: Int[Array, "R"], pa
     unless some sampled row filters (top-k, top-p, min-p).
     """
     logits = logits.astype(jnp.float32)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = first_argmax(logits)
     vocab = logits.shape[-1]
     sampling = params.temperature > 0
     filtering = filters(params, vocab)
@@ -74,7 +74,7 @@ def verify_draft_tokens(logits: Float[Array, "R V"], drafts: Int[Array, "R"], pa
             accept = has_draft & (uniform_noise(params.seeds, params.counters, ACCEPT_SALT) < p_draft)
             # the residual for a point-mass draft: p without the draft (a row without a draft draws from p)
             residual = jnp.where(is_draft, -jnp.inf, scaled)
-            drawn = jnp.argmax(residual + gumbel_noise(params.seeds, params.counters, vocab), axis=-1)
+            drawn = first_argmax(residual + gumbel_noise(params.seeds, params.counters, vocab))
             # p(d) = 1 up to rounding leaves no residual: keep the draft rather than a token outside p
             drawn = jnp.where(jnp.isfinite(residual).any(axis=-1), drawn, drafts)
             tokens = jnp.where(accept, drafts, drawn)
@@ -84,4 +84,4 @@ def verify_draft_tokens(logits: Float[Array, "R V"], drafts: Int[Array, "R"], pa
     tokens = jax.lax.cond(
         jnp.any(filtering), rejection_sample(filtered=True),
         lambda: jax.lax.cond(jnp.any(sampling), rejection_sample(filtered=False), lambda: greedy))
-    return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return tokens, token_logprobs(logits, tokens)

@@ -152,7 +152,7 @@ def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
     assert jp["num_compiles"] == 0
     ratio = result["ratios"]["output_token_throughput: jaxpaged/hf"]
     assert ratio == pytest.approx(jp["output_token_throughput"] / hf["output_token_throughput"])
-    assert result["token_agreement"] == 1.0  # greedy, float32: the same tokens
+    assert result["token_agreement"] == {"hf": 1.0}  # greedy, float32: the same tokens
     assert (tmp_path / "ck" / "tiny-seed0" / "config.json").is_file()  # the config, saved as HF once
     assert (tmp_path / "t.md").read_text().startswith("| metric | jaxpaged | hf |")
     assert "output_token_throughput: jaxpaged/hf" in proc.stdout

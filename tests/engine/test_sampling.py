@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.runner.sampling import SamplingBatch, sample
+from jaxpaged.runner.sampling import SamplingBatch, first_argmax, sample, token_logprobs
 from jaxpaged.sampling_params import SamplingParams
 
 ROWS = 6000
@@ -80,3 +80,20 @@ def test_a_rows_token_does_not_depend_on_which_path_the_step_takes():
     np.testing.assert_array_equal(greedy_only, np.argmax(np.asarray(logits), axis=-1))
     np.testing.assert_array_equal(mixed_greedy[half], greedy_only[half])
     np.testing.assert_array_equal(mixed_greedy[~half], unfiltered[~half])
+
+
+def test_first_argmax_and_token_logprobs_match_numpy():
+    """The CPU argmax (max, then least index) breaks ties and meets NaN as np.argmax does; the chosen
+    token's log-probability equals the full log-softmax's entry."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 1000)).astype(np.float32)
+    x[1, [5, 700]] = 9.0  # a tie: the first index wins
+    x[2, :] = -np.inf
+    x[2, 40] = 0.0  # one finite entry among -inf
+    x[3, [17, 900]] = np.nan  # NaN counts as the maximum, first one wins
+    ids = np.asarray(jax.jit(first_argmax)(jnp.asarray(x)))
+    np.testing.assert_array_equal(ids, np.argmax(x, axis=-1))
+    finite = jnp.asarray(x[[0, 1, 2, 4, 5]])
+    tokens = jnp.asarray([3, 700, 40, 999, 0], jnp.int32)
+    expected = jnp.take_along_axis(jax.nn.log_softmax(finite, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    np.testing.assert_allclose(np.asarray(token_logprobs(finite, tokens)), np.asarray(expected), atol=1e-5)

@@ -124,15 +124,16 @@ class JaxpagedBackend:
     name = "jaxpaged"
 
     def __init__(self, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
-                 temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits()):
-        """Build the engine (pool sized by `limits`) and make the first call over `prompts`."""
+                 temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits(),
+                 dtype: str | None = None):
+        """Build the engine (pool sized by `limits`, weights in `dtype`) and make the first call over `prompts`."""
         self.prompts = [list(p) for p in prompts]
         max_len = max(len(p) for p in prompts) + output_len
         num_blocks = limits.num_blocks or len(prompts) * cdiv(max_len, limits.block_size) + 1
         start = time.perf_counter()
         self.llm = LLM(str(checkpoint), block_size=limits.block_size, num_blocks=num_blocks, max_model_len=max_len,
                        max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                       enable_prefix_caching=limits.enable_prefix_caching, seed=seed)
+                       enable_prefix_caching=limits.enable_prefix_caching, seed=seed, dtype=dtype)
         self.load_s = time.perf_counter() - start
         self.params = [SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True,
                                       detokenize=False, seed=seed + i if temperature > 0 else None)
@@ -154,6 +155,9 @@ class JaxpagedBackend:
         computed = sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs)
         return BackendRun(self.name, token_ids, elapsed, self.warmup_s, self.load_s, engine.num_compiles - compiles,
                           computed)
+
+    def close(self) -> None:
+        """Nothing to release: the engine goes with the object."""
 
 
 class HFBackend:
@@ -182,6 +186,9 @@ class HFBackend:
         start = time.perf_counter()
         token_ids = self._hf.generate(self.model, self.prompts, **self.kwargs)
         return BackendRun(self.name, token_ids, time.perf_counter() - start, self.warmup_s, self.load_s)
+
+    def close(self) -> None:
+        """Nothing to release: the model goes with the object."""
 
 
 def summarize(run: BackendRun, prompts: Sequence[Sequence[int]]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Offline throughput results: medians over repeats, jaxpaged/hf ratios, greedy agreement and a Markdown table."""
+"""Offline throughput results: medians over repeats, jaxpaged/peer ratios (hf, vllm), greedy agreement and a Markdown table."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ _RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_
 
 def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequence[Sequence[int]],
                       floor: GemmFloor | None = None) -> dict:
-    """Every run's summary, the per-backend medians and, with both backends, the jaxpaged/hf ratios.
+    """Every run's summary, the per-backend medians and, for each peer run beside jaxpaged, the jaxpaged/peer ratios.
 
-    `token_agreement` is the fraction of prompts whose generated ids are the
-    same in both backends' first measured runs (meaningful for greedy runs).
+    `token_agreement[peer]` is the fraction of prompts whose generated ids are the
+    same in jaxpaged's and the peer's first measured runs (meaningful for greedy runs).
     With a `floor`, each summary also gets its GEMM floor and elapsed/floor,
     and the ratios the largest jaxpaged/hf that floor allows
     (jaxpaged/throughput_floor.py).
@@ -28,14 +28,16 @@ def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequenc
     result["median"] = {name: median_summary(summaries) for name, summaries in result["runs"].items()}
     if floor is not None:
         result["gemm_floor"] = dataclasses.asdict(floor)
-    if "jaxpaged" in runs and "hf" in runs:
-        jp, hf = result["median"]["jaxpaged"], result["median"]["hf"]
-        result["ratios"] = {f"{metric}: jaxpaged/hf": jp[metric] / hf[metric] for metric in _RATIO_METRICS}
+    for peer in (name for name in runs if name != "jaxpaged" and "jaxpaged" in runs):
+        jp, other = result["median"]["jaxpaged"], result["median"][peer]
+        ratios = result.setdefault("ratios", {})
+        ratios.update({f"{metric}: jaxpaged/{peer}": jp[metric] / other[metric] for metric in _RATIO_METRICS})
         if floor is not None:
-            result["ratios"]["largest possible at the GEMM floor: hf elapsed / jaxpaged floor"] = (
-                hf["elapsed_s"] / jp["gemm_floor_s"])
-        pairs = zip(runs["jaxpaged"][0].token_ids, runs["hf"][0].token_ids)
-        result["token_agreement"] = sum(a == b for a, b in pairs) / len(prompts)
+            ratios[f"largest possible at the GEMM floor: {peer} elapsed / jaxpaged floor"] = (
+                other["elapsed_s"] / jp["gemm_floor_s"])
+        pairs = zip(runs["jaxpaged"][0].token_ids, runs[peer][0].token_ids)
+        agreement = result.setdefault("token_agreement", {})
+        agreement[peer] = sum(a == b for a, b in pairs) / len(prompts)
     return result
 
 
@@ -71,6 +73,7 @@ def throughput_table(result: Mapping) -> str:
     table = markdown_table(["metric", *names], [[label, *(fmt.format(medians[n][key]) for n in names)]
                                                 for label, key, fmt in _ROWS if key in medians[names[0]]])
     if "ratios" in result:
-        table += "\n\n" + ratio_table(result["ratios"],
-                                       [["prompts with identical outputs", f"{result['token_agreement']:.0%}"]])
+        agreement = [[f"prompts with identical outputs, jaxpaged and {peer}", f"{share:.0%}"]
+                     for peer, share in result["token_agreement"].items()]
+        table += "\n\n" + ratio_table(result["ratios"], agreement)
     return table

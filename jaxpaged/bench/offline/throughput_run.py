@@ -28,25 +28,37 @@ from jaxpaged.bench.offline.throughput import (
 from jaxpaged.bench.offline.throughput_floor import measure_gemm_floor
 from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
 
-BACKENDS = ("jaxpaged", "hf", "both")
+BACKENDS = ("jaxpaged", "hf", "vllm")  # --backend takes a comma-separated list of these, or "both" (jaxpaged,hf)
 
 
 @dataclasses.dataclass(frozen=True)
 class ThroughputRun:
     """Which backends run, how each generates, how often they are measured, and whether the GEMM floor is timed."""
 
-    backend: str = "both"  # jaxpaged, hf or both
+    backend: str = "both"  # comma-separated BACKENDS, or both (= jaxpaged,hf)
     temperature: float = 0.0
     repeats: int = 1
     limits: EngineLimits = EngineLimits()
     hf_batch_size: int | None = None  # None: every prompt in one static batch
     hf_threads: int = 2
     gemm_floor: bool = True
+    dtype: str | None = None  # weights and activations of every backend (None: the checkpoint's)
+    vllm_python: str | None = None  # the Python of a vLLM install (vllm backend)
+    vllm_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND (None: every core)
 
     def __post_init__(self) -> None:
-        """Refuse an unknown backend."""
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        """Refuse an unknown backend, and vllm without its Python."""
+        unknown = [name for name in self.backends if name not in BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"backend must be a comma-separated list of {BACKENDS} or 'both', got {self.backend!r}")
+        if "vllm" in self.backends and not self.vllm_python:
+            raise ValueError("the vllm backend needs vllm_python: the Python of a vLLM install (--vllm_python)")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends to measure, jaxpaged first."""
+        names = ("jaxpaged", "hf") if self.backend == "both" else tuple(n.strip() for n in self.backend.split(","))
+        return tuple(sorted(set(names), key=lambda n: BACKENDS.index(n) if n in BACKENDS else -1))
 
 
 def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]], spec: PromptSpec) -> list:
@@ -58,16 +70,20 @@ def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]
     from jaxpaged.bench.offline.hf_backend import HFBackendMissing
     common = {"output_len": spec.output_len, "temperature": run.temperature, "seed": spec.seed}
     backends = []
-    if run.backend in ("hf", "both"):
+    if "hf" in run.backends:
         try:
             backends.append(HFBackend(checkpoint, prompts, batch_size=run.hf_batch_size, num_threads=run.hf_threads,
                                       **common))
         except HFBackendMissing as err:
-            if run.backend == "hf":
+            if run.backends == ("hf",):
                 raise
             print(f"skipping --backend=hf: {err}", file=sys.stderr)
-    if run.backend in ("jaxpaged", "both"):
-        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=run.limits, **common))
+    if "vllm" in run.backends:
+        from jaxpaged.bench.offline.vllm_backend import VllmBackend
+        backends.append(VllmBackend(run.vllm_python, checkpoint, prompts, limits=run.limits,
+                                    dtype=run.dtype or "auto", threads_bind=run.vllm_threads_bind, **common))
+    if "jaxpaged" in run.backends:
+        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=run.limits, dtype=run.dtype, **common))
     for backend in backends:
         logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
     return backends
@@ -89,11 +105,15 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
     prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
     backends = build_backends(run, checkpoint, prompts, spec)
     runs = {b.name: [] for b in backends}
-    for repeat in range(run.repeats):
+    try:
+        for repeat in range(run.repeats):
+            for backend in backends:
+                runs[backend.name].append(backend.measure())
+                logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, run.repeats,
+                             runs[backend.name][-1].elapsed_s)
+    finally:
         for backend in backends:
-            runs[backend.name].append(backend.measure())
-            logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, run.repeats,
-                         runs[backend.name][-1].elapsed_s)
+            backend.close()
     floor = None
     if run.gemm_floor:  # after the passes, so its timing runs cannot disturb them
         from jaxpaged.checkpoint import load_model

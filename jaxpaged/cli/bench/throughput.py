@@ -4,12 +4,14 @@
         --input_len=256 --prefix_len=64 --output_len=64 --repeats=3 \
         --json_out=out/bench_throughput.json --md_out=out/bench_throughput.md
 
-The jaxpaged/hf counterpart of vLLM's `benchmark_throughput --backend=vllm|hf`:
+The counterpart of vLLM's `benchmark_throughput --backend=vllm|hf`, with jaxpaged beside either:
 every prompt is sent at once and generates exactly `--output_len` tokens (EOS
 ignored); requests/s, output tokens/s and total tokens/s are of the measured
-pass alone (compile and warm-up are reported apart). `--backend=both` runs the
-two in one process, interleaved over `--repeats`, and reports medians and the
-jaxpaged/hf ratios. `--model` is a Hugging Face checkpoint directory, or a
+pass alone (compile and warm-up are reported apart). `--backend=both` runs
+jaxpaged and hf in one process, interleaved over `--repeats`, and reports
+medians and the jaxpaged/peer ratios. `--backend=jaxpaged,vllm
+--vllm_python=PATH` runs vLLM from its own install in a subprocess, given every
+core (jaxpaged/bench/offline/vllm_backend.py). `--model` is a Hugging Face checkpoint directory, or a
 shipped config saved once as one under `--checkpoint_dir` (random weights from
 `--seed`). The hf backend needs the `hf` extra (torch + transformers); without
 it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
@@ -36,8 +38,13 @@ from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-BACKEND = FLAGS.DEFINE_enum("backend", "both", list(BACKENDS),
-                            "jaxpaged, hf (transformers on torch CPU), or both side by side")
+BACKEND = FLAGS.DEFINE_string("backend", "both",
+                              "comma-separated backends measured side by side, passes alternating: jaxpaged, hf "
+                              "(transformers on torch CPU), vllm (a vLLM install, --vllm_python); both = jaxpaged,hf")
+VLLM_PYTHON = FLAGS.DEFINE_string("vllm_python", None, "vllm: the Python of a vLLM install (its own venv: vLLM's "
+                                  "CPU build wants its own torch); run as a subprocess on the same checkpoint")
+VLLM_THREADS_BIND = FLAGS.DEFINE_string("vllm_threads_bind", None, "vllm: VLLM_CPU_OMP_THREADS_BIND (default: every "
+                                        "core, e.g. 0-1, with no core reserved for vLLM's front end)")
 SHARED = EngineFlags(FLAGS, ["model", "compile_cache_dir"], defaults={"model": "tiny"})
 MODEL, COMPILE_CACHE = SHARED.holders["model"], SHARED.holders["compile_cache_dir"]
 CHECKPOINT_DIR = FLAGS.DEFINE_string("checkpoint_dir", "out/hf-checkpoints",
@@ -52,6 +59,7 @@ REPEATS = FLAGS.DEFINE_integer("repeats", 1, "measured passes per backend, inter
 # the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once)
 ENGINE = EngineFlags(FLAGS, ["block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks",
                              "enable_prefix_caching"], defaults={"max_num_batched_tokens": 2048})
+DTYPE = EngineFlags(FLAGS, ["dtype"]).holders["dtype"]  # jaxpaged's and vLLM's (hf stays float32)
 HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
 HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
 GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
@@ -60,6 +68,11 @@ OUT = OutputFlags(FLAGS)
 
 FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_size", "hf_threads")
 FLAGS.non_negative("prefix_len", "temperature", "seed")
+FLAGS.register_validator("backend", lambda v: v == "both" or all(
+    n.strip() in BACKENDS for n in v.split(",")), message=f"--backend must list some of {BACKENDS}, or be both")
+FLAGS.register_multi_flags_validator(
+    ["backend", "vllm_python"], lambda f: "vllm" not in f["backend"] or f["vllm_python"],
+    message="--backend=vllm needs --vllm_python=PATH: the Python of a vLLM install")
 FLAGS.register_multi_flags_validator(
     ["prefix_len", "input_len"], lambda f: f["prefix_len"] < f["input_len"],
     message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
@@ -69,7 +82,7 @@ def _settings(spec: PromptSpec) -> dict:
     """The flags that shape the run, for the JSON."""
     return {"model": MODEL.value, "backend": BACKEND.value, "num_prompts": spec.num_prompts,
             "input_len": spec.input_len, "prefix_len": spec.prefix_len, "output_len": spec.output_len,
-            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value,
+            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value, "dtype": DTYPE.value,
             "hf_threads": HF_THREADS.value, "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
             "jaxpaged": ENGINE.kwargs()}
 
@@ -81,7 +94,8 @@ def main(argv):
     spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
     run = ThroughputRun(backend=BACKEND.value, temperature=TEMPERATURE.value, repeats=REPEATS.value,
                         limits=EngineLimits(**ENGINE.kwargs()), hf_batch_size=HF_BATCH_SIZE.value,
-                        hf_threads=HF_THREADS.value, gemm_floor=GEMM_FLOOR.value)
+                        hf_threads=HF_THREADS.value, gemm_floor=GEMM_FLOOR.value, dtype=DTYPE.value,
+                        vllm_python=VLLM_PYTHON.value, vllm_threads_bind=VLLM_THREADS_BIND.value)
     try:
         result, table = run_throughput(run, MODEL.value, CHECKPOINT_DIR.value, spec, _settings(spec))
     except HFBackendMissing as err:

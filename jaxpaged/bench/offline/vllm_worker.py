@@ -1,0 +1,62 @@
+"""vLLM's side of `jaxpaged bench throughput --backend=vllm`, run by the Python of a vLLM install.
+
+A standalone script (it imports vLLM and the standard library only, never
+jaxpaged: vLLM's CPU build wants its own torch, so it lives in its own venv).
+Started by `vllm_backend.VllmBackend` with a JSON job file as its argument, it
+builds `vllm.LLM` on the job's checkpoint and settings, runs one untimed
+`generate` over the prompts (vLLM compiles and warms up its graphs there), then
+answers each `measure` line on stdin with one timed `generate` pass, and stops
+at end of input. Results are JSON lines on stdout prefixed with `RESULT_MARK`,
+as vLLM also logs to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+RESULT_MARK = "JAXPAGED_VLLM_RESULT "
+
+
+def main(job_path: str) -> None:
+    """Build vLLM from the job file, warm it up, then time one pass per `measure` line on stdin."""
+    with open(job_path) as f:
+        job = json.load(f)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    start = time.perf_counter()
+    llm = LLM(model=job["checkpoint"], skip_tokenizer_init=True, dtype=job["dtype"], seed=job["seed"],
+              block_size=job["block_size"], enable_prefix_caching=job["enable_prefix_caching"],
+              max_model_len=job["max_model_len"], max_num_seqs=job["max_num_seqs"],
+              max_num_batched_tokens=job["max_num_batched_tokens"],
+              gpu_memory_utilization=job["memory_fraction"])
+    load_s = time.perf_counter() - start
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    temperature = job["temperature"]
+    params = [SamplingParams(temperature=temperature, max_tokens=job["output_len"], min_tokens=job["output_len"],
+                             ignore_eos=True, detokenize=False, seed=job["seed"] + i if temperature > 0 else None)
+              for i in range(len(prompts))]
+
+    def generate() -> tuple[float, list[list[int]]]:
+        begin = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - begin, [list(o.outputs[0].token_ids) for o in outputs]
+
+    warmup_s, _ = generate()
+    _emit({"ready": True, "load_s": load_s, "warmup_s": warmup_s})
+    for line in sys.stdin:
+        if line.strip() != "measure":
+            continue
+        llm.reset_prefix_cache()  # as the jaxpaged side: nothing reused from the pass before
+        elapsed, token_ids = generate()
+        _emit({"elapsed_s": elapsed, "token_ids": token_ids})
+
+
+def _emit(record: dict) -> None:
+    print(RESULT_MARK + json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
