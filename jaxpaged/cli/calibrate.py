@@ -11,13 +11,13 @@
    compared with the fitted cost model's prediction, overall and by step kind
    (decode-only, prefill-only, prefill chunks batched with decodes).
 
-The work is `jaxpaged.bench.simulator.calibration.run_calibration`.
+The work is `jaxpaged.sim.calibration.run_calibration`.
 """
 
 from __future__ import annotations
 
 from jaxpaged import compile_cache
-from jaxpaged.bench.simulator.calibration import run_calibration
+from jaxpaged.sim.calibration import run_calibration
 from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxpaged.bench.output import write_results
+from jaxpaged.report import write_results
 from jaxpaged.cli.flagset import FlagSet
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from jaxpaged.runner import InputBatch, Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, SchedulerOutput
 from jaxpaged.step_input import ScheduledSeq
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 class RecordingRunner:

@@ -1,9 +1,9 @@
-"""The two-tenant benchmark on the simulated device (jaxpaged/bench/simulator/tenants.py), in simulated time: under
+"""The two-tenant benchmark on the simulated device (jaxpaged/sim/tenants.py), in simulated time: under
 overload the fair and priority policies keep the light tenant's TTFT near its alone value, where fcfs does not."""
 
 import dataclasses
 
-from jaxpaged.bench.simulator.tenants import TenantLoad, run_policy
+from jaxpaged.sim.tenants import TenantLoad, run_policy
 from jaxpaged.sim.scenario import Deployment
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
-from jaxpaged.capacity import hybrid_kv_capacity
+from jaxpaged.bench.capacity import hybrid_kv_capacity
 from jaxpaged.config import load_config
 
 

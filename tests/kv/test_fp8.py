@@ -12,7 +12,7 @@ import pytest
 
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.kv.fp8 import pool_absmax, scales_from_absmax, validate_kv_scales
 from jaxpaged.kv.pool import FP8_MAX, write_layer_kv
 from jaxpaged.model import init_model

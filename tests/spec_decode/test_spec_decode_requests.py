@@ -10,7 +10,7 @@ from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.structured.params import StructuredOutputsParams
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 LOOP = [5, 6, 7, 8] * 6  # a repetitive prompt: prompt lookup always has a proposal
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv

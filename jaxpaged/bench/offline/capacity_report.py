@@ -1,6 +1,6 @@
 """``jaxpaged capacity``: a model's KV capacity on a memory budget, and for sliding-window models the hybrid layout's.
 
-The arithmetic is `jaxpaged.capacity`; this puts the figures a command prints
+The arithmetic is `jaxpaged.bench.capacity`; this puts the figures a command prints
 and writes together.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxpaged.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
+from jaxpaged.bench.capacity import format_capacity, format_hybrid_capacity, hybrid_kv_capacity, kv_capacity
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 
 

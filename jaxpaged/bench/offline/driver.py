@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.kv.pool import pool_bytes

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.config import ModelConfig
 from jaxpaged.logit_controls import LogitControls

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.report import markdown_table
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from jaxpaged.bench.offline.profiling import profile_workload
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config, make_runner
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 def profile_serving(model, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],

@@ -9,7 +9,7 @@ import jax
 
 from jaxpaged.bench.offline.driver import run_workload
 from jaxpaged.bench.offline.timing import TimedRunner
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 class StepTimer:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 

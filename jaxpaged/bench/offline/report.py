@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.offline.driver import RunRecord
-from jaxpaged.bench.output import markdown_table as render_table
+from jaxpaged.report import markdown_table as render_table
 
 
 def _stats(values: Sequence[float], prefix: str) -> dict[str, float]:

@@ -16,7 +16,7 @@ from jaxpaged.bench.offline.timing import TimedRunner
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 # mode name -> EngineConfig overrides
 MODES: dict[str, dict] = {

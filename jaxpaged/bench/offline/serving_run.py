@@ -14,9 +14,9 @@ from tqdm.auto import tqdm
 
 from jaxpaged.bench.offline.report import markdown_table as modes_table
 from jaxpaged.bench.offline.serving import MODES, ServingSetup, compare_modes
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.engine import EngineConfig
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 def mode_of(config: EngineConfig) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import free_port
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 
 CACHE_STATES = ("off", "cold", "warm")

@@ -6,7 +6,7 @@ import numpy as np
 
 from jaxpaged.bench.offline.logit_controls import step_pair
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.config import ModelConfig
 
 

@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table as render_table
+from jaxpaged.report import markdown_table as render_table
 from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from jaxpaged.bench.offline.report import median_summary, ratio_table
 from jaxpaged.bench.offline.throughput import BackendRun, summarize
 from jaxpaged.bench.offline.throughput_floor import GemmFloor
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 
 _RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_throughput")
 

@@ -21,7 +21,7 @@ import httpx
 
 from jaxpaged.bench.online.dashboard import DASHBOARD, PanelQuery, dashboard_queries
 from jaxpaged.bench.online.server_process import ServerProcess, free_port
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 
 SERVER_ARGS = ("--kv_budget_tokens=512", "--max_model_len=256", "--max_num_seqs=4",
                "--max_num_batched_tokens=256", "--kv_cache_metrics_sample=1")

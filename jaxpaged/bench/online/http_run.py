@@ -28,7 +28,7 @@ from jaxpaged.bench.online.online_client import RequestResult, fetch_metric, run
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.online_report import online_markdown_table
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 # a simulated device (jaxpaged serve --device=simulated) counts the seconds it spent in steps

@@ -21,9 +21,9 @@ from jaxpaged.bench.offline.driver import run_workload
 from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult
 from jaxpaged.bench.online.online_report import ROWS
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 def result_from_output(output: RequestOutput) -> RequestResult:

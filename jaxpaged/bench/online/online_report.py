@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 
 from jaxpaged.bench.online.online_metrics import LATENCY_METRICS, PERCENTILES
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 _STATS = ("mean", "median") + tuple(f"p{p}" for p in PERCENTILES)

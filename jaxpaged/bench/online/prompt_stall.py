@@ -11,7 +11,7 @@ import asyncio
 import statistics
 import time
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine

@@ -16,7 +16,7 @@ from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

@@ -14,7 +14,7 @@ every instance, the prompt's K/V moved from prefill to decode instance over
 cache). Each run is scored against every `--ttft_slo_s` x `--tbt_slo_ms` pair
 (`--tbt_stat`: which statistic of a request's gaps between tokens): SLO
 attainment and goodput (requests meeting both per second). The work is
-`jaxpaged.bench.simulator.disaggregation`.
+`jaxpaged.sim.disagg_sweep`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import itertools
 
 from absl import app
 
-from jaxpaged.bench.simulator.disaggregation import slo_name, split_sweep, splits
-from jaxpaged.bench.simulator.serving import describe
+from jaxpaged.sim.disagg_sweep import slo_name, split_sweep, splits
+from jaxpaged.sim.serving_sweep import describe
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -33,7 +33,7 @@ from jaxpaged.router import POLICIES
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, TBT_STATS
-from jaxpaged.traces import CONVERSATION_TRACE, load_trace, trace_workload
+from jaxpaged.sim.traces import CONVERSATION_TRACE, load_trace, trace_workload
 
 FLAGS = FlagSet()
 PROFILE = FLAGS.DEFINE_string("profile", "h200-141gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON "

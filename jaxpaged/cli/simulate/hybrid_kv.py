@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from absl import app
 
-from jaxpaged.bench.simulator.hybrid_kv import compare_layouts, layouts_table
+from jaxpaged.sim.hybrid_kv import compare_layouts, layouts_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags

@@ -11,20 +11,20 @@ Each run serves one workload on N simulated replicas (engines over
 grows with N (`--rate_per_replica` x N Poisson arrivals, `--requests_per_replica`
 x N requests), so every N sees the same load per replica. Goodput counts the
 requests meeting both `--ttft_slo_s` and `--tpot_slo_s`, per simulated second
-(`jaxpaged.bench.simulator.routing`).
+(`jaxpaged.sim.routing_sweep`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.bench.simulator.routing import RoutingLoad, routing_sweep, routing_table
+from jaxpaged.sim.routing_sweep import RoutingLoad, routing_sweep, routing_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.router import POLICIES
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
@@ -33,7 +33,7 @@ ENGINE = EngineFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_bat
                      defaults={"model": "llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 2048})
 MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
 MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
-WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/workloads.py)")
+WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/sim/workloads.py)")
 SCALES = FLAGS.DEFINE_list("scales", ["output_len=64"], "workload length overrides, key=value")
 REPLICAS = FLAGS.DEFINE_list("replicas", ["8", "16", "64"], "replica counts")
 POLICIES_FLAG = FLAGS.DEFINE_list("policies", list(POLICIES), "routing policies")

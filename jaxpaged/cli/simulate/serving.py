@@ -19,7 +19,7 @@ residency numbers (evictions by reason, sampled block lifetimes).
         --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
         --eviction_policies=lru,lfu,sieve,slru
 
-The work is `jaxpaged.bench.simulator.serving`.
+The work is `jaxpaged.sim.serving_sweep`.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ import dataclasses
 
 from absl import app
 
-from jaxpaged.bench.simulator.serving import rate_sweep, trace_replay, trace_requests
+from jaxpaged.sim.serving_sweep import rate_sweep, trace_replay, trace_requests
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.sim import scenario
-from jaxpaged.workloads import WORKLOADS, make_workload
+from jaxpaged.sim.workloads import WORKLOADS, make_workload
 
 FLAGS = FlagSet()
 PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON "
                               "(--tensor_parallel_size of these devices: weights and KV per device, two "
                               "all-reduces per layer over the interconnect)")
-WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
+WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/sim/workloads.py)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 1000, "requests per run")
 SCALES = FLAGS.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
 WEIGHT_BYTES = FLAGS.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = fp8/int8, 0.5 = 4-bit")

@@ -1,8 +1,8 @@
 """Two tenants under overload on the simulated device: one sends 10x the other's rate; each tenant's TTFT and TPOT
 (p50, p99) under each scheduling policy (fcfs, priority, fair), and the light tenant alone (the bound's base).
 
-    python -m jaxpaged.bench.simulator.tenants --model=llama3-8b --profile=h200-141gb
-    python -m jaxpaged.bench.simulator.tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
+    python -m jaxpaged.sim.tenants --model=llama3-8b --profile=h200-141gb
+    python -m jaxpaged.sim.tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
 
 Every step goes through `Engine.step()` (no decode fast-forward), so the fair policy's counters see every
 token. Under ``priority`` the light tenant's requests have priority 0 and the heavy tenant's 1 (the operator

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxpaged.bench.output import markdown_row, markdown_table
+from jaxpaged.report import markdown_row, markdown_table
 from jaxpaged.sim.disaggregated import Pools, PoolsResult, simulate_pools
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 HEADER = ["time scale", "offered (req/s)", "pools", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
           "p50 TBT (ms)", "p99 TBT (ms)", "prefill hit rate", "decode hit rate", "KV moved (GB)",

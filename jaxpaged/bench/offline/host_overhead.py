@@ -94,7 +94,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     tokenizer = None
     constraint = None
     if structured:
-        from jaxpaged.bench.simulator.synthetic_tokenizer import synthetic_bpe_tokenizer
+        from jaxpaged.bench.offline.synthetic_tokenizer import synthetic_bpe_tokenizer
         tokenizer = synthetic_bpe_tokenizer(config.vocab_size)
         runner.avoid_tokens |= set(tokenizer.stop_token_ids)
         constraint = StructuredOutputsParams(grammar=STRUCTURED_GRAMMAR)

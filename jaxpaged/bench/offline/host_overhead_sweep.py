@@ -1,6 +1,6 @@
 """``jaxpaged bench host-overhead``: host time per step over batch sizes and output kinds, and the device-busy fraction.
 
-Each `measure_host_overhead` run (`jaxpaged.bench.simulator.host_overhead`)
+Each `measure_host_overhead` run (`jaxpaged.bench.offline.host_overhead`)
 drives the engine over a stand-in device. `sweep_host_overhead` repeats every
 configuration, interleaved so machine load drifts over all of them alike;
 `host_overhead_tables` reports the medians.
@@ -13,8 +13,8 @@ import platform
 import statistics
 from collections.abc import Iterable, Sequence
 
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.bench.simulator.host_overhead import HostOverhead, measure_host_overhead
+from jaxpaged.report import markdown_table
+from jaxpaged.bench.offline.host_overhead import HostOverhead, measure_host_overhead
 from jaxpaged.outputs import RequestOutputKind
 
 PARTS = ("schedule_ms", "layout_ms", "update_ms", "outputs_ms", "host_ms", "us_per_seq")

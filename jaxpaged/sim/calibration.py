@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from jaxpaged.sim import calibrate
 from jaxpaged.sim.calibrate import ErrorSummary, Shape
@@ -68,7 +68,7 @@ def measure(model_name: str, config: ModelConfig, *, block_size: int = DEFAULT_B
     from jaxpaged.model import init_model
     from jaxpaged.runner import ModelRunner
     from jaxpaged.sim.validate import record_engine_batches
-    from jaxpaged.workloads import make_workload
+    from jaxpaged.sim.workloads import make_workload
     runner = ModelRunner(init_model(config, seed=0), num_blocks=num_blocks, block_size=block_size)
     rng = np.random.default_rng(0)
     shapes = calibrate.calibration_shapes()
