@@ -28,9 +28,9 @@ from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
 from jaxpaged.engine.parts import EngineParts
-from jaxpaged.kv.fp8 import validate_kv_scales
-from jaxpaged.kv.pool import kv_dtype_from_name
-from jaxpaged.model import LlamaModel
+from jaxpaged.kv_pool.fp8 import validate_kv_scales
+from jaxpaged.kv_pool.pool import kv_dtype_from_name
+from jaxpaged.model import DecoderModel
 from jaxpaged.offload.setup import build_tiers
 from jaxpaged.runner import KVPoolRunner, ModelRunner, Runner
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
@@ -43,7 +43,7 @@ class EngineBuilder:
     def __init__(
         self,
         config: EngineConfig,
-        model: LlamaModel | None = None,
+        model: DecoderModel | None = None,
         *,
         tokenizer=None,
         runner: Runner | None = None,

@@ -113,7 +113,7 @@ class QualityBench:
 
     def scales(self, kind: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """fp8 `(k_scale, v_scale)` of `kind` (see the module docstring), calibrated on the model in `dtype`."""
-        from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
+        from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN
         from jaxpaged.runner import calibrate_kv_scales
 
         config = self.model(dtype).config

@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
-from jaxpaged.model import LlamaModel
+from jaxpaged.model import DecoderModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class GemmFloor:
         return prefill + decode
 
 
-def measure_gemm_floor(model: LlamaModel, prefill_rows: int, decode_rows: int, repeats: int = 3) -> GemmFloor:
+def measure_gemm_floor(model: DecoderModel, prefill_rows: int, decode_rows: int, repeats: int = 3) -> GemmFloor:
     """Time the model's weight GEMMs at `prefill_rows` and at `decode_rows` rows on this machine."""
     if prefill_rows < 1 or decode_rows < 1:
         raise ValueError(f"prefill_rows and decode_rows must be at least 1, got {prefill_rows}, {decode_rows}")
