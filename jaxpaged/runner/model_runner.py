@@ -34,17 +34,17 @@ import numpy as np
 from flax import nnx
 
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
-from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
+from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import DecoderModel
 from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
-from jaxpaged.logit_controls import LogitControls, apply_logit_controls, empty_controls
 from jaxpaged.sampling import SamplingBatch
 from jaxpaged.sampling import sample as _sample_tokens
 from jaxpaged.scheduler.output import ModelOutput, SchedulerOutput

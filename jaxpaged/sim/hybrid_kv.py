@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxpaged.report import markdown_table
 from jaxpaged.checkpoint import model_config
+from jaxpaged.report import markdown_table
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.workloads import WorkloadRequest

@@ -15,8 +15,8 @@ from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.runner import InputBatch, Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, SchedulerOutput
-from jaxpaged.step_input import ScheduledSeq
 from jaxpaged.sim.workloads import WorkloadRequest
+from jaxpaged.step_input import ScheduledSeq
 
 
 class RecordingRunner:

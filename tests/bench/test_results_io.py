@@ -36,8 +36,8 @@ def test_markdown_table_aligns_and_refuses_ragged_rows():
 
 
 def test_output_flags_write_each_output_only_where_its_flag_points(tmp_path, capsys):
-    from jaxpaged.cli.output_flags import OutputFlags
     from jaxpaged.cli.flagset import FlagSet
+    from jaxpaged.cli.output_flags import OutputFlags
     fs = FlagSet()
     out = OutputFlags(fs, json_out=str(tmp_path / "default.json"), plot_dir="")
     from matplotlib.figure import Figure

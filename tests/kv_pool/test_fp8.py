@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.kv_pool.fp8 import pool_absmax, scales_from_absmax, validate_kv_scales
 from jaxpaged.kv_pool.pool import FP8_MAX, write_layer_kv
 from jaxpaged.model import init_model

@@ -9,8 +9,8 @@ from jaxpaged.bench.offline.report import summarize
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams
-from jaxpaged.structured.params import StructuredOutputsParams
 from jaxpaged.sim.workloads import WorkloadRequest
+from jaxpaged.structured.params import StructuredOutputsParams
 
 LOOP = [5, 6, 7, 8] * 6  # a repetitive prompt: prompt lookup always has a proposal
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.report import markdown_table
-from jaxpaged.bench.offline.serving import ServingSetup, make_runner, run_mode
 from jaxpaged.bench.capacity import max_concurrent_seqs
+from jaxpaged.bench.offline.serving import ServingSetup, make_runner, run_mode
+from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
 
 # the metrics recorded per (block size, workload), each plotted against block size

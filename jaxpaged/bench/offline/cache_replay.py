@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxpaged.report import markdown_table as render_table
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.config import EngineConfig
+from jaxpaged.report import markdown_table as render_table
 from jaxpaged.sim.traces import TraceRequest, output_token_ids, prompt_token_ids
 
 

@@ -13,9 +13,9 @@ import platform
 import statistics
 from collections.abc import Iterable, Sequence
 
-from jaxpaged.report import markdown_table
 from jaxpaged.bench.offline.host_overhead import HostOverhead, measure_host_overhead
 from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.report import markdown_table
 
 PARTS = ("schedule_ms", "layout_ms", "update_ms", "outputs_ms", "host_ms", "us_per_seq")
 

@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 
-from jaxpaged.report import markdown_table
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.kv_pool.pool import pool_bytes
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 _REQUEST_IDS = itertools.count()

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-from jaxpaged.report import markdown_table
 from jaxpaged.buckets import pow2_bucket
 from jaxpaged.config import ModelConfig
 from jaxpaged.logit_controls import LogitControls
+from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.step_input import ScheduledSeq, StepInput, build_step_input
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxpaged.report import markdown_table
 from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "quality"

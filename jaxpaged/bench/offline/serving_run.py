@@ -14,8 +14,8 @@ from tqdm.auto import tqdm
 
 from jaxpaged.bench.offline.report import markdown_table as modes_table
 from jaxpaged.bench.offline.serving import MODES, ServingSetup, compare_modes
-from jaxpaged.report import markdown_table
 from jaxpaged.engine import EngineConfig
+from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import free_port
-from jaxpaged.report import markdown_table
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
+from jaxpaged.report import markdown_table
 
 CACHE_STATES = ("off", "cold", "warm")
 KINDS = ("generate", "serve")
@@ -226,10 +226,10 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     over `repeats` timed runs after one compiling run. Returns rows of case,
     padding, median ms.
     """
+    from jaxpaged import step_input
     from jaxpaged.buckets import StepBuckets
     from jaxpaged.checkpoint import load_model
     from jaxpaged.runner import ModelRunner
-    from jaxpaged import step_input
 
     runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size)
 

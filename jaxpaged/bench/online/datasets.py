@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxpaged.config import load_config
-from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, WorkloadRequest
+from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 PROMPT_FORMATS = ("tokens", "text")
 # vLLM's ShareGPT filter: drop conversations shorter than this on either side

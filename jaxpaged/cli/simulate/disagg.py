@@ -24,14 +24,14 @@ import itertools
 
 from absl import app
 
-from jaxpaged.sim.disagg_sweep import slo_name, split_sweep, splits
-from jaxpaged.sim.serving_sweep import describe
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.router import POLICIES
+from jaxpaged.sim.disagg_sweep import slo_name, split_sweep, splits
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.scenario import Deployment
+from jaxpaged.sim.serving_sweep import describe
 from jaxpaged.sim.slo import SLO, TBT_STATS
 from jaxpaged.sim.traces import CONVERSATION_TRACE, load_trace, trace_workload
 

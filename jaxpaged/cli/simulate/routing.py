@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.sim.routing_sweep import RoutingLoad, routing_sweep, routing_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.router import POLICIES
+from jaxpaged.sim.routing_sweep import RoutingLoad, routing_sweep, routing_table
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.workloads import WORKLOADS
 

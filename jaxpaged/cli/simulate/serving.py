@@ -28,12 +28,12 @@ import dataclasses
 
 from absl import app
 
-from jaxpaged.sim.serving_sweep import rate_sweep, trace_replay, trace_requests
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.sim import scenario
+from jaxpaged.sim.serving_sweep import rate_sweep, trace_replay, trace_requests
 from jaxpaged.sim.workloads import WORKLOADS, make_workload
 
 FLAGS = FlagSet()

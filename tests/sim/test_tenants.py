@@ -3,8 +3,8 @@ overload the fair and priority policies keep the light tenant's TTFT near its al
 
 import dataclasses
 
-from jaxpaged.sim.tenants import TenantLoad, run_policy
 from jaxpaged.sim.scenario import Deployment
+from jaxpaged.sim.tenants import TenantLoad, run_policy
 
 
 def test_fair_keeps_the_light_tenant_near_alone_and_fcfs_does_not():

@@ -1,7 +1,7 @@
 """`simulate serving`'s rate sweep: each point reported once, and the sustainable rate by its rule."""
 
-from jaxpaged.sim.serving_sweep import SWEEP_HEADER, rate_sweep
 from jaxpaged.sim.scenario import Deployment
+from jaxpaged.sim.serving_sweep import SWEEP_HEADER, rate_sweep
 from jaxpaged.sim.workloads import make_workload
 
 
