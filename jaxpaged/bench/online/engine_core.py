@@ -18,7 +18,7 @@ import resource
 from collections.abc import Mapping, Sequence
 
 from jaxpaged.bench.offline.host_overhead import measure_host_overhead
-from jaxpaged.bench.offline.host_overhead_sweep import median_fields
+from jaxpaged.bench.offline.host_overhead import median_fields
 from jaxpaged.bench.online.datasets import random_requests
 from jaxpaged.bench.online.http_run import DEVICE_BUSY_METRIC
 from jaxpaged.bench.online.online_client import fetch_metric, run_requests

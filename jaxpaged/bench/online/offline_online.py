@@ -20,7 +20,7 @@ import numpy as np
 from jaxpaged.bench.offline.driver import run_workload
 from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult
-from jaxpaged.bench.online.online_report import ROWS
+from jaxpaged.bench.online.online_metrics import ROWS
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest

@@ -17,12 +17,12 @@ median of `--steps` decode steps):
 `--structured` puts every sequence under a grammar (structured output): the
 host then fills each step's token masks and advances the matchers too.
 
-The work is `jaxpaged.bench.offline.host_overhead_sweep`.
+The work is `jaxpaged.bench.offline.host_overhead`.
 """
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.host_overhead_sweep import HostOverheadSweep, host_overhead_tables, sweep_host_overhead
+from jaxpaged.bench.offline.host_overhead import HostOverheadSweep, host_overhead_tables, sweep_host_overhead
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags

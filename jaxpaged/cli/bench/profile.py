@@ -10,7 +10,7 @@ sit between the device steps ("device_step" and the XLA executions).
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.profile_run import profile_serving
+from jaxpaged.bench.offline.profiling import profile_serving
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet

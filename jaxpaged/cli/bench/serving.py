@@ -26,7 +26,7 @@ import dataclasses
 import logging
 
 from jaxpaged.bench.offline.serving import MODES
-from jaxpaged.bench.offline.serving_run import serve_modes, serving_tables
+from jaxpaged.bench.offline.serving import serve_modes, serving_tables
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
