@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxpaged.bench.offline.driver import run_workload
-from jaxpaged.bench.offline.report import summarize
+from jaxpaged.bench.offline.driver import run_workload, summarize
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams

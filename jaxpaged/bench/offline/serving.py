@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from jaxpaged.bench.offline.driver import run_workload
-from jaxpaged.bench.offline.report import markdown_table as modes_table, median_summary, mode_ratios, summarize
+from jaxpaged.bench.offline.driver import markdown_table as modes_table
+from jaxpaged.bench.offline.driver import median_summary, mode_ratios, run_workload, summarize
 from jaxpaged.bench.offline.timing import TimedRunner
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput

@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from jaxpaged.bench.offline.driver import run_workload
-from jaxpaged.bench.offline.report import median_summary, summarize
+from jaxpaged.bench.offline.driver import median_summary, run_workload, summarize
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
 

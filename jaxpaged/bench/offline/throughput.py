@@ -35,7 +35,7 @@ from pathlib import Path
 from absl import logging
 
 from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
-from jaxpaged.bench.offline.report import median_summary, ratio_table
+from jaxpaged.bench.offline.driver import median_summary, ratio_table
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
