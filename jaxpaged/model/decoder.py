@@ -24,7 +24,7 @@ from jaxpaged.model.rope import rope_inv_freq
 
 
 class DecoderModel(nnx.Module):
-    """A causal LM of the Llama family (RMSNorm, RoPE, GQA, gated MLP; tied or untied embeddings)."""
+    """A causal decoder LM: RMSNorm, RoPE, GQA, gated MLP, tied or untied embeddings, and the family switches above."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=None):
         dtype = jnp.dtype(dtype or config.dtype)
