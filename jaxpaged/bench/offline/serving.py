@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from jaxpaged.bench.offline.driver import markdown_table as modes_table
 from jaxpaged.bench.offline.driver import median_summary, mode_ratios, run_workload, summarize
-from jaxpaged.bench.offline.timing import TimedRunner
+from jaxpaged.bench.offline.timing import TimedRunner, alternate
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.report import markdown_table
@@ -94,11 +94,9 @@ def compare_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest
     runner = make_runner(model, setup)
     warm = ({mode: run_mode(model, runner, setup, mode, requests, model_name=model_name) for mode in modes}
             if warmup else {})
-    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
-    for _ in range(repeats):
-        for mode in modes:
-            runs[mode].append(run_mode(model, runner, setup, mode, requests,
-                                       on_finish=on_finish, engine_hook=engine_hook, model_name=model_name))
+    runs = alternate({mode: lambda m=mode: run_mode(model, runner, setup, m, requests, on_finish=on_finish,
+                                                    engine_hook=engine_hook, model_name=model_name) for mode in modes},
+                     repeats)
     medians = {mode: median_summary(r) for mode, r in runs.items()}
     return {"warmup": warm, "runs": runs, "median": medians, "ratios": mode_ratios(medians, RATIO_PAIRS)}
 

@@ -231,6 +231,7 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     padding, median ms.
     """
     from jaxpaged import step_input
+    from jaxpaged.bench.offline.timing import alternate, seconds_of
     from jaxpaged.buckets import StepBuckets
     from jaxpaged.checkpoint import load_model
     from jaxpaged.runner import ModelRunner
@@ -267,15 +268,8 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     }
     rows = []
     for name, (seqs, variants) in cases.items():
-        steps = [padded(seqs, **v) for v in variants]
-        for step in steps:
-            runner.execute(step)  # compile
-        times = [[] for _ in steps]
-        for _ in range(repeats):
-            for i, step in enumerate(steps):
-                start = time.perf_counter()
-                runner.execute(step)
-                times[i].append(time.perf_counter() - start)
+        steps = {i: seconds_of(lambda s=padded(seqs, **v): runner.execute(s)) for i, v in enumerate(variants)}
+        times = alternate(steps, repeats, warmup=1).values()  # the first round compiles
         for variant, ts in zip(variants, times):
             rows.append({"case": name, "padding": ", ".join(f"{k} = {v}" for k, v in variant.items()),
                          "median_ms": 1e3 * statistics.median(ts)})

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult
 from jaxpaged.bench.online.online_metrics import ROWS
@@ -97,12 +98,7 @@ def compare_offline_http(run_offline: Callable[[], tuple[list[RequestResult], fl
     """Run both sides ``repeats`` times, interleaved, after ``warmup_runs`` untimed runs each (compiles)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    for _ in range(warmup_runs):
-        run_offline()
-        run_http()
-    runs: dict[str, list[dict[str, float]]] = {"offline": [], "http": []}
-    for _ in range(repeats):
-        for side, run in (("offline", run_offline), ("http", run_http)):
-            runs[side].append(summarize(*run()))
+    runs = alternate({"offline": run_offline, "http": run_http}, repeats, warmup=warmup_runs)
+    runs = {side: [summarize(*run) for run in side_runs] for side, side_runs in runs.items()}
     medians = {side: median_metrics(r) for side, r in runs.items()}
     return {"runs": runs, "median": medians, "http_cost": http_cost(medians["offline"], medians["http"])}
