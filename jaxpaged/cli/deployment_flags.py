@@ -23,7 +23,8 @@ class DeploymentFlags:
     def __init__(self, fs: FlagSet, engine_fields: Sequence[str], *, profile: str = "a100-80gb",
                  profile_help: str = "", kv_cache_gb: float | None = None,
                  kv_cache_help: str = "KV cache per device in GB (1e9); default: 90% of memory - the device's "
-                                      "weights", engine_defaults: Mapping[str, object] | None = None) -> None:
+                                      "weights", kv_cache_gb_at_least: float = 1e-3,
+                 engine_defaults: Mapping[str, object] | None = None) -> None:
         """Define the flags on ``fs`` (``engine_defaults`` on top of `SIM_ENGINE_DEFAULTS`)."""
         self._profile = fs.DEFINE_string("profile", profile, "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile "
                                          "JSON" + profile_help)
@@ -33,7 +34,8 @@ class DeploymentFlags:
         defaults = {k: v for k, v in {**SIM_ENGINE_DEFAULTS, **(engine_defaults or {})}.items() if k in engine_fields}
         self.engine = EngineFlags(fs, engine_fields, defaults=defaults)
         fs.device_profile("profile")
-        fs.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv_cache_gb")
+        fs.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element")
+        fs.at_least(kv_cache_gb_at_least, "kv_cache_gb")
 
     def deployment(self, **extra) -> Deployment:
         """The deployment the flags describe; a usage error (naming the flags) when its pool cannot be sized."""

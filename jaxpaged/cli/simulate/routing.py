@@ -27,7 +27,8 @@ from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 DEPLOY = DeploymentFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"], kv_cache_gb=4.0,
-                         kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict")
+                         kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict",
+                         kv_cache_gb_at_least=1e-6)
 WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/sim/workloads.py)")
 SCALES = FLAGS.DEFINE_list("scales", ["output_len=64"], "workload length overrides, key=value")
 REPLICAS = FLAGS.DEFINE_list("replicas", ["8", "16", "64"], "replica counts")
