@@ -55,12 +55,16 @@ def test_only_leaf_spans_count():
 @pytest.fixture
 def no_compile_cache():
     """The parts come from the function names in the executable's metadata, which the persistent compile cache's
-    key leaves out: an executable cached before a rename would name the old functions."""
+    key leaves out: an executable cached before a rename would name the old functions (and one an earlier test
+    loaded from that cache stays in this process's own cache)."""
     import jax
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
+
+    from jaxpaged import compile_cache
+    before = compile_cache.resolve_cache_dir(compile_cache.AUTO)
+    compile_cache.configure(None)
+    jax.clear_caches()
     yield
-    jax.config.update("jax_enable_compilation_cache", before)
+    compile_cache.configure(before)
 
 
 def test_a_real_step_splits_into_its_parts(no_compile_cache):
