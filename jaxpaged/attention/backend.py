@@ -14,7 +14,7 @@ from jaxtyping import Array, Float
 
 from jaxpaged.attention import cpu_decode
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
-from jaxpaged.kv.pool import write_layer_kv
+from jaxpaged.kv_pool.pool import write_layer_kv
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 

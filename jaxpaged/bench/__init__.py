@@ -1,2 +1,3 @@
-"""Benchmarks, grouped by what they measure: `offline/` (the engine in-process), `online/` (a live server),
-`simulator/` (the host side against a simulated device); `output.py` writes every result."""
+"""Benchmarks, one module per command's logic, grouped by what they measure: `offline/` (the engine in-process,
+or over a sleeping simulated device), `online/` (a live server); `capacity` (KV capacity arithmetic).
+Every result is written by `jaxpaged.report`."""

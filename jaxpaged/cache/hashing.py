@@ -7,7 +7,7 @@ A full block's hash commits to its whole prefix::
 Canonical byte encoding (version 1), identical on every process and machine:
 
 * ``h_{i-1}``: the parent block's digest. Block 0 has no parent and uses
-  ``ROOT = H(b"jaxpaged.kv-block-hash.v1")`` instead, so every parent field has
+  ``ROOT = H(b"jaxpaged.kv_pool-block-hash.v1")`` instead, so every parent field has
   the algorithm's digest size (32 bytes for SHA-256, 16 for xxh3-128).
 * ``tokens_i``: the block's token ids, each a little-endian signed int64.
 * ``extras_i``: the block's extra keys, each encoded as a one-byte tag, a
@@ -39,7 +39,7 @@ from functools import cache
 import numpy as np
 
 HASH_ALGOS = ("sha256", "xxh3_128")
-_ROOT_MESSAGE = b"jaxpaged.kv-block-hash.v1"
+_ROOT_MESSAGE = b"jaxpaged.kv_pool-block-hash.v1"
 _U64 = struct.Struct("<Q")
 
 

@@ -14,7 +14,7 @@ from jaxpaged.checkpoint.hf import (hf_config_to_model_config, is_hf_checkpoint_
 from jaxpaged.checkpoint.orbax_io import (is_orbax_checkpoint_dir, load_params, read_saved_config,
                                           save_params)
 from jaxpaged.config import ModelConfig, load_config
-from jaxpaged.model.llama import LlamaModel, init_model
+from jaxpaged.model.decoder import DecoderModel, init_model
 from jaxpaged.parallel import TensorParallel
 
 __all__ = ["check_gguf_checkpoint", "convert_hf_to_orbax", "hf_config_to_model_config", "is_gguf_file",
@@ -40,7 +40,7 @@ def model_config(path_or_name: str | Path) -> ModelConfig:
 
 
 def load_model(path_or_name: str | Path, dtype=None, seed: int = 0, *,
-               tensor_parallel_size: int = 1) -> LlamaModel:
+               tensor_parallel_size: int = 1) -> DecoderModel:
     """The model `LLM(model=...)` names.
 
     - a jaxpaged Orbax directory (written by `save_params`): its weights;

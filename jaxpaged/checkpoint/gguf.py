@@ -1,4 +1,4 @@
-"""Load a GGUF checkpoint (llama.cpp's format) into a `LlamaModel`: weights dequantized at load, names mapped.
+"""Load a GGUF checkpoint (llama.cpp's format) into a `DecoderModel`: weights dequantized at load, names mapped.
 
 Every tensor is dequantized by the `gguf` package to float32 numpy, then cast
 to the serving dtype: weights stay dequantized on the device (there are no
@@ -22,7 +22,7 @@ from jaxpaged.checkpoint.hf_names import tensor_mappings
 from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_params, assemble_model
 from jaxpaged.config import ModelConfig
 from jaxpaged.gguf_file import GGUFFile, is_gguf_file, open_gguf
-from jaxpaged.model.llama import LlamaModel
+from jaxpaged.model.decoder import DecoderModel
 
 __all__ = ["SUPPORTED_TENSOR_TYPES", "check_gguf_checkpoint", "is_gguf_file", "load_gguf_checkpoint",
            "read_gguf_config"]
@@ -136,8 +136,8 @@ def check_gguf_checkpoint(path: str | Path) -> ModelConfig:
     return config
 
 
-def load_gguf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
-    """Load the GGUF file `path` into a `LlamaModel`, every tensor dequantized and cast to `dtype`.
+def load_gguf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> DecoderModel:
+    """Load the GGUF file `path` into a `DecoderModel`, every tensor dequantized and cast to `dtype`.
 
     `dtype` defaults to the file's float type when every matrix has one, else
     float32. Raises `ValueError` naming an unsupported architecture, tensor

@@ -13,7 +13,7 @@ from jaxpaged.checkpoint.safetensors_io import (INDEX_FILE, SINGLE_FILE, TensorR
                                                 weight_files, write_safetensors)
 from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_params, assemble_model, model_params
 from jaxpaged.config import ModelConfig
-from jaxpaged.model.llama import LlamaModel
+from jaxpaged.model.decoder import DecoderModel
 
 __all__ = ["hf_config_to_model_config", "is_hf_checkpoint_dir", "load_hf_checkpoint",
            "read_hf_config", "save_hf_checkpoint"]
@@ -33,8 +33,8 @@ def read_hf_config(path: str | Path) -> ModelConfig:
     return hf_config_to_model_config(hf, name=path.resolve().name)
 
 
-def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
-    """Load a Hugging Face checkpoint directory (any supported `model_type`) into a `LlamaModel`.
+def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> DecoderModel:
+    """Load a Hugging Face checkpoint directory (any supported `model_type`) into a `DecoderModel`.
 
     `dtype` (e.g. "bfloat16") overrides the checkpoint's `torch_dtype`; weights
     are cast to it. Raises `ValueError` naming any missing, unexpected or
@@ -55,7 +55,7 @@ def load_hf_checkpoint(path: str | Path, dtype=None, sharding_of: ShardingOf | N
     return assemble_model(config, params, dtype, sharding_of)
 
 
-def save_hf_checkpoint(model: LlamaModel, path: str | Path, *,
+def save_hf_checkpoint(model: DecoderModel, path: str | Path, *,
                        shard_size_bytes: int | None = None) -> None:
     """Write `model` as a Hugging Face checkpoint of its `model_type` (HF names, `[out, in]` Linear weights).
 

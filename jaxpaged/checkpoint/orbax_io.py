@@ -17,7 +17,7 @@ from flax import nnx
 
 from jaxpaged.checkpoint.skeleton import ShardingOf, abstract_param_state, assemble_model
 from jaxpaged.config import ModelConfig
-from jaxpaged.model.llama import LlamaModel
+from jaxpaged.model.decoder import DecoderModel
 
 CONFIG_FILE = "jaxpaged_config.json"
 PARAMS_DIR = "params"
@@ -29,7 +29,7 @@ def is_orbax_checkpoint_dir(path: str | Path) -> bool:
     return (path / CONFIG_FILE).is_file() and (path / PARAMS_DIR).is_dir()
 
 
-def save_params(model: LlamaModel, path: str | Path, *, overwrite: bool = False) -> None:
+def save_params(model: DecoderModel, path: str | Path, *, overwrite: bool = False) -> None:
     """Write `model`'s weights and config under directory `path` (created if needed).
 
     An existing checkpoint there is an error unless `overwrite`.
@@ -50,7 +50,7 @@ def read_saved_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(json.loads((Path(path) / CONFIG_FILE).read_text()))
 
 
-def load_params(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
+def load_params(path: str | Path, dtype=None, sharding_of: ShardingOf | None = None) -> DecoderModel:
     """Rebuild the model saved under `path`; `dtype` casts the weights (default: as saved).
 
     With `sharding_of` (tensor parallelism) Orbax restores each weight straight

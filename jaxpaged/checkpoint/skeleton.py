@@ -1,4 +1,4 @@
-"""Build a `LlamaModel` from a config and a set of weights, without random initialisation."""
+"""Build a `DecoderModel` from a config and a set of weights, without random initialisation."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 from flax import nnx
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.model.llama import LlamaModel
+from jaxpaged.model.decoder import DecoderModel
 
 ParamPath = tuple[str | int, ...]
 
 
-def _construct(config: ModelConfig, dtype) -> LlamaModel:
-    return LlamaModel(config, rngs=nnx.Rngs(0), dtype=dtype)
+def _construct(config: ModelConfig, dtype) -> DecoderModel:
+    return DecoderModel(config, rngs=nnx.Rngs(0), dtype=dtype)
 
 
 def abstract_param_state(config: ModelConfig, dtype=None) -> nnx.State:
@@ -33,8 +33,8 @@ ShardingOf = Callable[[ParamPath, tuple[int, ...]], jax.sharding.Sharding]
 
 
 def assemble_model(config: ModelConfig, params: Mapping[ParamPath, np.ndarray | jax.Array],
-                   dtype=None, sharding_of: ShardingOf | None = None) -> LlamaModel:
-    """A `LlamaModel` whose Params are `params` (cast to the model dtype).
+                   dtype=None, sharding_of: ShardingOf | None = None) -> DecoderModel:
+    """A `DecoderModel` whose Params are `params` (cast to the model dtype).
 
     With `sharding_of(path, shape)` (tensor parallelism) each host weight is cut
     into its per-device slices on the host and each slice cast and sent to its
@@ -71,6 +71,6 @@ def _place(value, dtype, sharding) -> jax.Array:
                                         lambda index: np.asarray(value[index]).astype(dtype))
 
 
-def model_params(model: LlamaModel) -> dict[ParamPath, jax.Array]:
+def model_params(model: DecoderModel) -> dict[ParamPath, jax.Array]:
     """Every `nnx.Param` of `model`, keyed by its state path."""
     return {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}

@@ -2,26 +2,18 @@
 
     jaxpaged calibrate --json_out=out/sim_calibration.json
 
-1. Calibration: the small config's real ModelRunner on synthetic pure-prefill
-   and pure-decode steps; fit FLOP/s, bandwidth and overheads
-   (`jaxpaged/sim/calibrate.py`); the profile goes to `jaxpaged/sim/cpu_profile.json`.
-2. Validation: the real engine serves the `mixed` workload (chunked prefills
-   batched with decodes); its batches are replayed on the runner, interleaved
-   with the calibration steps (side by side), and each step's measured time is
-   compared with the fitted cost model's prediction, overall and by step kind
-   (decode-only, prefill-only, prefill chunks batched with decodes).
-
-The work is `jaxpaged.bench.simulator.calibration.run_calibration`.
+The calibration steps, the validation and the fit are `jaxpaged.sim.calibrate`;
+the profile goes to `jaxpaged/sim/cpu_profile.json`.
 """
 
 from __future__ import annotations
 
 from jaxpaged import compile_cache
-from jaxpaged.bench.simulator.calibration import run_calibration
 from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.sim.calibrate import run_calibration
 from jaxpaged.sim.profiles import CPU_PROFILE_PATH
 
 FLAGS = FlagSet()

@@ -12,7 +12,7 @@ sequence and concurrent sequences, hybrid vs every layer treated as full.
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.capacity_report import capacity_report
+from jaxpaged.bench.capacity import capacity_report
 from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet

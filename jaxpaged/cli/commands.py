@@ -65,6 +65,7 @@ COMMANDS: tuple[Command, ...] = (
     _c("simulate hybrid-kv", "simulate.hybrid_kv", "hybrid KV cache groups in the simulator"),
     _c("simulate disagg", "simulate.disagg", "colocated against prefill:decode splits of the same devices, SLO goodput"),
     _c("simulate spec-decode", "simulate.spec_decode", "the cost model's projection of speculative decoding"),
+    _c("simulate tenants", "simulate.tenants", "two tenants under overload, under each scheduling policy"),
     _c("calibrate", "calibrate", "fit the cpu device profile to this machine and validate it"),
     _c("convert", "convert", "convert a Hugging Face checkpoint or a GGUF file to an Orbax one"),
     _c("capacity", "capacity", "KV cache capacity of a model on a memory budget"),

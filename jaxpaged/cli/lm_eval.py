@@ -21,8 +21,8 @@ import tempfile
 import httpx
 from absl import app
 
+from jaxpaged.bench.online.eval_harness import lm_eval_command, served_model, tokenizer_dir
 from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.eval_harness import lm_eval_command, served_model, tokenizer_dir
 
 FLAGS = FlagSet()
 BASE_URL = FLAGS.DEFINE_string("base_url", "http://127.0.0.1:8000", "the server's address")

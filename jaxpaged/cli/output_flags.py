@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxpaged.bench.output import write_results
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.report import write_results
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

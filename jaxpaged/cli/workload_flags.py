@@ -7,8 +7,8 @@ from jaxpaged.bench.offline.serving import ServingSetup
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.mathutils import cdiv
-from jaxpaged.traces import load_trace, trace_workload
-from jaxpaged.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
+from jaxpaged.sim.traces import load_trace, trace_workload
+from jaxpaged.sim.workloads import (WORKLOADS, WorkloadRequest, assign_arrivals, make_workload,
                                 max_context_len)
 
 # which scale flags each workload takes
@@ -40,7 +40,7 @@ class WorkloadFlags:
         self.MAX_MODEL_LEN = fs.DEFINE_integer("max_model_len", None,
                                              "longest sequence; the contiguous baseline reserves this per sequence "
                                              "(default: the workload's longest context, rounded up to a block)")
-        # workload scales: None keeps the workload's own default (see jaxpaged/workloads.py)
+        # workload scales: None keeps the workload's own default (see jaxpaged/sim/workloads.py)
         self._SCALES = {
             "system_len": fs.DEFINE_integer("system_len", None, "shared system prompt tokens (chatbot, multitenant)"),
             "user_len": fs.DEFINE_integer("user_len", None, "user turn tokens (chatbot, multiturn, multitenant)"),

@@ -31,9 +31,9 @@ from jaxpaged.engine.config import EngineConfig
 from jaxpaged.engine.input_processor import InputProcessor
 from jaxpaged.engine.output_processor import OutputProcessor
 from jaxpaged.engine.parts import EngineParts
-from jaxpaged.kv.fp8 import validate_kv_scales
-from jaxpaged.kv.pool import kv_dtype_from_name
-from jaxpaged.model import LlamaModel
+from jaxpaged.kv_pool.fp8 import validate_kv_scales
+from jaxpaged.kv_pool.pool import kv_dtype_from_name
+from jaxpaged.model import DecoderModel
 from jaxpaged.offload.setup import build_tiers
 from jaxpaged.offload.tiers import KVTiers
 from jaxpaged.runner import ModelRunner, Runner
@@ -48,7 +48,7 @@ class EngineBuilder:
     def __init__(
         self,
         config: EngineConfig,
-        model: LlamaModel | None = None,
+        model: DecoderModel | None = None,
         *,
         tokenizer=None,
         runner: Runner | None = None,
@@ -120,7 +120,7 @@ class EngineBuilder:
         return parts
 
 
-def _model_runner(config: EngineConfig, model: LlamaModel, num_blocks: int, kv_dtype,
+def _model_runner(config: EngineConfig, model: DecoderModel, num_blocks: int, kv_dtype,
                   kv_scales: tuple[np.ndarray, np.ndarray] | None) -> ModelRunner:
     """The device runner over a pool of `num_blocks` blocks, with the configured attention backend."""
     backend = resolve_backend(config.attention_backend, interpret=config.pallas_interpret)

@@ -20,7 +20,7 @@ from jaxpaged.attention.backend import BACKENDS
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, DTYPE_ALIASES, SUPPORTED_DTYPES, ModelConfig
-from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
+from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN
 from jaxpaged.scheduler import PREEMPTION_MODES
 from jaxpaged.scheduler.policy import SCHEDULING_POLICIES
 from jaxpaged.spec_decode.config import SpeculativeConfig
@@ -205,7 +205,7 @@ class EngineConfig:
         if self.num_blocks is not None:
             return self.num_blocks
         budget = self.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
-        from jaxpaged.kv.pool import pool_bytes  # a block spans the pool tensors (fewer with KV cache groups)
+        from jaxpaged.kv_pool.pool import pool_bytes  # a block spans the pool tensors (fewer with KV cache groups)
         per_block = pool_bytes(model_config, 1, self.block_size, np.dtype(kv_dtype))
         if budget < per_block:
             raise ValueError(f"kv_cache_bytes={budget} is smaller than one block ({per_block} bytes)")

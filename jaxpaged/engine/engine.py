@@ -36,7 +36,7 @@ from jaxpaged.engine.output_processor import OutputProcessor
 from jaxpaged.engine.phases import StepPhases
 from jaxpaged.engine.pin_quota import PinLedger, PinQuota
 from jaxpaged.engine.queries import EngineQueries
-from jaxpaged.model import LlamaModel
+from jaxpaged.model import DecoderModel
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import Runner, StepHandle
 from jaxpaged.sampling_params import SamplingParams
@@ -75,7 +75,7 @@ class Engine(EngineQueries):
     def __init__(
         self,
         config: EngineConfig,
-        model: LlamaModel | None = None,
+        model: DecoderModel | None = None,
         *,
         tokenizer=None,
         runner: Runner | None = None,

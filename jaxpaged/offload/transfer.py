@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from jaxpaged.kv.pool import KVPool
+from jaxpaged.kv_pool.pool import KVPool
 from jaxpaged.mathutils import next_power_of_two
 
 

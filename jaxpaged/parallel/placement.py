@@ -8,11 +8,11 @@ import jax
 from flax import nnx
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.model.llama import LlamaModel, init_model
+from jaxpaged.model.decoder import DecoderModel, init_model
 from jaxpaged.parallel.tensor_parallel import _KV_PROJ, ParamPath, TensorParallel
 
 
-def param_dtype(model: LlamaModel):
+def param_dtype(model: DecoderModel):
     """The dtype the model's weights are stored in."""
     return model.embed_tokens.embedding.get_value().dtype
 
@@ -24,7 +24,7 @@ def logical_sharding(plan: TensorParallel, path: ParamPath, shape: tuple[int, ..
     return plan.param_sharding(path, shape)
 
 
-def shard_model(model: LlamaModel, plan: TensorParallel) -> tuple[nnx.GraphDef, nnx.State]:
+def shard_model(model: DecoderModel, plan: TensorParallel) -> tuple[nnx.GraphDef, nnx.State]:
     """The sharded (physical) model as `(graphdef, state)`, ready for `nnx.merge` inside the step.
 
     Parameters already on the mesh with their final sharding (from a sharded
@@ -35,7 +35,7 @@ def shard_model(model: LlamaModel, plan: TensorParallel) -> tuple[nnx.GraphDef, 
     """
     dtype = param_dtype(model)
     physical = plan.physical_config
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LlamaModel(physical, rngs=nnx.Rngs(0), dtype=dtype)))
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: DecoderModel(physical, rngs=nnx.Rngs(0), dtype=dtype)))
     given = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
     flat = nnx.to_flat_state(abstract)
     for path, var in flat:
@@ -61,7 +61,7 @@ def _widen_kv(kernel: jax.Array, num_kv_heads: int, replicas: int, sharding) -> 
     return widen(kernel)
 
 
-def init_sharded_model(config: ModelConfig, plan: TensorParallel, seed: int = 0, dtype=None) -> LlamaModel:
+def init_sharded_model(config: ModelConfig, plan: TensorParallel, seed: int = 0, dtype=None) -> DecoderModel:
     """Random weights from `seed` (the values `init_model` draws), generated straight into their shards.
 
     The initialiser runs under `jax.jit` with every parameter's output sharding,

@@ -36,10 +36,10 @@ from flax import nnx
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
-from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
-from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
+from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_absmax
+from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
-from jaxpaged.model import LlamaModel
+from jaxpaged.model import DecoderModel
 from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
@@ -190,7 +190,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         num_blocks: int,
         block_size: int,
         *,
@@ -525,7 +525,7 @@ class ModelRunner:
         self.set_kv_scales(k, v)
 
 
-def calibrate_kv_scales(model: LlamaModel, token_ids: list[int], block_size: int,
+def calibrate_kv_scales(model: DecoderModel, token_ids: list[int], block_size: int,
                         margin: float = DEFAULT_SCALE_MARGIN, *, tensor_parallel_size: int = 1
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Run `token_ids` once through a float32 pool sized for them; return fp8 `(k_scale, v_scale)`.

@@ -7,4 +7,7 @@
   deployment and sweep request rates for the sustainable one.
 - `gc_tuning`: `collect_cycles_rarely`, the cycle-collector setting long simulations run under.
 - `calibrate`, `validate`: fit the "cpu" profile and check it against measured steps.
+- `serving_sweep`, `routing_sweep`, `disagg_sweep`, `hybrid_kv`, `speculation`, `tenants`: what the
+  ``jaxpaged simulate`` commands run, with their tables.
+- `workloads`, `traces`: the synthetic workloads and Mooncake traces that the simulator and the benchmarks serve.
 """

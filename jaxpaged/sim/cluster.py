@@ -29,7 +29,7 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.driver import RequestRecord, make_sim_engine
 from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 
 @dataclasses.dataclass

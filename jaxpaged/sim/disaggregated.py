@@ -60,7 +60,7 @@ from jaxpaged.sim.pulled_kv import PulledKVRunner
 from jaxpaged.sim.runner import SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, Attainment, attainment
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 _ARRIVAL, _HANDOFF = 0, 1
 

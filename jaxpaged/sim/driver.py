@@ -25,7 +25,7 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
-from jaxpaged.workloads import ConversationHistory, WorkloadRequest
+from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 # A jump of fewer steps costs more than it saves (every running sequence is turned into a lane and
 # back); after one, take this many ordinary steps before trying again. A refusal (not every running

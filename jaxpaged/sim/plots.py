@@ -1,7 +1,7 @@
 """Figures for the simulator: predicted-vs-measured step times, request-rate sweeps, prefill:decode splits.
 
 Each function builds a matplotlib `Figure` and returns it; the command saves it
-through the one writer (`jaxpaged.bench.output.write_results` / `save_figure`)
+through the one writer (`jaxpaged.report.write_results` / `save_figure`)
 into ``--plot_dir``.
 """
 

@@ -20,7 +20,7 @@ from jaxpaged.engine.config import MAX_NUM_BLOCKS
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.driver import SimResult, make_sim_engine, simulate
 from jaxpaged.sim.profiles import DeviceProfile, get_profile
-from jaxpaged.workloads import WorkloadRequest, assign_arrivals
+from jaxpaged.sim.workloads import WorkloadRequest, assign_arrivals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ side takes the GIL or a core from the host: the engine's host work
 share of wall time the device is busy shows whether the host keeps such a
 device fed. The CPU stays free while the "device" runs.
 
-It serves two uses: the host-overhead benchmark (`jaxpaged.bench.simulator.host_overhead`)
+It serves two uses: the host-overhead benchmark (`jaxpaged.bench.offline.host_overhead`)
 and `jaxpaged serve --device=simulated`, which runs the whole server over it
 (`jaxpaged.sim.realtime`).
 """

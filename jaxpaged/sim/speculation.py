@@ -79,7 +79,7 @@ def project_speedup(cost: CostModel, batch_sizes: Sequence[int], *, context: int
 
 def projection_table(rows: Sequence[tuple[str, SpeculationPoint]]) -> str:
     """A Markdown table of `(workload, point)` rows."""
-    from jaxpaged.bench.output import markdown_table
+    from jaxpaged.report import markdown_table
     return markdown_table(["workload", "batch", "mean acceptance length", "decode step ms", "verify step ms",
                            "speedup"],
                           [[name, p.batch_size, f"{p.mean_acceptance_length:.2f}", f"{p.decode_step_s * 1e3:.2f}",

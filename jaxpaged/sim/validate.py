@@ -16,7 +16,8 @@ from jaxpaged.runner import InputBatch, Runner, StepHandle
 from jaxpaged.runner.step_input import ScheduledSeq
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler import TOKEN_ON_DEVICE, SchedulerOutput
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.runner.step_input import ScheduledSeq
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 class RecordingRunner:

@@ -108,7 +108,7 @@ def adopt_snapshot_kv_scales(runner, saved: dict, where: str) -> None:
 
     ValueError naming the file if the snapshot's scales do not fit this model.
     """
-    from jaxpaged.kv.fp8 import validate_kv_scales
+    from jaxpaged.kv_pool.fp8 import validate_kv_scales
     try:
         k_scale, v_scale = validate_kv_scales(runner.config, tuple(np.asarray(s, np.float32)
                                                                    for s in saved["kv_scales"]))

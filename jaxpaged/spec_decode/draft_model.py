@@ -43,8 +43,8 @@ from jaxpaged.mathutils import cdiv, pow2_bucket
 from jaxpaged.runner.buckets import MIN_DECODE_BLOCKS_PER_SEQ
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
-from jaxpaged.kv.pool import KVPool, copy_blocks, create_pool
-from jaxpaged.model import LlamaModel
+from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool
+from jaxpaged.model import DecoderModel
 from jaxpaged.spec_decode.proposer import DraftContext
 
 
@@ -65,7 +65,7 @@ class DraftModelProposer:
     drafts_need_slots = True  # its proposal steps write K/V at the verify positions
     uses_hidden_states = False
 
-    def __init__(self, model: LlamaModel, target: ModelConfig, num_speculative_tokens: int, num_blocks: int,
+    def __init__(self, model: DecoderModel, target: ModelConfig, num_speculative_tokens: int, num_blocks: int,
                  block_size: int, *, kv_dtype=None, backend: AttentionBackend = AttentionBackend(),
                  pool_fill_value: float = 0.0, name: str = "the draft model"):
         """`num_blocks` and `block_size` are the target pool's; ValueError if the model cannot draft for `target`."""

@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxpaged.mathutils import pow2_bucket
 from jaxpaged.config import ModelConfig
-from jaxpaged.model import LlamaModel
+from jaxpaged.model import DecoderModel
 from jaxpaged.model.layers import DecoderLayer, _linear
 from jaxpaged.model.rope import rope_inv_freq
 from jaxpaged.spec_decode.proposer import DraftContext
@@ -56,7 +56,7 @@ class EagleHeadProposer:
     drafts_need_slots = True  # asked once the batch is final, with the DraftContext that carries the features
     uses_hidden_states = True
 
-    def __init__(self, head: EagleHead, target: LlamaModel, num_speculative_tokens: int):
+    def __init__(self, head: EagleHead, target: DecoderModel, num_speculative_tokens: int):
         """`target`'s embedding and LM head are shared with the head (read, never changed)."""
         self.num_speculative_tokens = num_speculative_tokens
         self.graphdef, self.params = nnx.split(head)

@@ -5,7 +5,7 @@ import math
 
 import httpx
 
-from jaxpaged.bench.online.dashboard import dashboard_queries
+from jaxpaged.bench.online.dashboard_check import dashboard_queries
 from jaxpaged.bench.online.dashboard_check import dashboard_table, evaluate, failed_queries
 
 DASHBOARD = {"panels": [

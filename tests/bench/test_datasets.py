@@ -7,8 +7,8 @@ import pytest
 
 from jaxpaged.bench.online.datasets import (BenchRequest, from_workload, load_bench_tokenizer, prefix_repetition_requests,
                                      random_requests, sharegpt_requests, with_prompt_format)
+from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, make_workload
 from jaxpaged.tokenizer import ByteTokenizer
-from jaxpaged.workloads import TOKEN_ID_LIMIT, make_workload
 
 
 def test_random_requests_lengths_tokens_and_seed():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jaxpaged.bench.output import memory_environment, write_outputs
+from jaxpaged.report import memory_environment, write_outputs
 
 
 def test_memory_environment_reads_the_bracketed_thp_mode(tmp_path, monkeypatch):
@@ -28,7 +28,7 @@ def test_outputs_carry_the_environment_and_only_go_where_asked(tmp_path, monkeyp
 
 
 def test_markdown_table_aligns_and_refuses_ragged_rows():
-    from jaxpaged.bench.output import markdown_table
+    from jaxpaged.report import markdown_table
     assert markdown_table(["metric", "a", "b"], [["x", 1, "2.0"]]) == "| metric | a | b |\n|---|---:|---:|\n| x | 1 | 2.0 |"
     assert markdown_table(["p", "q"], [], align="rl").splitlines()[1] == "|---:|---|"
     with pytest.raises(ValueError, match="2 cells"):
@@ -36,8 +36,8 @@ def test_markdown_table_aligns_and_refuses_ragged_rows():
 
 
 def test_output_flags_write_each_output_only_where_its_flag_points(tmp_path, capsys):
-    from jaxpaged.cli.output_flags import OutputFlags
     from jaxpaged.cli.flagset import FlagSet
+    from jaxpaged.cli.output_flags import OutputFlags
     fs = FlagSet()
     out = OutputFlags(fs, json_out=str(tmp_path / "default.json"), plot_dir="")
     from matplotlib.figure import Figure

@@ -3,8 +3,8 @@
 import pytest
 
 from jaxpaged.bench.offline.throughput import BackendRun
-from jaxpaged.bench.offline.throughput_floor import GemmFloor, measure_gemm_floor
-from jaxpaged.bench.offline.throughput_report import throughput_result, throughput_table
+from jaxpaged.bench.offline.throughput import GemmFloor, measure_gemm_floor
+from jaxpaged.bench.offline.throughput import throughput_result, throughput_table
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 

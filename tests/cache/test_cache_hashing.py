@@ -21,7 +21,7 @@ def _u64(n: int) -> bytes:
 
 
 def test_encoding_is_the_documented_bytes():
-    root = hashlib.sha256(b"jaxpaged.kv-block-hash.v1").digest()
+    root = hashlib.sha256(b"jaxpaged.kv_pool-block-hash.v1").digest()
     tokens = [1, -2, 2**40, 7]
     token_bytes = struct.pack("<4q", *tokens)
     plain = hashlib.sha256(root + token_bytes + _u64(0)).digest()

@@ -2,8 +2,8 @@
 
 import pytest
 
+from jaxpaged.bench.capacity import hybrid_kv_capacity
 from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
-from jaxpaged.capacity import hybrid_kv_capacity
 from jaxpaged.config import load_config
 
 

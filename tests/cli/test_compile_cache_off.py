@@ -61,8 +61,8 @@ def test_bench_throughput_turns_the_cache_off_before_building_its_engine(monkeyp
     def stop(*_, **__):
         raise _Stop
 
-    from jaxpaged.bench.offline import throughput_run
-    monkeypatch.setattr(throughput_run, "hf_checkpoint", stop)  # the first step after the cache choice
+    from jaxpaged.bench.offline import throughput
+    monkeypatch.setattr(throughput, "hf_checkpoint", stop)  # the first step after the cache choice
     module.FLAGS.parse(["prog", "--compile_cache_dir=", "--backend=jaxpaged"])
     with pytest.raises(_Stop):
         module.main([])

@@ -62,6 +62,7 @@ BAD = [
     ("bench quality", "--parts=perplexity,speed", "parts"),
     ("bench spec-decode", "--batch_sizes=1,0", "batch_sizes"),
     ("simulate spec-decode", "--profile=tpu-v9", "profile"),
+    ("simulate tenants", "--prompt_len=0", "prompt_len"),
 ]
 
 

@@ -15,7 +15,7 @@ from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.profiles import GPU_PROFILES, DeviceProfile
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import assign_arrivals, make_workload
+from jaxpaged.sim.workloads import assign_arrivals, make_workload
 
 TINY = load_config("tiny")
 FINAL = RequestOutputKind.FINAL_ONLY  # the simulator's output kind: one output per request

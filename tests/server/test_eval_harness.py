@@ -18,10 +18,10 @@ import openai
 import pytest
 import yaml
 
+from jaxpaged.bench.online.eval_harness import lm_eval_command, served_model
 from jaxpaged.checkpoint import load_model
 from jaxpaged.checkpoint.hf import save_hf_checkpoint
 from jaxpaged.config import load_config
-from jaxpaged.eval_harness import lm_eval_command, served_model
 from jaxpaged.model import init_model
 from tests.paged_driver import dense_logits
 from tests.server.live_server import ROOT, serving

@@ -12,7 +12,7 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jaxpaged.bench.online.dashboard import dashboard_queries
+from jaxpaged.bench.online.dashboard_check import dashboard_queries
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 from tests.suite_cache import SUITE_CACHE

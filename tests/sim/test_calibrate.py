@@ -10,7 +10,7 @@ from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.validate import record_engine_batches
-from jaxpaged.workloads import make_workload
+from jaxpaged.sim.workloads import make_workload
 
 TRUE = DeviceProfile("true", peak_flops=1e11, memory_bandwidth=1e10, step_overhead_s=0.01, memory_bytes=0,
                      padded_shapes=True, per_seq_overhead_s=1e-4,

@@ -8,7 +8,7 @@ from jaxpaged.router import LeastLoadedPolicy, PrefixAwarePolicy, RoundRobinPoli
 from jaxpaged.sim.cluster import simulate_cluster
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import assign_arrivals, make_workload
+from jaxpaged.sim.workloads import assign_arrivals, make_workload
 
 TINY = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=200 * 4 * 256, block_size=4,
                   max_num_seqs=8, max_num_batched_tokens=64)  # 200 blocks of 4 tokens (256 B per token)

@@ -13,8 +13,8 @@ from jaxpaged.sim.kv_link import KVLink, LinkSchedule
 from jaxpaged.sim.pulled_kv import uncovered_chunks
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, attainment
-from jaxpaged.traces import load_trace, trace_workload
-from jaxpaged.workloads import WorkloadRequest, assign_arrivals, make_workload
+from jaxpaged.sim.traces import load_trace, trace_workload
+from jaxpaged.sim.workloads import WorkloadRequest, assign_arrivals, make_workload
 
 BS = 4
 TINY = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=200 * BS * 256, block_size=BS,

@@ -10,7 +10,7 @@ from jaxpaged.scheduler import SchedulerOutput
 from jaxpaged.sequence import Request, Sequence
 from jaxpaged.sim.runner import SimClock, SimulatedRunner, fixed_token
 from jaxpaged.sim.scenario import Deployment, SweepPoint, run_at_rate, sustainable_rate
-from jaxpaged.workloads import make_workload
+from jaxpaged.sim.workloads import make_workload
 
 TINY = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=200 * 4 * 256, block_size=4,
                   max_num_seqs=8, max_num_batched_tokens=64)  # 200 blocks of 4 tokens (256 B per token)

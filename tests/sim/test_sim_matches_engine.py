@@ -11,7 +11,7 @@ from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import GPU_PROFILES
 from jaxpaged.sim.runner import SimClock, SimulatedRunner
 from jaxpaged.sim.validate import serve_all_at_once
-from jaxpaged.workloads import make_workload
+from jaxpaged.sim.workloads import make_workload
 
 # 12 requests sharing a 32-token system prompt; 4-token blocks; 40 blocks hold about 3 requests at
 # full length, so admission outruns the pool and the scheduler preempts.

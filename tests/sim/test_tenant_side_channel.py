@@ -13,7 +13,7 @@ from jaxpaged.cache.namespaces import namespace_salt
 from jaxpaged.server.routes.state import ServerState
 from jaxpaged.server.tenants import TenantKeys, tenant_cache_salt, tenant_namespace
 from jaxpaged.sim.scenario import Deployment, run_with_arrivals
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 KEYS = TenantKeys.from_json(json.dumps({"allow_sub_namespaces": True, "keys": [
     {"key": "sk-alice", "tenant": "alice"}, {"key": "sk-bob", "tenant": "bob"}]}))

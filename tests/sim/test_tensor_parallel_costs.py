@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.config import load_config
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile, get_profile

@@ -8,7 +8,7 @@ import pytest
 from jaxpaged.metrics import WindowedHitRate, attach_metrics
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment, run_with_arrivals, summarize_trace
-from jaxpaged.traces import load_trace, trace_workload
+from jaxpaged.sim.traces import load_trace, trace_workload
 
 # 64 blocks of 16 tokens of the tiny model: small enough that a slice of the trace evicts
 TINY = Deployment(model="tiny", profile="a100-80gb", kv_cache_bytes=64 * 16 * 256, block_size=16,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from jaxpaged.bench.offline.driver import run_workload
-from jaxpaged.bench.offline.report import summarize
+from jaxpaged.bench.offline.driver import run_workload, summarize
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.metrics import EngineMetrics
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sim.workloads import WorkloadRequest
 from jaxpaged.structured.params import StructuredOutputsParams
-from jaxpaged.workloads import WorkloadRequest
 
 LOOP = [5, 6, 7, 8] * 6  # a repetitive prompt: prompt lookup always has a proposal
 

@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 
-from jaxpaged.bench.simulator.synthetic_tokenizer import synthetic_bpe_tokenizer
+from jaxpaged.bench.offline.synthetic_tokenizer import synthetic_bpe_tokenizer
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams
@@ -43,7 +43,7 @@ def test_stand_in_device_serves_constrained_rows_from_their_masks():
 
 
 def test_host_overhead_measures_constrained_decodes():
-    from jaxpaged.bench.simulator.host_overhead import measure_host_overhead
+    from jaxpaged.bench.offline.host_overhead import measure_host_overhead
     run = measure_host_overhead(8, model="tiny", profile="a100-80gb", context_len=40, steps=4, warmup_steps=2,
                                 sleep=False, structured=True)
     # every one of the 8 rows kept decoding under its never-ending grammar through the measured steps

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxpaged.bench.offline.cache_replay import replay_trace
-from jaxpaged.traces import TRACE_BLOCK_SIZE, load_trace, parse_trace_line, prompt_token_ids
+from jaxpaged.sim.traces import TRACE_BLOCK_SIZE, load_trace, parse_trace_line, prompt_token_ids
 
 SLICE = 250
 

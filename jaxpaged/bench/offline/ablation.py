@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.capacity import max_concurrent_seqs
 from jaxpaged.bench.offline.serving import ServingSetup, make_runner, run_mode
-from jaxpaged.capacity import max_concurrent_seqs
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.report import markdown_table
+from jaxpaged.sim.workloads import WorkloadRequest
 
 # the metrics recorded per (block size, workload), each plotted against block size
 ABLATION_METRICS = ("kv_waste", "max_concurrent_seqs", "max_running_seqs", "prefix_hit_rate",

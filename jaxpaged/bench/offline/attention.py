@@ -20,11 +20,11 @@ import numpy as np
 
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from pallas_kernels import ragged_paged_attention_mgpu as mgpu

@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from jaxpaged.bench.output import markdown_table as render_table
 from jaxpaged.cache.block_pool import BlockPool
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
+from jaxpaged.report import markdown_table as render_table
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table as render_table
 from jaxpaged.cache import KVCacheManager
 from jaxpaged.engine.config import EngineConfig
-from jaxpaged.traces import TraceRequest, output_token_ids, prompt_token_ids
+from jaxpaged.report import markdown_table as render_table
+from jaxpaged.sim.traces import TraceRequest, output_token_ids, prompt_token_ids
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,10 @@ import numpy as np
 from jaxpaged.bench.offline.matmul_floor import matmul_flops, time_matmul_floor
 from jaxpaged.bench.offline.step_profile import profile_step
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.checkpoint import model_config
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 

@@ -12,11 +12,12 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.kv.pool import pool_bytes
+from jaxpaged.kv_pool.pool import pool_bytes
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 _REQUEST_IDS = itertools.count()
@@ -60,10 +61,8 @@ def compare_layouts(num_prompts: int, prompt_len: int, max_tokens: int, window: 
     prompts = [list(map(int, rng.integers(0, 250, prompt_len))) for _ in range(num_prompts)]
     layouts = {"hybrid": tiny_gemma_like(window), "all-full": tiny_gemma_like(None)}
     engines = {name: warm_engine(c, prompts, max_tokens, block_size) for name, c in layouts.items()}
-    passes = {name: [] for name in layouts}
-    for _ in range(repeats):  # alternating rounds: both layouts see the same machine state
-        for name, engine in engines.items():
-            passes[name].append(timed_pass(engine, prompts, max_tokens))
+    passes = alternate({name: lambda e=engine: timed_pass(e, prompts, max_tokens) for name, engine in engines.items()},
+                       repeats)
     tokens = num_prompts * (prompt_len + max_tokens)
     results = {}
     for name, runs in passes.items():

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.llm import LLM
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 PERCENTILES = (10, 25, 50, 75, 90, 99)

@@ -8,13 +8,13 @@ ratios, so machine drift hits both sides alike.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.bench.offline.timing import alternate, seconds_of
 from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import pow2_bucket
+from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.logit_controls import LogitControls
 from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
@@ -51,14 +51,8 @@ def with_prompt_logprobs(step: StepInput, k: int) -> StepInput:
 
 def side_by_side(runner: ModelRunner, variants: dict[str, StepInput], repeats: int) -> dict[str, dict]:
     """Median seconds of each variant and its median per-round ratio to the first one."""
-    for step in variants.values():
-        runner.execute(step)  # compile and warm up
-    times = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, step in variants.items():
-            start = time.perf_counter()
-            runner.execute(step)
-            times[name].append(time.perf_counter() - start)
+    times = alternate({name: seconds_of(lambda s=step: runner.execute(s)) for name, step in variants.items()},
+                      repeats, warmup=1)  # the first round compiles
     base = np.array(next(iter(times.values())))
     return {name: {"median_ms": float(np.median(t)) * 1e3, "ratio": float(np.median(np.array(t) / base))}
             for name, t in times.items()}

@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from jaxpaged.model import LlamaModel
+from jaxpaged.model import DecoderModel
 
 
-def model_weight_matrices(model: LlamaModel) -> list[list[Array]]:
+def model_weight_matrices(model: DecoderModel) -> list[list[Array]]:
     """Each layer's `[in, out]` weight matrices in call order, then `[[lm_head]]`."""
     layers = []
     for layer in model.layers:
@@ -42,24 +42,24 @@ def _weight_gemms(x: Float[Array, "R H"], layers: list[list[Array]]) -> Float[Ar
     return x @ layers[-1][0]
 
 
-def matmul_flops(model: LlamaModel, rows: int) -> int:
+def matmul_flops(model: DecoderModel, rows: int) -> int:
     """FLOPs of the weight GEMMs for `rows` rows (2 per multiply-add)."""
     return 2 * rows * sum(int(np.prod(w.shape)) for layer in model_weight_matrices(model) for w in layer)
 
 
-def weight_flops_per_row(model: LlamaModel) -> tuple[int, int]:
+def weight_flops_per_row(model: DecoderModel) -> tuple[int, int]:
     """(decoder layers' weight-GEMM FLOPs, LM head FLOPs) for one row: a token through the stack, a row of logits."""
     *layers, head = model_weight_matrices(model)
     layer_flops = 2 * sum(int(np.prod(w.shape)) for layer in layers for w in layer)
     return layer_flops, 2 * int(np.prod(head[0].shape))
 
 
-def gemm_flops_per_second(model: LlamaModel, rows: int, repeats: int = 5) -> float:
+def gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5) -> float:
     """The FLOP/s this machine reaches on the model's own weight GEMMs at `rows` rows (median of `repeats`)."""
     return matmul_flops(model, rows) / time_matmul_floor(model, rows, repeats)
 
 
-def time_matmul_floor(model: LlamaModel, rows: int, repeats: int = 10) -> float:
+def time_matmul_floor(model: DecoderModel, rows: int, repeats: int = 10) -> float:
     """Median seconds of the weight GEMMs of a `rows`-row step, after one compile-and-warm-up run."""
     layers = model_weight_matrices(model)
     x = jnp.asarray(np.random.default_rng(0).normal(size=(rows, model.config.hidden_size)) * 0.02,

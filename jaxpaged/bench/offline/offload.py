@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)

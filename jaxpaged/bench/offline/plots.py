@@ -1,7 +1,7 @@
 """Figures of offline results: ablation metrics against block size, replay hit rates against capacity.
 
 Each function builds a matplotlib `Figure` and returns it; the command saves
-it through the one writer (`jaxpaged.bench.output.write_results`) into ``--plot_dir``.
+it through the one writer (`jaxpaged.report.write_results`) into ``--plot_dir``.
 """
 
 from __future__ import annotations

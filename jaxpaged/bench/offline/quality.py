@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data" / "quality"
@@ -113,7 +113,7 @@ class QualityBench:
 
     def scales(self, kind: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """fp8 `(k_scale, v_scale)` of `kind` (see the module docstring), calibrated on the model in `dtype`."""
-        from jaxpaged.kv.fp8 import DEFAULT_SCALE_MARGIN
+        from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN
         from jaxpaged.runner import calibrate_kv_scales
 
         config = self.model(dtype).config

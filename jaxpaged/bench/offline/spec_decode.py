@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from jaxpaged.bench.offline.driver import run_workload
-from jaxpaged.bench.offline.report import median_summary, summarize
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.bench.offline.driver import median_summary, run_workload, summarize
+from jaxpaged.report import markdown_table
+from jaxpaged.sim.workloads import WorkloadRequest
 
 # copy-a-paragraph-with-one-change and code-edit requests: the answer repeats most of the prompt
 _PARAGRAPHS = (

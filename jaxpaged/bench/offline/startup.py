@@ -17,14 +17,17 @@ older commit) run with the same interpreter. Cache states:
 
 Versions alternate inside each repeat so that load on a shared machine falls on
 all of them alike; medians over repeats are reported.
+`run_startups` and `padding_report` are the command's runs, dated with the machine they ran on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import statistics
@@ -38,8 +41,9 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import free_port
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
+from jaxpaged.report import markdown_table
+
 
 CACHE_STATES = ("off", "cold", "warm")
 KINDS = ("generate", "serve")
@@ -226,6 +230,7 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     over `repeats` timed runs after one compiling run. Returns rows of case,
     padding, median ms.
     """
+    from jaxpaged.bench.offline.timing import alternate, seconds_of
     from jaxpaged.checkpoint import load_model
     from jaxpaged.runner import ModelRunner, step_input
     from jaxpaged.runner.buckets import StepBuckets
@@ -262,15 +267,8 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     }
     rows = []
     for name, (seqs, variants) in cases.items():
-        steps = [padded(seqs, **v) for v in variants]
-        for step in steps:
-            runner.execute(step)  # compile
-        times = [[] for _ in steps]
-        for _ in range(repeats):
-            for i, step in enumerate(steps):
-                start = time.perf_counter()
-                runner.execute(step)
-                times[i].append(time.perf_counter() - start)
+        steps = {i: seconds_of(lambda s=padded(seqs, **v): runner.execute(s)) for i, v in enumerate(variants)}
+        times = alternate(steps, repeats, warmup=1).values()  # the first round compiles
         for variant, ts in zip(variants, times):
             rows.append({"case": name, "padding": ", ".join(f"{k} = {v}" for k, v in variant.items()),
                          "median_ms": 1e3 * statistics.median(ts)})
@@ -282,3 +280,30 @@ def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
     return markdown_table(["model", "step", "padded", "median ms"],
                           [[model, r["case"], r["padding"], f"{r['median_ms']:.1f}"]
                            for model, rs in rows.items() for r in rs], align="lllr")
+
+
+THIS_TREE = Path(__file__).resolve().parents[3]  # the source tree this module is in
+
+
+def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kinds: Sequence[str] = KINDS,
+                 cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, num_prompts: int = 16,
+                 output_len: int = 32) -> tuple[dict, str]:
+    """Every start of every model, this tree alternating with ``baseline_root`` when given: the result and table."""
+    started = _now()
+    versions = {"this": THIS_TREE} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
+    cases = [StartupCase(model, num_prompts=num_prompts, output_len=output_len) for model in models]
+    result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats)
+    result |= {"date": started, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
+    return result, startup_table(result, "before" if baseline_root else None)
+
+
+def padding_report(models: Sequence[str]) -> tuple[dict, str]:
+    """Each model's step time at sizes padded further (`padding_costs`): the result and table."""
+    started = _now()
+    rows = {model: padding_costs(model) for model in models}
+    return {"padding_costs": rows, "date": started}, padding_table(rows)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()

@@ -32,7 +32,7 @@ CATEGORIES = {
     "Attention.__call__": "o projection",
     "MLP.__call__": "MLP",
     "RMSNorm.__call__": "RMSNorm",
-    "LlamaModel.logits": "LM head",
+    "DecoderModel.logits": "LM head",
     "Embed.__call__": "embedding",
     "sample": "sampling",
 }

@@ -6,8 +6,8 @@ import numpy as np
 
 from jaxpaged.bench.offline.logit_controls import step_pair
 from jaxpaged.bench.offline.timing import median_step_seconds
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.config import ModelConfig
+from jaxpaged.report import markdown_table
 
 
 def time_prefill_and_decode(config: ModelConfig, *, prefill_len: int, decode_batch: int, decode_context: int,

@@ -15,10 +15,10 @@ import time
 import jax
 import numpy as np
 
-from jaxpaged.bench.output import markdown_table as render_table
 from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
+from jaxpaged.report import markdown_table as render_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
 

@@ -1,31 +1,50 @@
-"""Offline throughput, as vLLM's `benchmark_throughput`: a fixed prompt set, all at once, timed end to end.
+"""``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged and Hugging Face transformers.
 
-Both backends read the same Hugging Face checkpoint directory (a shipped config
-is saved as one first, with random weights from a seed) and get the same
-prompts, and every prompt generates exactly `output_len` tokens (EOS ignored).
-Throughput is requests, output tokens and prompt + output tokens per second of
-the measured pass; what comes before it is reported apart: for jaxpaged a
-first `LLM.generate` over the same prompts (it compiles every step shape),
-then the prefix cache is emptied so the measured call reuses nothing from it;
-for transformers a short warm-up `generate` (jaxpaged/bench/offline/hf_backend.py).
+A fixed prompt set, all at once, timed end to end. Both backends read the same
+Hugging Face checkpoint directory (a shipped config is saved as one first, with
+random weights from a seed) and get the same prompts, and every prompt
+generates exactly `output_len` tokens (EOS ignored). Throughput is requests,
+output tokens and prompt + output tokens per second of the measured pass; what
+comes before it is reported apart: for jaxpaged a first `LLM.generate` over the
+same prompts (it compiles every step shape), then the prefix cache is emptied
+so the measured call reuses nothing from it; for transformers a short warm-up
+`generate` (jaxpaged/bench/offline/hf_backend.py). `run_throughput` measures the
+backends ``repeats`` times interleaved; `throughput_table` renders the result.
+
+The GEMM floor of a pass is its time if nothing but its weight GEMMs took any:
+each row costs the same weight-GEMM FLOPs in any engine
+(`matmul_floor.weight_flops_per_row`), counted at the FLOP/s this machine
+reaches on the model's own weight GEMMs (prompt rows at a prefill-sized GEMM's
+rate, generated rows at a decode-sized one's). `elapsed / floor` is how far a
+pass is from its weight GEMMs; `hf elapsed / jaxpaged floor` is the largest
+jaxpaged/hf ratio this machine allows on the workload. Rows counted: the prompt
+tokens a backend computes (jaxpaged skips prefix-cache hits), every generated
+token except each request's last, and one LM-head row per generated token.
+Attention FLOPs are left out, so the floor is a lower bound.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from absl import logging
+
+from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
+from jaxpaged.bench.offline.driver import median_summary, ratio_table
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
+from jaxpaged.model import DecoderModel
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
-
-BACKENDS = ("jaxpaged", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,3 +229,201 @@ def summarize(run: BackendRun, prompts: Sequence[Sequence[int]]) -> dict[str, fl
         "load_s": run.load_s,
         "num_compiles": run.num_compiles,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmFloor:
+    """Per-row weight FLOPs of one model and the FLOP/s this machine reaches at prefill and decode GEMM sizes."""
+
+    layer_flops_per_row: int
+    head_flops_per_row: int
+    prefill_rows: int
+    prefill_flops_per_s: float
+    decode_rows: int
+    decode_flops_per_s: float
+
+    def seconds(self, summary: Mapping[str, float]) -> float:
+        """The floor of one pass, from its `summarize` dict (needs prompt_tokens_computed, output_tokens,
+        num_requests)."""
+        fed_back = summary["output_tokens"] - summary["num_requests"]
+        prefill = summary["prompt_tokens_computed"] * self.layer_flops_per_row / self.prefill_flops_per_s
+        decode = (fed_back * self.layer_flops_per_row
+                  + summary["output_tokens"] * self.head_flops_per_row) / self.decode_flops_per_s
+        return prefill + decode
+
+
+def measure_gemm_floor(model: DecoderModel, prefill_rows: int, decode_rows: int, repeats: int = 3) -> GemmFloor:
+    """Time the model's weight GEMMs at `prefill_rows` and at `decode_rows` rows on this machine."""
+    if prefill_rows < 1 or decode_rows < 1:
+        raise ValueError(f"prefill_rows and decode_rows must be at least 1, got {prefill_rows}, {decode_rows}")
+    layer, head = weight_flops_per_row(model)
+    return GemmFloor(layer, head, prefill_rows, gemm_flops_per_second(model, prefill_rows, repeats),
+                     decode_rows, gemm_flops_per_second(model, decode_rows, repeats))
+
+
+_RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_throughput")
+
+
+def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequence[Sequence[int]],
+                      floor: GemmFloor | None = None) -> dict:
+    """Every run's summary, the per-backend medians and, for each peer run beside jaxpaged, the jaxpaged/peer ratios.
+
+    `token_agreement[peer]` is the fraction of prompts whose generated ids are the
+    same in jaxpaged's and the peer's first measured runs (meaningful for greedy runs).
+    With a `floor`, each summary also gets its GEMM floor and elapsed/floor,
+    and the ratios the largest jaxpaged/hf that floor allows
+    (the GEMM floor above).
+    """
+    result = {"runs": {name: [_summary(run, prompts, floor) for run in backend_runs]
+                       for name, backend_runs in runs.items()}}
+    result["median"] = {name: median_summary(summaries) for name, summaries in result["runs"].items()}
+    if floor is not None:
+        result["gemm_floor"] = dataclasses.asdict(floor)
+    for peer in (name for name in runs if name != "jaxpaged" and "jaxpaged" in runs):
+        jp, other = result["median"]["jaxpaged"], result["median"][peer]
+        ratios = result.setdefault("ratios", {})
+        ratios.update({f"{metric}: jaxpaged/{peer}": jp[metric] / other[metric] for metric in _RATIO_METRICS})
+        if floor is not None:
+            ratios[f"largest possible at the GEMM floor: {peer} elapsed / jaxpaged floor"] = (
+                other["elapsed_s"] / jp["gemm_floor_s"])
+        pairs = zip(runs["jaxpaged"][0].token_ids, runs[peer][0].token_ids)
+        agreement = result.setdefault("token_agreement", {})
+        agreement[peer] = sum(a == b for a, b in pairs) / len(prompts)
+    return result
+
+
+def _summary(run: BackendRun, prompts: Sequence[Sequence[int]], floor: GemmFloor | None) -> dict[str, float]:
+    summary = summarize(run, prompts)
+    if floor is not None:
+        summary["gemm_floor_s"] = floor.seconds(summary)
+        summary["elapsed_over_gemm_floor"] = summary["elapsed_s"] / summary["gemm_floor_s"]
+    return summary
+
+
+_ROWS = (
+    ("requests", "num_requests", "{:.0f}"),
+    ("prompt tokens", "prompt_tokens", "{:.0f}"),
+    ("output tokens", "output_tokens", "{:.0f}"),
+    ("elapsed (s)", "elapsed_s", "{:.2f}"),
+    ("request throughput (req/s)", "request_throughput", "{:.3f}"),
+    ("output token throughput (tok/s)", "output_token_throughput", "{:.1f}"),
+    ("total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
+    ("warm-up / first call (s, excluded)", "warmup_s", "{:.1f}"),
+    ("load (s, excluded)", "load_s", "{:.1f}"),
+    ("compiles in measured pass", "num_compiles", "{:.0f}"),
+    ("prompt tokens computed (cache hits excluded)", "prompt_tokens_computed", "{:.0f}"),
+    ("weight-GEMM floor (s)", "gemm_floor_s", "{:.2f}"),
+    ("elapsed / GEMM floor", "elapsed_over_gemm_floor", "{:.2f}"),
+)
+
+
+def throughput_table(result: Mapping) -> str:
+    """A metrics-by-backend Markdown table of the medians, then the ratios and greedy agreement if present."""
+    medians = result["median"]
+    names = list(medians)
+    table = markdown_table(["metric", *names], [[label, *(fmt.format(medians[n][key]) for n in names)]
+                                                for label, key, fmt in _ROWS if key in medians[names[0]]])
+    if "ratios" in result:
+        agreement = [[f"prompts with identical outputs, jaxpaged and {peer}", f"{share:.0%}"]
+                     for peer, share in result["token_agreement"].items()]
+        table += "\n\n" + ratio_table(result["ratios"], agreement)
+    return table
+
+
+BACKENDS = ("jaxpaged", "hf", "vllm")  # --backend takes a comma-separated list of these, or "both" (jaxpaged,hf)
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputRun:
+    """Which backends run, how each generates, how often they are measured, and whether the GEMM floor is timed."""
+
+    backend: str = "both"  # comma-separated BACKENDS, or both (= jaxpaged,hf)
+    temperature: float = 0.0
+    repeats: int = 1
+    limits: EngineLimits = EngineLimits()
+    hf_batch_size: int | None = None  # None: every prompt in one static batch
+    hf_threads: int = 2
+    gemm_floor: bool = True
+    dtype: str | None = None  # weights and activations of jaxpaged and vLLM (None: the checkpoint's)
+    vllm_python: str | None = None  # the Python of a vLLM install (vllm backend)
+    vllm_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND (None: every core)
+
+    def __post_init__(self) -> None:
+        """Refuse an unknown backend, and vllm without its Python."""
+        unknown = [name for name in self.backends if name not in BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"backend must be a comma-separated list of {BACKENDS} or 'both', got {self.backend!r}")
+        if "vllm" in self.backends and not self.vllm_python:
+            raise ValueError("the vllm backend needs vllm_python: the Python of a vLLM install (--vllm_python)")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends to measure, in BACKENDS order (jaxpaged first)."""
+        names = ("jaxpaged", "hf") if self.backend == "both" else tuple(n.strip() for n in self.backend.split(","))
+        return tuple(sorted(set(names), key=lambda n: BACKENDS.index(n) if n in BACKENDS else -1))
+
+
+def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]], spec: PromptSpec) -> list:
+    """The backends to measure, each built and warmed up, jaxpaged first.
+
+    With ``backend="both"`` and the `hf` extra missing, hf is left out with one
+    line on stderr; with ``backend="hf"`` the `HFBackendMissing` is raised.
+    """
+    from jaxpaged.bench.offline.hf_backend import HFBackendMissing
+    common = {"output_len": spec.output_len, "temperature": run.temperature, "seed": spec.seed}
+    backends = []
+    if "hf" in run.backends:
+        try:
+            backends.append(HFBackend(checkpoint, prompts, batch_size=run.hf_batch_size, num_threads=run.hf_threads,
+                                      **common))
+        except HFBackendMissing as err:
+            if run.backends == ("hf",):
+                raise
+            print(f"skipping --backend=hf: {err}", file=sys.stderr)
+    if "vllm" in run.backends:
+        from jaxpaged.bench.offline.vllm_backend import VllmBackend
+        backends.append(VllmBackend(run.vllm_python, checkpoint, prompts, limits=run.limits,
+                                    dtype=run.dtype or "auto", threads_bind=run.vllm_threads_bind, **common))
+    if "jaxpaged" in run.backends:
+        backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=run.limits, dtype=run.dtype, **common))
+    for backend in backends:
+        logging.info("%s: loaded in %.1f s, warm-up %.1f s", backend.name, backend.load_s, backend.warmup_s)
+    return backends
+
+
+def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, spec: PromptSpec,
+                   settings: Mapping = ()) -> tuple[dict, str]:
+    """Measure every backend ``run.repeats`` times on ``spec``'s prompts: the result (``settings`` merged in) and
+    its table.
+
+    ``model`` is a Hugging Face checkpoint directory or a shipped config saved
+    once under ``checkpoint_dir`` (random weights from ``spec.seed``). The
+    result names the date and the load average before and after (the machine
+    may be shared).
+    """
+    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_average_start": os.getloadavg()}
+    checkpoint = hf_checkpoint(model, checkpoint_dir, seed=spec.seed)
+    from jaxpaged.checkpoint import read_hf_config
+    prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
+    backends = build_backends(run, checkpoint, prompts, spec)
+    runs = {b.name: [] for b in backends}
+    try:
+        for repeat in range(run.repeats):
+            for backend in backends:
+                runs[backend.name].append(backend.measure())
+                logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, run.repeats,
+                             runs[backend.name][-1].elapsed_s)
+    finally:
+        for backend in backends:
+            backend.close()
+    floor = None
+    if run.gemm_floor:  # after the passes, so its timing runs cannot disturb them
+        from jaxpaged.checkpoint import load_model
+        floor = measure_gemm_floor(load_model(str(checkpoint)), prefill_rows=run.limits.max_num_batched_tokens,
+                                   decode_rows=min(run.limits.max_num_seqs, spec.num_prompts))
+        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows",
+                     floor.prefill_flops_per_s / 1e9, floor.prefill_rows,
+                     floor.decode_flops_per_s / 1e9, floor.decode_rows)
+    result = throughput_result(runs, prompts, floor)
+    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | dict(settings)
+    return meta | result, throughput_table(result)

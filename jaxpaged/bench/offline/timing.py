@@ -1,14 +1,18 @@
-"""Device-time accounting around a runner, and a clock that leaves compile time out."""
+"""Device-time accounting around a runner, a clock that leaves compile time out, and side-by-side repeats."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import numpy as np
 
 from jaxpaged.runner import ModelRunner, Runner, StepHandle
 from jaxpaged.runner.step_input import StepInput
 from jaxpaged.scheduler import ModelOutput, SchedulerOutput
+
+T = TypeVar("T")
 
 
 class TimedRunner:
@@ -74,6 +78,28 @@ class _TimedStep:
             timer.device_s += elapsed
         timer.num_steps += self._counts
         return result
+
+
+def alternate(runs: Mapping[str, Callable[[], T]], repeats: int, *, warmup: int = 0) -> dict[str, list[T]]:
+    """Each of ``runs`` called ``repeats`` times, in rounds that call every one in turn, so load on a shared
+    machine falls on all alike; ``warmup`` unrecorded rounds first (compiles). What each call returned, by name."""
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    results: dict[str, list[T]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            results[name].append(run())
+    return results
+
+
+def seconds_of(fn: Callable[[], object]) -> Callable[[], float]:
+    """A call of ``fn`` that returns how long it took (seconds)."""
+    def timed() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return timed
 
 
 def median_step_seconds(runner: ModelRunner, step: StepInput, repeats: int) -> float:

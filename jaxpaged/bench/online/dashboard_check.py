@@ -5,11 +5,15 @@ hit, evicted and pinned), a ``prometheus`` binary scraping its ``/metrics``
 every second, sends `traffic` for a while, then runs every panel query of the
 dashboard through Prometheus' HTTP API (`evaluate`). A query fails when
 Prometheus refuses it or it returns no series (`failed_queries`).
+`dashboard_queries` reads the panel queries, replacing Grafana's own
+``$__rate_interval`` (the only variable the dashboard uses) with a fixed window
+as Grafana would before a query reaches Prometheus.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import tempfile
@@ -19,9 +23,28 @@ from pathlib import Path
 
 import httpx
 
-from jaxpaged.bench.online.dashboard import DASHBOARD, PanelQuery, dashboard_queries
 from jaxpaged.bench.online.server_process import ServerProcess, free_port
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
+
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "examples" / "grafana" / "jaxpaged-kv-cache.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PanelQuery:
+    """One target of one panel."""
+
+    panel: str
+    ref_id: str
+    expr: str  # with Grafana's variables replaced
+
+
+def dashboard_queries(path: str | Path = DASHBOARD, *, rate_interval: str = "1m") -> list[PanelQuery]:
+    """Every panel target's PromQL, ``$__rate_interval`` replaced by ``rate_interval``."""
+    dashboard = json.loads(Path(path).read_text())
+    return [PanelQuery(panel["title"], target["refId"], target["expr"].replace("$__rate_interval", rate_interval))
+            for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
 
 SERVER_ARGS = ("--kv_budget_tokens=512", "--max_model_len=256", "--max_num_seqs=4",
                "--max_num_batched_tokens=256", "--kv_cache_metrics_sample=1")

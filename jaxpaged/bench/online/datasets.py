@@ -17,7 +17,7 @@ number of tokens).
   "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}``; the first turn
   is the prompt and the second's length (in tokens) is the output length unless
   a fixed one is given. A ``value`` may be text or a list of token ids.
-- a jaxpaged workload (``jaxpaged.workloads``): its token prompts, output
+- a jaxpaged workload (``jaxpaged.sim.workloads``): its token prompts, output
   lengths and cache salts, via :func:`from_workload`.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxpaged.config import load_config
+from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, WorkloadRequest
 from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
-from jaxpaged.workloads import TOKEN_ID_LIMIT, WorkloadRequest
 
 PROMPT_FORMATS = ("tokens", "text")
 # vLLM's ShareGPT filter: drop conversations shorter than this on either side

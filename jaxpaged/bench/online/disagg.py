@@ -40,7 +40,7 @@ from jaxpaged.bench.online.datasets import BenchRequest, random_requests
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import request_tpot
 from jaxpaged.bench.online.server_process import ROOT, ServerProcess, free_port
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 
 MAX_WARMUP_RUNS = 4
 STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it compiles (or loads from the cache)

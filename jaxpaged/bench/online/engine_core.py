@@ -17,14 +17,14 @@ import re
 import resource
 from collections.abc import Mapping, Sequence
 
+from jaxpaged.bench.offline.host_overhead import measure_host_overhead
+from jaxpaged.bench.offline.host_overhead import median_fields
 from jaxpaged.bench.online.datasets import random_requests
 from jaxpaged.bench.online.http_run import DEVICE_BUSY_METRIC
 from jaxpaged.bench.online.online_client import fetch_metric, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.bench.output import markdown_table
-from jaxpaged.bench.simulator.host_overhead import measure_host_overhead
-from jaxpaged.bench.simulator.host_overhead_sweep import median_fields
+from jaxpaged.report import markdown_table
 
 CONFIGS = {"thread": ["--engine_core=thread"], "process": ["--engine_core=process"],
            "process2": ["--engine_core=process", "--api_server_count=2"]}

@@ -26,9 +26,9 @@ from jaxpaged.bench.online.datasets import (
 )
 from jaxpaged.bench.online.online_client import RequestResult, fetch_metric, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.bench.online.online_report import online_markdown_table
+from jaxpaged.bench.online.online_metrics import online_markdown_table
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 # a simulated device (jaxpaged serve --device=simulated) counts the seconds it spent in steps

@@ -25,7 +25,7 @@ from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.bench.output import markdown_table as render_table
+from jaxpaged.report import markdown_table as render_table
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
 # Each replica's XLA runs single-threaded: the replicas, not one replica's threads, share the cores.

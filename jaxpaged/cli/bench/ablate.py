@@ -15,7 +15,7 @@ from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.workloads import WORKLOADS as WORKLOADS_BY_NAME
+from jaxpaged.sim.workloads import WORKLOADS as WORKLOADS_BY_NAME
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

@@ -46,7 +46,7 @@ def main(argv):
     """Run both parts, then print and write the tables."""
     del argv
     from jaxpaged.engine import EngineConfig
-    from jaxpaged.kv.pool import kv_dtype_from_name
+    from jaxpaged.kv_pool.pool import kv_dtype_from_name
     workload = DisaggWorkload(num_decodes=NUM_DECODES.value, decode_output_len=DECODE_OUT.value,
                               num_long=NUM_LONG.value, long_prompt_len=LONG_LEN.value,
                               long_interval_s=LONG_INTERVAL.value)

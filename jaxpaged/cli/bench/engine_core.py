@@ -15,7 +15,7 @@ time and loop-thread CPU time per decode step (its `engine_core_step_host_second
 and `engine_core_loop_cpu_seconds` metrics, means over the run's decode steps).
 
 `--host_overhead_seqs` adds the engine core's host time per decode step
-measured alone (`jaxpaged.bench.simulator.host_overhead` with `engine_core=True`: the
+measured alone (`jaxpaged.bench.offline.host_overhead` with `engine_core=True`: the
 core's output processing, stat logger and message encoding, no HTTP, no
 sockets), with a device that takes no time and with the simulated H200's
 steps, medians of `--host_overhead_repeats` runs of 64 steps.

@@ -2,7 +2,7 @@
 
     jaxpaged bench host-overhead --num_seqs=64,256,512 --json_out=out/host.json --md_out=out/host.md
 
-The engine runs over a stand-in device (`jaxpaged.bench.simulator.host_overhead`): the
+The engine runs over a stand-in device (`jaxpaged.bench.offline.host_overhead`): the
 real persistent batch and layout, steps that take the cost model's predicted
 time on a device profile (llama3-8b on the H200 by default) in a worker
 thread. Per batch size it reports (medians over `--repeats` runs, each the
@@ -17,12 +17,12 @@ median of `--steps` decode steps):
 `--structured` puts every sequence under a grammar (structured output): the
 host then fills each step's token masks and advances the matchers too.
 
-The work is `jaxpaged.bench.simulator.host_overhead_sweep`.
+The work is `jaxpaged.bench.offline.host_overhead`.
 """
 
 from __future__ import annotations
 
-from jaxpaged.bench.simulator.host_overhead_sweep import HostOverheadSweep, host_overhead_tables, sweep_host_overhead
+from jaxpaged.bench.offline.host_overhead import HostOverheadSweep, host_overhead_tables, sweep_host_overhead
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags

@@ -21,14 +21,13 @@ import logging
 from absl import app
 
 from jaxpaged import compile_cache
-from jaxpaged.bench.online.http_overhead import http_overhead_setup, offline_vs_http, serve_args
-from jaxpaged.bench.online.offline_online import comparison_table
+from jaxpaged.bench.online.http_overhead import comparison_table, http_overhead_setup, offline_vs_http, serve_args
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

@@ -10,13 +10,13 @@ sit between the device steps ("device_step" and the XLA executions).
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.profile_run import profile_serving
+from jaxpaged.bench.offline.profiling import profile_serving
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

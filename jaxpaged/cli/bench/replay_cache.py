@@ -16,7 +16,7 @@ from jaxpaged.bench.offline.cache_replay import markdown_table, print_result, re
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.traces import CONVERSATION_TRACE, load_trace
+from jaxpaged.sim.traces import CONVERSATION_TRACE, load_trace
 
 FLAGS = FlagSet()
 _TRACE = FLAGS.DEFINE_string("trace", str(CONVERSATION_TRACE), "Mooncake-format JSONL trace")

@@ -26,14 +26,14 @@ import dataclasses
 import logging
 
 from jaxpaged.bench.offline.serving import MODES
-from jaxpaged.bench.offline.serving_run import serve_modes, serving_tables
+from jaxpaged.bench.offline.serving import serve_modes, serving_tables
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.http_bench import HttpBenchFlags
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.cli.workload_flags import WorkloadFlags
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
 bench_flags = WorkloadFlags(FLAGS)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxpaged.bench.offline import startup
-from jaxpaged.bench.offline.startup_run import padding_report, run_startups
+from jaxpaged.bench.offline.startup import padding_report, run_startups
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
 

@@ -19,10 +19,10 @@ it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
 After the passes (`--gemm_floor`, default on) the model's weight GEMMs are timed
 at a prefill-sized and a decode-sized row count, and each pass is held to its
 weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
-(jaxpaged/bench/offline/throughput_floor.py). `hf elapsed / jaxpaged floor` is the
+(jaxpaged/bench/offline/throughput.py). `hf elapsed / jaxpaged floor` is the
 largest jaxpaged/hf ratio this machine allows on the workload.
 
-The work is `jaxpaged.bench.offline.throughput_run`.
+The work is `jaxpaged.bench.offline.throughput`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hf_backend import HFBackendMissing
 from jaxpaged.bench.offline.throughput import EngineLimits, PromptSpec
-from jaxpaged.bench.offline.throughput_run import BACKENDS, ThroughputRun, run_throughput
+from jaxpaged.bench.offline.throughput import BACKENDS, ThroughputRun, run_throughput
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
@@ -63,7 +63,7 @@ DTYPE = EngineFlags(FLAGS, ["dtype"]).holders["dtype"]  # jaxpaged's and vLLM's 
 HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
 HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
 GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
-                                  "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput_floor.py)")
+                                  "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput.py)")
 OUT = OutputFlags(FLAGS)
 
 FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_size", "hf_threads")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from absl import app
 
-from jaxpaged.bench.simulator.hybrid_kv import compare_layouts, layouts_table
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
 from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.sim.hybrid_kv import compare_layouts, layouts_table
 
 FLAGS = FlagSet()
 MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "gemma-3-27b"}).holders["model"]  # with sliding windows

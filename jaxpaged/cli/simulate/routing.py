@@ -11,29 +11,25 @@ Each run serves one workload on N simulated replicas (engines over
 grows with N (`--rate_per_replica` x N Poisson arrivals, `--requests_per_replica`
 x N requests), so every N sees the same load per replica. Goodput counts the
 requests meeting both `--ttft_slo_s` and `--tpot_slo_s`, per simulated second
-(`jaxpaged.bench.simulator.routing`).
+(`jaxpaged.sim.routing_sweep`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.bench.simulator.routing import RoutingLoad, routing_sweep, routing_table
-from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.deployment_flags import DeploymentFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
 from jaxpaged.router import POLICIES
-from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import WORKLOADS
+from jaxpaged.sim.routing_sweep import RoutingLoad, routing_sweep, routing_table
+from jaxpaged.sim.workloads import WORKLOADS
 
 FLAGS = FlagSet()
-PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON")
-KV_CACHE_GB = FLAGS.DEFINE_float("kv_cache_gb", 4.0, "KV cache per replica in GB (1e9); small, so caches evict")
-ENGINE = EngineFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"],
-                     defaults={"model": "llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 2048})
-MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
-MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
-WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/workloads.py)")
+DEPLOY = DeploymentFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"], kv_cache_gb=4.0,
+                         kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict",
+                         kv_cache_gb_at_least=1e-6)
+WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/sim/workloads.py)")
 SCALES = FLAGS.DEFINE_list("scales", ["output_len=64"], "workload length overrides, key=value")
 REPLICAS = FLAGS.DEFINE_list("replicas", ["8", "16", "64"], "replica counts")
 POLICIES_FLAG = FLAGS.DEFINE_list("policies", list(POLICIES), "routing policies")
@@ -44,10 +40,8 @@ TPOT_SLO = FLAGS.DEFINE_float("tpot_slo_s", 0.05, "time-per-output-token objecti
 SEED = FLAGS.DEFINE_integer("seed", 0, "workload and arrival seed")
 OUT = OutputFlags(FLAGS)
 
-FLAGS.device_profile("profile")
 FLAGS.positive("requests_per_replica")
 FLAGS.non_negative("seed")
-FLAGS.at_least(1e-6, "kv_cache_gb")
 FLAGS.at_least(1e-3, "rate_per_replica", "ttft_slo_s", "tpot_slo_s")
 FLAGS.list_of("workloads", choices=list(WORKLOADS))
 FLAGS.list_of("policies", choices=list(POLICIES))
@@ -57,9 +51,7 @@ FLAGS.key_values("scales")
 def main(argv):
     """Simulate every workload x replica count x policy; print and write the table."""
     del argv
-    deployment = Deployment(model=MODEL.value, profile=PROFILE.value, kv_cache_bytes=int(KV_CACHE_GB.value * 1e9),
-                            block_size=BLOCK_SIZE.value, max_num_seqs=MAX_SEQS.value,
-                            max_num_batched_tokens=MAX_TOKENS.value)
+    deployment = DEPLOY.deployment()
     load = RoutingLoad(requests_per_replica=PER_REPLICA_REQUESTS.value, rate_per_replica=PER_REPLICA_RATE.value,
                        scales=parse_key_values(SCALES.value), ttft_slo_s=TTFT_SLO.value, tpot_slo_s=TPOT_SLO.value,
                        seed=SEED.value)

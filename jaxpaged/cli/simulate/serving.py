@@ -19,42 +19,30 @@ residency numbers (evictions by reason, sampled block lifetimes).
         --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
         --eviction_policies=lru,lfu,sieve,slru
 
-The work is `jaxpaged.bench.simulator.serving`.
+The work is `jaxpaged.sim.serving_sweep`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from absl import app
-
-from jaxpaged.bench.simulator.serving import rate_sweep, trace_replay, trace_requests
 from jaxpaged.cache.eviction import EVICTION_POLICIES
-from jaxpaged.cli.engine_flags import EngineFlags
+from jaxpaged.cli.deployment_flags import DeploymentFlags
 from jaxpaged.cli.flagset import FlagSet, parse_key_values
 from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.sim import scenario
-from jaxpaged.workloads import WORKLOADS, make_workload
+from jaxpaged.sim.serving_sweep import rate_sweep, trace_replay, trace_requests
+from jaxpaged.sim.workloads import WORKLOADS, make_workload
 
 FLAGS = FlagSet()
-PROFILE = FLAGS.DEFINE_string("profile", "a100-80gb", "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile JSON "
-                              "(--tensor_parallel_size of these devices: weights and KV per device, two "
-                              "all-reduces per layer over the interconnect)")
-WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/workloads.py)")
+WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload (jaxpaged/sim/workloads.py)")
 NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 1000, "requests per run")
 SCALES = FLAGS.DEFINE_list("scales", [], "workload length overrides, key=value (e.g. output_len=100)")
-WEIGHT_BYTES = FLAGS.DEFINE_float("weight_bytes_per_param", 2.0, "2 = bf16, 1 = fp8/int8, 0.5 = 4-bit")
-KV_BYTES = FLAGS.DEFINE_float("kv_bytes_per_element", 2.0, "2 = bf16/fp16 KV, 1 = fp8 KV")
-KV_CACHE_GB = FLAGS.DEFINE_float("kv_cache_gb", None, "KV cache size in GB (1e9) per device; default: 90% of "
-                                  "memory - the device's weights")
 # the simulated engine; kv_cache_metrics_sample is used with --trace (the residency numbers)
-ENGINE = EngineFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                             "kv_cache_metrics_sample"],
-                     defaults={"model": "llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 2048,
-                               "kv_cache_metrics_sample": 0.01})
-MODEL, BLOCK_SIZE, TP = ENGINE.holders["model"], ENGINE.holders["block_size"], ENGINE.holders["tensor_parallel_size"]
-MAX_SEQS, MAX_TOKENS = ENGINE.holders["max_num_seqs"], ENGINE.holders["max_num_batched_tokens"]
-METRICS_SAMPLE = ENGINE.holders["kv_cache_metrics_sample"]
+DEPLOY = DeploymentFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                                 "tensor_parallel_size", "kv_cache_metrics_sample"],
+                         profile_help=" (--tensor_parallel_size of these devices: weights and KV per device, two "
+                                      "all-reduces per layer over the interconnect)",
+                         engine_defaults={"kv_cache_metrics_sample": 0.01})
 PREFIX = FLAGS.DEFINE_list("prefix_caching", ["off", "on"], "modes to run: off, on")
 RATES = FLAGS.DEFINE_list("rates", ["0", "1", "2", "4"], "offered request rates (req/s); 0 = all at once")
 BOUND = FLAGS.DEFINE_float("ttft_p99_bound_s", 2.0, "p99 TTFT bound defining the sustainable rate")
@@ -71,10 +59,9 @@ GOOD_TPOT = FLAGS.DEFINE_float("goodput_tpot_ms", 100.0, "goodput SLO: time per 
 OUT = OutputFlags(FLAGS, plot_dir=None)
 PLOT_NAME = FLAGS.DEFINE_string("plot_name", "sim_sweep.png", "file name of the rate sweep's PNG in --plot_dir")
 
-FLAGS.device_profile("profile")
 FLAGS.positive("num_requests")
 FLAGS.non_negative("refine", "seed")
-FLAGS.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element", "kv_cache_gb", "ttft_p99_bound_s")
+FLAGS.at_least(1e-3, "ttft_p99_bound_s")
 FLAGS.list_of("prefix_caching", choices=["off", "on"])
 FLAGS.list_of("rates", number_at_least=0)
 FLAGS.key_values("scales")
@@ -84,20 +71,6 @@ FLAGS.at_least(1e-6, "trace_time_scale", "goodput_ttft_s", "goodput_tpot_ms")
 FLAGS.list_of("eviction_policies", choices=EVICTION_POLICIES)
 
 
-def deployment(**extra) -> scenario.Deployment:
-    """The deployment the flags describe; a usage error (naming --kv_cache_gb) when its pool cannot be sized."""
-    base = scenario.Deployment(
-        model=MODEL.value, profile=PROFILE.value, weight_bytes_per_param=WEIGHT_BYTES.value,
-        kv_bytes_per_element=KV_BYTES.value, block_size=BLOCK_SIZE.value,
-        kv_cache_bytes=None if KV_CACHE_GB.value is None else int(KV_CACHE_GB.value * 1e9),
-        max_num_seqs=MAX_SEQS.value, max_num_batched_tokens=MAX_TOKENS.value, tensor_parallel_size=TP.value, **extra)
-    try:
-        base.num_blocks()
-    except ValueError as error:
-        raise app.UsageError(f"{error} (--kv_cache_gb, --tensor_parallel_size)") from None
-    return base
-
-
 def main(argv):
     """Sweep the request rates (or replay --trace); print the rows as they finish, then write the results."""
     del argv
@@ -105,7 +78,7 @@ def main(argv):
         run_trace()
         return
     requests = make_workload(WORKLOAD.value, num_requests=NUM_REQUESTS.value, seed=SEED.value, **parse_key_values(SCALES.value))
-    base = deployment()
+    base = DEPLOY.deployment(kv_cache_metrics_sample=0.0)  # the residency sample is read only with --trace
     sweep = rate_sweep(base, requests, PREFIX.value, [float(r) for r in RATES.value], ttft_p99_bound_s=BOUND.value,
                        refine=REFINE.value, seed=SEED.value, decode_fast_forward=FAST_FORWARD.value)
     curves = sweep.curves
@@ -120,7 +93,7 @@ def main(argv):
 
 def run_trace() -> None:
     """--trace: the trace at its own (time-scaled) arrivals, once per eviction policy."""
-    base = deployment(kv_cache_metrics_sample=METRICS_SAMPLE.value)
+    base = DEPLOY.deployment()
     requests = trace_requests(base, TRACE.value, limit=TRACE_LIMIT.value, time_scale=TRACE_SCALE.value)
     points, table = trace_replay(base, requests, POLICIES.value, ttft_slo_s=GOOD_TTFT.value,
                                  tpot_slo_s=GOOD_TPOT.value / 1e3, decode_fast_forward=FAST_FORWARD.value)

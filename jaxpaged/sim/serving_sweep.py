@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxpaged.bench.output import markdown_row, markdown_table
+from jaxpaged.report import markdown_row, markdown_table
 from jaxpaged.sim import scenario
 from jaxpaged.sim.scenario import Deployment, SweepPoint, TracePoint
-from jaxpaged.traces import load_trace, trace_workload
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.traces import load_trace, trace_workload
+from jaxpaged.sim.workloads import WorkloadRequest
 
 SWEEP_HEADER = ["prefix caching", "offered (req/s)", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
                 "p50 TPOT (ms)", "hit rate", "preemptions", "wall (s)"]

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from jaxtyping import Int
 
-from jaxpaged.workloads import TOKEN_ID_LIMIT, WorkloadRequest
+from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, WorkloadRequest
 
 TRACE_BLOCK_SIZE = 512
-CONVERSATION_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+CONVERSATION_TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)

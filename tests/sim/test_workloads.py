@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxpaged.workloads import (
+from jaxpaged.sim.workloads import (
     TOKEN_ID_LIMIT, WORKLOADS, ConversationHistory, assign_arrivals, make_workload, max_context_len)
 
 

@@ -1,10 +1,10 @@
-"""The two-tenant benchmark on the simulated device (jaxpaged/bench/simulator/tenants.py), in simulated time: under
+"""The two-tenant benchmark on the simulated device (jaxpaged/sim/tenants.py), in simulated time: under
 overload the fair and priority policies keep the light tenant's TTFT near its alone value, where fcfs does not."""
 
 import dataclasses
 
-from jaxpaged.bench.simulator.tenants import TenantLoad, run_policy
 from jaxpaged.sim.scenario import Deployment
+from jaxpaged.sim.tenants import TenantLoad, run_policy
 
 
 def test_fair_keeps_the_light_tenant_near_alone_and_fcfs_does_not():

@@ -1,8 +1,8 @@
 """Two tenants under overload on the simulated device: one sends 10x the other's rate; each tenant's TTFT and TPOT
 (p50, p99) under each scheduling policy (fcfs, priority, fair), and the light tenant alone (the bound's base).
 
-    python -m jaxpaged.bench.simulator.tenants --model=llama3-8b --profile=h200-141gb
-    python -m jaxpaged.bench.simulator.tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
+    jaxpaged simulate tenants --model=llama3-8b --profile=h200-141gb
+    jaxpaged simulate tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
 
 Every step goes through `Engine.step()` (no decode fast-forward), so the fair policy's counters see every
 token. Under ``priority`` the light tenant's requests have priority 0 and the heavy tenant's 1 (the operator
@@ -12,13 +12,12 @@ giving the small tenant precedence); under ``fair`` both count as their own tena
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 
 import numpy as np
-from absl import app, flags
 
 from jaxpaged.outputs import RequestOutputKind
+from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.scheduler.policy import SCHEDULING_POLICIES
 from jaxpaged.sim.driver import make_sim_engine
@@ -103,53 +102,30 @@ def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float =
     return summary
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "llama3-8b", "model shape")
-flags.DEFINE_string("profile", "h200-141gb", "simulated device")
-flags.DEFINE_float("light_rate", 2.0, "the light tenant's requests/s")
-flags.DEFINE_float("heavy_factor", 10.0, "the heavy tenant's rate over the light one's")
-flags.DEFINE_float("duration_s", 60.0, "simulated seconds of arrivals")
-flags.DEFINE_integer("prompt_len", 1024, "prompt tokens")
-flags.DEFINE_integer("output_len", 128, "generated tokens")
-flags.DEFINE_integer("max_num_seqs", 256, "batch slots")
-flags.DEFINE_string("output_json", None, "write the results here")
-flags.DEFINE_string("cpu_model", None, "run on this machine's CPU with this model (e.g. tiny) in real time, "
-                    "instead of the simulated device")
+def run_tenants(deployment: Deployment, load: TenantLoad, *, cpu_model: str | None = None) -> dict[str, dict]:
+    """The light tenant alone, then both tenants under each scheduling policy, on the same arrivals.
 
-
-def main(argv) -> None:
-    """Each policy on the same arrivals; prints a Markdown table."""
-    del argv
-    deployment = Deployment(model=FLAGS.model, profile=FLAGS.profile, max_num_seqs=FLAGS.max_num_seqs)
-    load = TenantLoad(FLAGS.light_rate, FLAGS.heavy_factor, FLAGS.duration_s, FLAGS.prompt_len, FLAGS.output_len)
-    if FLAGS.cpu_model:
-        def run(load, policy):
-            return run_policy_cpu(FLAGS.cpu_model, load, policy, max_num_seqs=FLAGS.max_num_seqs,
-                                  max_model_len=load.prompt_len + load.output_len + 16)
-    else:
-        def run(load, policy):
+    With ``cpu_model`` every run is on this machine's CPU in real time, after two unmeasured runs that
+    compile every shape the runs reach (cached per process); else on the simulated device.
+    """
+    def run(load: TenantLoad, policy: str) -> dict:
+        if cpu_model is None:
             return run_policy(deployment, load, policy)
-    if FLAGS.cpu_model:
-        for warm in (load, dataclasses.replace(load, heavy_factor=0.0)):  # unmeasured: compiles every shape the
-            run(warm, "fcfs")                                              # runs reach (cached per process)
-    rows = {"fcfs, light alone": run(dataclasses.replace(load, heavy_factor=0.0), "fcfs")}
-    rows |= {policy: run(load, policy) for policy in SCHEDULING_POLICIES}
-    where = f"{FLAGS.cpu_model} on this CPU" if FLAGS.cpu_model else f"{FLAGS.model} on {FLAGS.profile}"
-    print(f"{where}; light {load.light_rate}/s, heavy {load.light_rate * load.heavy_factor}/s,"
-          f" {load.prompt_len}+{load.output_len} tokens, {load.duration_s:.0f} s of arrivals\n")
-    print("| policy | tenant | requests | TTFT p50 (s) | TTFT p99 (s) | TPOT p50 (ms) | TPOT p99 (ms) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for policy, summary in rows.items():
-        for tenant, s in summary.items():
-            if not s["requests"]:
-                continue
-            print(f"| {policy} | {tenant} | {s['requests']} | {s['ttft_50']:.3f} | {s['ttft_99']:.3f} | "
-                  f"{1e3 * s['tpot_50']:.1f} | {1e3 * s['tpot_99']:.1f} |")
-    if FLAGS.output_json:
-        with open(FLAGS.output_json, "w") as f:
-            json.dump({"load": dataclasses.asdict(load), "model": FLAGS.model, "profile": FLAGS.profile,
-                       "results": rows}, f, indent=1)
+        return run_policy_cpu(cpu_model, load, policy, max_num_seqs=deployment.max_num_seqs,
+                              max_model_len=load.prompt_len + load.output_len + 16)
+
+    alone = dataclasses.replace(load, heavy_factor=0.0)
+    if cpu_model is not None:
+        for warm in (load, alone):
+            run(warm, "fcfs")
+    rows = {"fcfs, light alone": run(alone, "fcfs")}
+    return rows | {policy: run(load, policy) for policy in SCHEDULING_POLICIES}
 
 
-if __name__ == "__main__":
-    app.run(main)
+def tenants_table(rows: dict[str, dict]) -> str:
+    """One row per policy and tenant that sent requests: TTFT and TPOT p50/p99."""
+    return markdown_table(
+        ["policy", "tenant", "requests", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)", "TPOT p99 (ms)"],
+        [[policy, tenant, s["requests"], f"{s['ttft_50']:.3f}", f"{s['ttft_99']:.3f}", f"{1e3 * s['tpot_50']:.1f}",
+          f"{1e3 * s['tpot_99']:.1f}"] for policy, summary in rows.items() for tenant, s in summary.items()
+         if s["requests"]], align="llrrrrr")

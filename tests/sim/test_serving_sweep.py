@@ -1,8 +1,8 @@
 """`simulate serving`'s rate sweep: each point reported once, and the sustainable rate by its rule."""
 
-from jaxpaged.bench.simulator.serving import SWEEP_HEADER, rate_sweep
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import make_workload
+from jaxpaged.sim.serving_sweep import SWEEP_HEADER, rate_sweep
+from jaxpaged.sim.workloads import make_workload
 
 
 def test_every_point_once_by_rate_and_the_sustainable_rate_is_the_highest_passing_one_below_every_failure():

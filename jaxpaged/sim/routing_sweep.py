@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from jaxpaged.bench.output import markdown_table
+from jaxpaged.report import markdown_table
 from jaxpaged.router import make_policy
 from jaxpaged.sim.cluster import simulate_cluster
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import assign_arrivals, make_workload
+from jaxpaged.sim.workloads import assign_arrivals, make_workload
 
 HEADER = ["workload", "replicas", "policy", "hit rate", "goodput (req/s)", "throughput (req/s)", "p50 TTFT (s)",
           "p99 TTFT (s)", "p50 TPOT (ms)", "max/mean requests per replica", "preemptions", "wall (s)"]

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from jaxpaged.bench.simulator.calibration import Measurements, errors_by_kind, fit_and_validate, load_measurements
 from jaxpaged.config import load_config
 from jaxpaged.sim import calibrate
+from jaxpaged.sim.calibrate import Measurements, errors_by_kind, fit_and_validate, load_measurements
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import DeviceProfile
 

@@ -8,11 +8,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxpaged.bench.output import markdown_table
 from jaxpaged.checkpoint import model_config
+from jaxpaged.report import markdown_table
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.scenario import Deployment
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 
 def run(deployment: Deployment, context_len: int, num_requests: int, max_tokens: int) -> dict:

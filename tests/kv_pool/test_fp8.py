@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.capacity import kv_capacity
+from jaxpaged.bench.capacity import kv_capacity
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
-from jaxpaged.kv.fp8 import pool_absmax, scales_from_absmax, validate_kv_scales
-from jaxpaged.kv.pool import FP8_MAX, write_layer_kv
+from jaxpaged.kv_pool.fp8 import pool_absmax, scales_from_absmax, validate_kv_scales
+from jaxpaged.kv_pool.pool import FP8_MAX, write_layer_kv
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner, calibrate_kv_scales
 from jaxpaged.runner.step_input import ScheduledSeq, build_step_input

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from jaxpaged.bench.online.datasets import BenchRequest, random_requests
-from jaxpaged.bench.online.offline_online import (compare_offline_http, comparison_table, http_cost, median_metrics,
+from jaxpaged.bench.online.http_overhead import (compare_offline_http, comparison_table, http_cost, median_metrics,
                                            offline_results)
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.engine import Engine, EngineConfig

@@ -5,11 +5,14 @@ Reference figures (Llama-3-70B, fp16 KV): 2 (K and V) x 80 layers x 8 KV heads x
 bytes (about 5.2 MB); 45 GB (decimal) holds 8,583 such blocks (the often quoted
 "about 8,700" is 45 GB / 5.2 MB, the block size rounded down). The weights
 alone are ~70.6e9 parameters x 2 bytes = ~141 GB in fp16, not ~35 GB.
+
+``jaxpaged capacity`` puts these figures together (and, for sliding-window models, the hybrid layout's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, ModelConfig, dtype_itemsize
 from jaxpaged.mathutils import cdiv
@@ -165,3 +168,20 @@ def format_hybrid_capacity(cap: HybridCapacity) -> str:
         f"{cap.hybrid_max_concurrent_seqs:,} concurrent; all-full {cap.full_bytes_per_seq / 1e9:.3f} GB, "
         f"{cap.full_max_concurrent_seqs:,} concurrent ({cap.kv_saving:.1%} of the KV bytes saved)",
     ])
+
+
+def capacity_report(config: ModelConfig, *, budget_bytes: int, context_len: int, kv_dtype: str,
+                    weight_dtype: str | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                    tensor_parallel_size: int = 1, hybrid_context_lens: Sequence[int] = ()) -> tuple[dict, str]:
+    """`kv_capacity` as a dict and its text; a model with sliding-window layers adds ``hybrid``, its
+    `hybrid_kv_capacity` at each of ``hybrid_context_lens`` (default: ``context_len``)."""
+    cap = kv_capacity(config, budget_bytes=budget_bytes, block_size=block_size, context_len=context_len,
+                      kv_dtype=kv_dtype, weight_dtype=weight_dtype or kv_dtype,
+                      tensor_parallel_size=tensor_parallel_size)
+    result, text = dataclasses.asdict(cap), [format_capacity(cap)]
+    if any(w is not None for w in config.layer_windows):
+        hybrid = [hybrid_kv_capacity(config, budget_bytes=budget_bytes, block_size=block_size, context_len=n,
+                                     kv_dtype=kv_dtype) for n in hybrid_context_lens or [context_len]]
+        text += [format_hybrid_capacity(h) for h in hybrid]
+        result["hybrid"] = [dataclasses.asdict(h) for h in hybrid]
+    return result, "\n".join(text)

@@ -18,13 +18,13 @@ from jaxtyping import Array, Float, Int
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
-from jaxpaged.kv.pool import KVPool
+from jaxpaged.kv_pool.pool import KVPool
 from jaxpaged.model.layers import DecoderLayer, _linear, rms_norm
 from jaxpaged.model.rope import rope_inv_freq
 
 
-class LlamaModel(nnx.Module):
-    """A causal LM of the Llama family (RMSNorm, RoPE, GQA, gated MLP; tied or untied embeddings)."""
+class DecoderModel(nnx.Module):
+    """A causal decoder LM: RMSNorm, RoPE, GQA, gated MLP, tied or untied embeddings, and the family switches above."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=None):
         dtype = jnp.dtype(dtype or config.dtype)
@@ -91,6 +91,6 @@ class LlamaModel(nnx.Module):
         return self.logits(self.norm(x))
 
 
-def init_model(config: ModelConfig, seed: int = 0, dtype=None) -> LlamaModel:
+def init_model(config: ModelConfig, seed: int = 0, dtype=None) -> DecoderModel:
     """A model with random weights drawn from `seed`."""
-    return LlamaModel(config, rngs=nnx.Rngs(seed), dtype=dtype)
+    return DecoderModel(config, rngs=nnx.Rngs(seed), dtype=dtype)

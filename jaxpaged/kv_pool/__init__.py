@@ -1,6 +1,6 @@
 """Device-side KV state: the paged pool as a pytree, and the pure ops that write and copy it."""
 
-from jaxpaged.kv.pool import (
+from jaxpaged.kv_pool.pool import (
     KVPool,
     copy_blocks,
     create_pool,

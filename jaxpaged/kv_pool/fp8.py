@@ -1,7 +1,7 @@
 """FP8 (float8_e4m3fn) KV cache: per-layer, per-KV-head float32 scales and their calibration.
 
 Stored value = ``clip(x / scale, -448, 448)`` cast to float8_e4m3fn; read value =
-``stored * scale`` (`jaxpaged.kv.pool.write_layer_kv` and the attention
+``stored * scale`` (`jaxpaged.kv_pool.pool.write_layer_kv` and the attention
 backends). The scales are pool data, not compile-time constants, so setting
 them never recompiles a step.
 
@@ -22,7 +22,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from jaxpaged.config import ModelConfig
-from jaxpaged.kv.pool import FP8_MAX, KVPool
+from jaxpaged.kv_pool.pool import FP8_MAX, KVPool
 
 DEFAULT_SCALE_MARGIN = 2.0
 _MIN_SCALE = 1e-6  # a head whose calibration K/V were all zero still gets a usable scale

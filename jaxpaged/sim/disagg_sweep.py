@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from jaxpaged.bench.output import markdown_row, markdown_table
+from jaxpaged.report import markdown_row, markdown_table
 from jaxpaged.sim.disaggregated import Pools, PoolsResult, simulate_pools
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO
-from jaxpaged.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WorkloadRequest
 
 HEADER = ["time scale", "offered (req/s)", "pools", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
           "p50 TBT (ms)", "p99 TBT (ms)", "prefill hit rate", "decode hit rate", "KV moved (GB)",
@@ -80,6 +80,35 @@ class SplitSweep:
                    f"{run['by_slo'][slo_name(s)]['slo_attainment']:.1%}" for s in self.slos]
                 for run in self.runs]
         return markdown_table(header, rows, align="rl" + "r" * len(self.slos))
+
+    def plots(self, where: str, num_instances: int, prefix: str) -> dict:
+        """File name -> figure builder: goodput by split at each load; with several loads, attainment against
+        load for each SLO (``where``: the deployment, for the titles)."""
+        from jaxpaged.sim.plots import plot_attainment, plot_split_goodput
+
+        plots = {}
+        scales = sorted({run["time_scale"] for run in self.runs})
+        for scale in scales:
+            runs = [run for run in self.runs if run["time_scale"] == scale]
+            curves, colocated = {}, {}
+            for slo in self.slos:
+                name = slo_name(slo)
+                split_runs = [run for run in runs if not run["colocated"]]
+                curves[name] = ([run["prefill"] for run in split_runs],
+                                [run["by_slo"][name]["goodput_rps"] for run in split_runs])
+                colocated.update({name: run["by_slo"][name]["goodput_rps"] for run in runs if run["colocated"]})
+            title = f"{where}, offered {runs[0]['offered_rps']:.2f} req/s"
+            plots[f"{prefix}_goodput_x{scale:g}.png"] = (
+                lambda c=curves, b=colocated, t=title: plot_split_goodput(c, b, num_instances=num_instances, title=t))
+        for i, slo in enumerate(self.slos if len(scales) > 1 else []):
+            name = slo_name(slo)
+            curves = {}
+            for run in sorted(self.runs, key=lambda r: r["offered_rps"]):
+                rates, values = curves.setdefault(run["pools"], ([], []))
+                rates.append(run["offered_rps"])
+                values.append(run["by_slo"][name]["slo_attainment"])
+            plots[f"{prefix}_attainment_slo{i}.png"] = lambda c=curves, t=f"{where}: {name}": plot_attainment(c, title=t)
+        return plots
 
 
 def split_sweep(deployment: Deployment, requests_at: dict[float, list[WorkloadRequest]], pools: Sequence[Pools], *,
