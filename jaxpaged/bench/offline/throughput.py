@@ -383,7 +383,7 @@ def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]
     if "vllm" in run.backends:
         from jaxpaged.bench.offline.vllm_backend import VllmBackend
         backends.append(VllmBackend(run.vllm_python, checkpoint, prompts, limits=run.limits,
-                                    dtype=run.dtype or "auto", threads_bind=run.vllm_threads_bind, **common))
+                                    dtype=run.dtype, threads_bind=run.vllm_threads_bind, **common))
     if "jaxpaged" in run.backends:
         backends.insert(0, JaxpagedBackend(checkpoint, prompts, limits=run.limits, dtype=run.dtype, **common))
     for backend in backends:

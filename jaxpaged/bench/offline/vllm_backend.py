@@ -31,6 +31,12 @@ def all_cores_binding() -> str:
         else f"{cores[0]}-{cores[-1]}"
 
 
+def checkpoint_dtype(checkpoint: str | Path) -> str:
+    """The dtype a Hugging Face checkpoint's config.json names (`dtype` or `torch_dtype`), else "auto"."""
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    return config.get("dtype") or config.get("torch_dtype") or "auto"
+
+
 class VllmBackend:
     """`vllm.LLM.generate` over the prompts in a subprocess: loaded and warmed up once, then measured per call."""
 
@@ -38,15 +44,18 @@ class VllmBackend:
 
     def __init__(self, python: str, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
                  temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits(),
-                 dtype: str = "float32", threads_bind: str | None = None, memory_fraction: float = 0.3):
+                 dtype: str | None = None, threads_bind: str | None = None, memory_fraction: float = 0.3):
         """Start the worker under `python` (a vLLM install's interpreter) and wait until it has warmed up.
 
         `memory_fraction` is vLLM's `gpu_memory_utilization`, which on its CPU backend is the share
         of host memory it reserves (weights and KV cache); its default 0.92 fails on a shared host.
+        `dtype` None means the checkpoint's own, named explicitly: vLLM's "auto" runs a float32
+        checkpoint in 16-bit floats.
         """
         if not Path(python).exists():
             raise ValueError(f"--vllm_python {python!r} does not exist: point it at the Python of a vLLM install")
         self.prompts = [list(p) for p in prompts]
+        dtype = dtype or checkpoint_dtype(checkpoint)
         job = {"checkpoint": str(checkpoint), "prompts": self.prompts, "output_len": output_len,
                "temperature": temperature, "seed": seed, "dtype": dtype, "block_size": limits.block_size,
                "enable_prefix_caching": limits.enable_prefix_caching, "max_num_seqs": limits.max_num_seqs,
