@@ -166,7 +166,9 @@ def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--prefix_len=20"], "--prefix_len must be less than --input_len"),
-    (["--backend=vllm"], "flag --backend=vllm"),
+    (["--backend=sglang"], "--backend must list some of"),
+    (["--backend=jaxpaged,vllm"], "--backend=vllm needs --vllm_python=PATH"),
+    (["--backend=vllm", "--vllm_python=/no/such/python"], "--vllm_python"),
     (["--output_len=0"], "--output_len must be a finite number >= 1"),
     (["--model=no-such-model"], "--model must be a shipped config"),
 ])

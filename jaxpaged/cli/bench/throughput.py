@@ -27,6 +27,7 @@ The work is `jaxpaged.bench.offline.throughput`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from jaxpaged import compile_cache
@@ -70,6 +71,8 @@ FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_si
 FLAGS.non_negative("prefix_len", "temperature", "seed")
 FLAGS.register_validator("backend", lambda v: v == "both" or all(
     n.strip() in BACKENDS for n in v.split(",")), message=f"--backend must list some of {BACKENDS}, or be both")
+FLAGS.register_validator("vllm_python", lambda v: v is None or os.path.exists(v),
+                         message="--vllm_python must be the path of an existing Python (a vLLM install's)")
 FLAGS.register_multi_flags_validator(
     ["backend", "vllm_python"], lambda f: "vllm" not in f["backend"] or f["vllm_python"],
     message="--backend=vllm needs --vllm_python=PATH: the Python of a vLLM install")
