@@ -54,6 +54,8 @@ def test_shapes_it_does_not_take_go_to_the_triton_kernel():
 
 
 class _FakeGpu:
+    platform = "gpu"
+
     def __init__(self, compute_capability):
         self.compute_capability = compute_capability
 
