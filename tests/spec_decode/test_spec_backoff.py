@@ -21,6 +21,8 @@ class _Proposer:
     """Proposes the target's own next token (from `want`) for the first `num_right` calls, then `never`."""
 
     num_speculative_tokens = 4
+    drafts_need_slots = False
+    uses_hidden_states = False
 
     def __init__(self, want: list[int], never: int, num_right: int = 0):
         self.want, self.never, self.num_right = want, never, num_right

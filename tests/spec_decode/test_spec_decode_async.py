@@ -90,6 +90,8 @@ class _CyclingProposer:
     """Proposes the target's own next tokens (so every draft is accepted), 1, 2, 3, 4, 1, ... of them in turn."""
 
     num_speculative_tokens = 4
+    drafts_need_slots = False
+    uses_hidden_states = False
 
     def __init__(self, want: list[int]):
         self.want, self._lengths = want, itertools.cycle(range(1, 5))
