@@ -39,6 +39,10 @@ from jaxpaged.server.replicas.replica import EngineReplica
 
 log = logging.getLogger(__name__)
 
+PROXY_READY_CHECK_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+# Three missed checks (Serve's rule) take about Serve's own 60 s limit for the proxy to start.
+PROXY_READY_CHECK_TIMEOUT_S = 20
+
 REPLICA_DEPLOYMENT = "EngineReplica"
 INGRESS_DEPLOYMENT = "Ingress"
 # Replicas compile on their first requests and a step can take seconds on a busy CPU: Serve's default
@@ -163,9 +167,16 @@ def build_replica_app(config: EngineConfig, *, num_replicas: int, served_model_n
 
 
 def start_local_ray(num_cpus: int | None = None) -> None:
-    """A local Ray cluster whose workers import this checkout of jaxpaged (unless Ray is already up)."""
+    """A local Ray cluster whose workers import this checkout of jaxpaged (unless Ray is already up).
+
+    Serve's HTTP proxy gets `PROXY_READY_CHECK_TIMEOUT_S` to come up (unless the environment sets
+    ``RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S``): Serve's 5 s default, missed three times in a row, makes
+    `serve.start` fail, and on a small machine busy compiling a new actor's process can take longer.
+    """
     if ray.is_initialized():
         return
+    # Set before ray.init: the local cluster's processes, Serve's controller among them, inherit it.
+    os.environ.setdefault(PROXY_READY_CHECK_ENV, str(PROXY_READY_CHECK_TIMEOUT_S))
     checkout = str(Path(jaxpaged.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
