@@ -17,7 +17,7 @@ import httpx
 from jaxpaged.bench.online.server_process import free_port  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 180  # bound on waiting for a server to start or a condition to hold (not a speed check)
+WAIT_S = 300  # bound on waiting for a server or a Ray cluster to start, or a condition to hold (not a speed check)
 
 
 def start_server(*flags: str, env: dict | None = None) -> subprocess.Popen:
