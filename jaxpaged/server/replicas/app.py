@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 PROXY_READY_CHECK_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
 # Three missed checks (Serve's rule) take about Serve's own 60 s limit for the proxy to start.
 PROXY_READY_CHECK_TIMEOUT_S = 20
+# Starting the local node again when its raylet missed Ray's fixed start-up deadline (a busy machine).
+RAY_START_ATTEMPTS = 3
 
 REPLICA_DEPLOYMENT = "EngineReplica"
 INGRESS_DEPLOYMENT = "Ingress"
@@ -172,6 +174,8 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     Serve's HTTP proxy gets `PROXY_READY_CHECK_TIMEOUT_S` to come up (unless the environment sets
     ``RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S``): Serve's 5 s default, missed three times in a row, makes
     `serve.start` fail, and on a small machine busy compiling a new actor's process can take longer.
+    For the same reason a node whose raylet misses Ray's fixed 30 s start-up deadline is started again
+    (`RAY_START_ATTEMPTS` in all).
     """
     if ray.is_initialized():
         return
@@ -179,7 +183,16 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault(PROXY_READY_CHECK_ENV, str(PROXY_READY_CHECK_TIMEOUT_S))
     checkout = str(Path(jaxpaged.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+            return
+        except Exception as error:  # Ray raises a bare Exception when its raylet misses a fixed 30 s deadline
+            if "timed out during startup" not in str(error) or attempt == RAY_START_ATTEMPTS:
+                raise
+            log.warning("Ray's local node did not start in time (attempt %d of %d); starting it again",
+                        attempt, RAY_START_ATTEMPTS)
+            ray.shutdown()
 
 
 def start_replicas(app, *, host: str, port: int, num_cpus: int | None = None, app_name: str = "jaxpaged"):
