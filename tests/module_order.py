@@ -34,7 +34,6 @@ LONGEST_MODULES = [
     "tests/parallel/test_tensor_parallel.py",
     "tests/server/test_http_fuzz.py",
     "tests/parallel/test_multihost.py",
-    "tests/server/test_eval_harness.py",
 ]
 
 

@@ -1,24 +1,18 @@
-"""lm-evaluation-harness as a real client, and `echo` / prompt logprobs over HTTP with the official client.
+"""`echo` and prompt logprobs over HTTP with the official client, against the dense no-cache forward.
 
-One live `jaxpaged serve` for the module, on a random-weight Llama checkpoint with a
-byte-level BPE `tokenizer.json` trained here. `lm_eval --model
-local-completions` runs fully offline (task YAMLs over JSON files written
-here, the tokenizer from the checkpoint directory) on a multiple-choice
-(loglikelihood) task and a `generate_until` task; the loglikelihoods it
-reports must equal jaxpaged's dense no-cache forward of the same tokens.
+One live `jaxpaged serve` for the module, on a random-weight Llama checkpoint with a byte-level BPE
+`tokenizer.json` trained here (the tokenizer lm-evaluation-harness's `local-completions` reads). lm-eval
+itself as a client runs in tests/pretrained/test_real_model_references.py, on the real model, against
+lm-eval's own transformers backend.
 """
 
 import json
-import os
-import subprocess
 
 import jax
 import numpy as np
 import openai
 import pytest
-import yaml
 
-from jaxpaged.bench.online.eval_harness import lm_eval_command, served_model
 from jaxpaged.checkpoint import load_model
 from jaxpaged.checkpoint.hf import save_hf_checkpoint
 from jaxpaged.config import load_config
@@ -26,7 +20,6 @@ from jaxpaged.model import init_model
 from tests.paged_driver import dense_logits
 from tests.server.live_server import ROOT, serving
 
-pytest.importorskip("lm_eval", reason="the lm-eval extra (pip install -e '.[eval]')")
 tokenizers = pytest.importorskip("tokenizers")
 
 NAME = "tiny-eval"
@@ -135,71 +128,6 @@ def test_unimplemented_sampling_fields_are_refused(client):
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=NAME, prompt="the sky", max_tokens=2, extra_body=body)
         assert next(iter(body)) in err.value.message
-
-
-def _write_tasks(directory, data_dir):
-    (data_dir / "mc.json").write_text(json.dumps(QUESTIONS))
-    (data_dir / "gen.json").write_text(json.dumps(GEN))
-    common = {"dataset_path": "json", "test_split": "test", "doc_to_text": "{{question}}"}
-    mc = common | {"task": "jaxpaged_mc", "dataset_kwargs": {"data_files": {"test": str(data_dir / "mc.json")}},
-                   "output_type": "multiple_choice", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
-                   "metric_list": [{"metric": "acc"}]}
-    gen = common | {"task": "jaxpaged_gen", "dataset_kwargs": {"data_files": {"test": str(data_dir / "gen.json")}},
-                    "output_type": "generate_until", "doc_to_target": "{{answer}}",
-                    "generation_kwargs": {"until": ["\n"], "max_gen_toks": 6},
-                    "metric_list": [{"metric": "exact_match"}]}
-    for task in (mc, gen):
-        (directory / f"{task['task']}.yaml").write_text(yaml.safe_dump(task))
-
-
-def _greedy_text(model, tok, prompt: str, max_tokens: int, eos: int) -> str:
-    """Greedy decoding with the dense forward, cut at the first newline (the task's `until`) or EOS."""
-    ids = tok.encode(prompt).ids
-    out = []
-    for _ in range(max_tokens):
-        nxt = int(np.argmax(dense_logits(model, ids + out)[-1]))
-        if nxt == eos:
-            break
-        out.append(nxt)
-    return tok.decode(out).split("\n")[0]
-
-
-def test_lm_eval_harness_loglikelihoods_equal_the_dense_reference(server, checkpoint, reference, dense_model,
-                                                                  tmp_path):
-    _write_tasks(tmp_path, tmp_path)
-    out_dir = tmp_path / "results"
-    model, max_length = served_model(server)
-    assert model == NAME
-    cmd = lm_eval_command(server, str(checkpoint[0]), ["jaxpaged_mc", "jaxpaged_gen"], model=model,
-                          max_length=max_length, include_path=str(tmp_path), output_path=str(out_dir),
-                          log_samples=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(tmp_path / "datasets"), PYTHONPATH=str(ROOT))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    tok = checkpoint[1]
-    samples = {}
-    for f in out_dir.rglob("samples_*.jsonl"):
-        task = f.name.split("_", 1)[1].rsplit("_", 1)[0]
-        samples[task] = [json.loads(line) for line in f.read_text().splitlines()]
-    assert len(samples["jaxpaged_mc"]) == len(QUESTIONS) and len(samples["jaxpaged_gen"]) == len(GEN)
-    for s in samples["jaxpaged_mc"]:
-        for args, resp in zip(_arguments(s), s["resps"]):
-            context, continuation = args
-            whole = tok.encode(context + continuation).ids
-            ctx = tok.encode(context).ids
-            expected = reference(whole)[len(ctx) - 1:].sum()  # lm-eval's split: the whole string's tokens
-            np.testing.assert_allclose(float(resp[0][0]), expected, atol=5e-4)
-    for s in samples["jaxpaged_gen"]:
-        assert s["resps"][0][0] == _greedy_text(dense_model, tok, s["doc"]["question"], 6, eos=1)
-
-
-def _arguments(sample: dict) -> list[tuple[str, str]]:
-    """A logged sample's (context, continuation) pairs (a list of pairs, or {"gen_args_i": {"arg_0", "arg_1"}})."""
-    args = sample["arguments"]
-    if isinstance(args, dict):
-        return [(a["arg_0"], a["arg_1"]) for a in args.values()]
-    return [tuple(a) for a in args]
 
 
 def test_streamed_echo_equals_the_non_streamed_one(client):
