@@ -16,7 +16,8 @@ def option(default, help: str, *, at_least: float | None = None,  # noqa: A002
 
     ``at_least`` bounds a number (or every item of a list); ``choices`` fixes a string's
     values (an enum flag) or a list's items; ``check`` names a `FlagSet` check taking the
-    flag's name ("existing_file", "model_name", "device_profile", "key_values").
+    flag's name ("existing_file", "model_name", "device_profile", "key_values", "rate", "fraction",
+    "positive_number", "port").
     """
     if not help:
         raise ValueError("every option needs its help text")

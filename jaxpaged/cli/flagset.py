@@ -91,6 +91,22 @@ class FlagSet:
         """Each numeric flag in ``names`` must be >= 0."""
         self.at_least(0, *names)
 
+    def rate(self, name: str) -> None:
+        """Rate flag ``name`` must be >= 0; inf (everything at once, as ``vllm bench serve``) is allowed."""
+        self.register_validator(name, lambda v: v >= 0, message=f"--{name} must be >= 0 (0 or inf = all at once)")
+
+    def fraction(self, name: str) -> None:
+        """Float flag ``name`` must be in [0, 1)."""
+        self.register_validator(name, lambda v: 0 <= v < 1, message=f"--{name} must be in [0, 1)")
+
+    def positive_number(self, name: str) -> None:
+        """Float flag ``name`` must be a positive finite number."""
+        self.register_validator(name, lambda v: 0 < v < math.inf, message=f"--{name} must be a positive finite number")
+
+    def port(self, name: str) -> None:
+        """Integer flag ``name`` must be a TCP port, 1 to 65535 (or unset)."""
+        self.register_validator(name, lambda v: v is None or 1 <= v <= 65535, message=f"--{name} must be in [1, 65535]")
+
     def existing_file(self, *names: str) -> None:
         """Each path flag in ``names`` must name an existing file (or be unset / empty)."""
         for name in names:

@@ -80,18 +80,18 @@ class OptionFlags:
 class CommandFlags:
     """A command's whole flag set: its options dataclass, the `EngineConfig` fields it exposes, its output flags."""
 
-    def __init__(self, options_type: type | None = None, *, engine: Sequence[str] | None = (),
+    def __init__(self, *options_types: type, engine: Sequence[str] | None = (),
                  engine_defaults: Mapping[str, object] | None = None, **output) -> None:
-        """Define the flags: ``options_type``'s (if any); ``engine`` names the engine fields (None: all, ``()``:
+        """Define the flags: each of ``options_types``'; ``engine`` names the engine fields (None: all, ``()``:
         none) with ``engine_defaults``; ``output`` is `OutputFlags`' defaults (``json_out=..., plot_dir=...``)."""
         self.flags = FlagSet()
-        self._options = None if options_type is None else OptionFlags(self.flags, options_type)
+        self._options = {t: OptionFlags(self.flags, t) for t in options_types}
         self.engine = EngineFlags(self.flags, engine, defaults=engine_defaults) if engine != () else None
         self.out = OutputFlags(self.flags, **output)
 
-    def options(self, **overrides):
-        """The parsed options (`OptionFlags.options`)."""
-        return self._options.options(**overrides)
+    def options(self, options_type: type | None = None, **overrides):
+        """The parsed options of ``options_type`` (default: the first given), `OptionFlags.options`."""
+        return self._options[options_type or next(iter(self._options))].options(**overrides)
 
     def engine_value(self, name: str):
         """The parsed value of engine field ``name``."""
