@@ -114,8 +114,9 @@ class FlagSet:
                                     message=f"--{name} must be an existing file")
 
     def list_of(self, name: str, *, choices=None, integer_at_least: int | None = None,
-                number_at_least: float | None = None) -> None:
-        """Every item of list flag ``name`` is one of ``choices``, or an integer / number >= the bound."""
+                number_at_least: float | None = None, allow_empty: bool = False) -> None:
+        """Every item of list flag ``name`` is one of ``choices``, or an integer / number >= the bound; the list
+        is not empty unless ``allow_empty``."""
         def ok(items) -> bool:
             if items is None:
                 return True
@@ -126,7 +127,7 @@ class FlagSet:
                     return False
                 if number_at_least is not None and not (_is_number(item) and float(item) >= number_at_least):
                     return False
-            return bool(items)
+            return bool(items) or allow_empty
 
         what = (f"one or more of {sorted(choices)}" if choices is not None else
                 f"integers >= {integer_at_least}" if integer_at_least is not None else

@@ -54,7 +54,7 @@ class OptionFlags:
                 raise TypeError(f"{self._type.__name__}.{name}: a list of numbers needs at_least")
             if kind is not str or choices is not None:
                 fs.list_of(name, choices=choices, integer_at_least=at_least if kind is int else None,
-                           number_at_least=at_least if kind is float else None)
+                           number_at_least=at_least if kind is float else None, allow_empty=not default)
         elif choices is not None:
             fs.DEFINE_enum(name, default, list(choices), help)
         else:
