@@ -49,7 +49,7 @@ class OptionFlags:
         fs = self._fs
         kind, is_list = self._kinds[name]
         if is_list:
-            fs.DEFINE_list(name, [str(v) for v in default], help)
+            fs.DEFINE_list(name, [f"{v:g}" if isinstance(v, float) else str(v) for v in default], help)
             if kind is not str and at_least is None:
                 raise TypeError(f"{self._type.__name__}.{name}: a list of numbers needs at_least")
             if kind is not str or choices is not None:
