@@ -33,7 +33,8 @@ class OffloadOptions:
 
 # the timed runs' engines; kv_cache_bytes is the budget of the fp8 vs default run
 COMMAND = CommandFlags(OffloadOptions, engine=["model", "block_size", "kv_cache_bytes", "compile_cache_dir"],
-                       engine_defaults={"model": "small", "kv_cache_bytes": 32 << 20}, json_out="out/bench_offload.json")
+                       engine_defaults={"model": "small", "kv_cache_bytes": 32 << 20},
+                       json_out="out/bench_offload.json")
 FLAGS = COMMAND.flags
 
 

@@ -30,7 +30,8 @@ class ProfileOptions:
     trace_dir: str = option("traces/profile", "where the trace goes ('' = no trace)")
 
 
-COMMAND = CommandFlags(ProfileOptions, ServingWorkload, engine=SERVING_ENGINE_FIELDS, engine_defaults={"model": "small"})
+COMMAND = CommandFlags(ProfileOptions, ServingWorkload, engine=SERVING_ENGINE_FIELDS,
+                       engine_defaults={"model": "small"})
 FLAGS = COMMAND.flags
 
 
