@@ -39,6 +39,15 @@ class FlagSet:
         """The flag ``name`` (``fs["batch"].value``)."""
         return self.values[name]
 
+    def define(self, name: str, kind: type, default, help: str,  # noqa: A002
+               choices: Sequence[str] | None = None) -> flags.FlagHolder:
+        """A flag whose values are of Python type ``kind`` (bool, int, float, str), an enum with ``choices``."""
+        if choices is not None:
+            return self.DEFINE_enum(name, default, list(choices), help)
+        define = {bool: self.DEFINE_boolean, int: self.DEFINE_integer, float: self.DEFINE_float,
+                  str: self.DEFINE_string}[kind]
+        return define(name, default, help)
+
     def register_validator(self, name: str, checker: Callable, message: str = "Flag validation failed") -> None:
         """absl's `register_validator` on this set."""
         flags.register_validator(name, checker, message, flag_values=self.values)

@@ -55,14 +55,10 @@ class OptionFlags:
             if kind is not str or choices is not None:
                 fs.list_of(name, choices=choices, integer_at_least=at_least if kind is int else None,
                            number_at_least=at_least if kind is float else None, allow_empty=not default)
-        elif choices is not None:
-            fs.DEFINE_enum(name, default, list(choices), help)
         else:
-            define = {bool: fs.DEFINE_boolean, int: fs.DEFINE_integer, float: fs.DEFINE_float,
-                      str: fs.DEFINE_string}[kind]
-            define(name, default, help)
-        if at_least is not None and not is_list:
-            fs.at_least(at_least, name)
+            fs.define(name, kind, default, help, choices)
+            if at_least is not None:
+                fs.at_least(at_least, name)
         if check is not None:
             getattr(fs, check)(name)
 

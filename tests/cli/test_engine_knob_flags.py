@@ -5,7 +5,7 @@ EngineFlags' (which ends by naming the field): each one must be in `DIFFERENT_ME
 a field's name but not its meaning or its values. That covers flags written as ``DEFINE_*`` calls and
 those generated from a command's options dataclass (`jaxpaged/cli/options.py`). The syntax tree of every
 module under `jaxpaged/cli` is searched too: a computed flag name (which could hide a field) fails outside
-the two generators, `engine_flags.py` and `options.py`.
+the generators, `flagset.py`, `engine_flags.py` and `options.py`.
 """
 
 import ast
@@ -19,7 +19,7 @@ from jaxpaged.cli.commands import COMMANDS
 from jaxpaged.engine import EngineConfig
 
 CLI = Path(jaxpaged.__file__).parent / "cli"
-GENERATORS = {CLI / "engine_flags.py", CLI / "options.py"}
+GENERATORS = {CLI / "flagset.py", CLI / "engine_flags.py", CLI / "options.py"}
 FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
 _WORKLOAD_SEED = "the workload's and arrivals' seed, not the weights' and sampling's"
