@@ -12,38 +12,42 @@ sequence and concurrent sequences, hybrid vs every layer treated as full.
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxpaged.bench.capacity import capacity_report
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.config import DTYPE_ALIASES, SUPPORTED_DTYPES
 
-FLAGS = FlagSet()
-KV_DTYPE = FLAGS.DEFINE_string("kv_dtype", "float16", "KV cache dtype (float16, bfloat16, float32, fp8)")
-WEIGHT_DTYPE = FLAGS.DEFINE_string("weight_dtype", None, "weight dtype (default: the KV dtype)")
-BUDGET_GB = FLAGS.DEFINE_float("budget_gb", 45.0, "KV memory budget in GB (1e9 bytes), of each device "
-                               "with --tensor_parallel_size")
-ENGINE = EngineFlags(FLAGS, ["model", "block_size", "tensor_parallel_size"], defaults={"model": "llama3-70b"})
-MODEL, BLOCK_SIZE, TP = (ENGINE.holders[n] for n in ("model", "block_size", "tensor_parallel_size"))
-CONTEXT_LEN = FLAGS.DEFINE_integer("context_len", 2048, "tokens per sequence")
-CONTEXT_LENS = FLAGS.DEFINE_list("context_lens", [], "sliding-window models: contexts to compare the hybrid "
-                                  "and all-full layouts at (default: --context_len)")
-OUT = OutputFlags(FLAGS)
+KV_DTYPE_NAMES = list(dict.fromkeys([*SUPPORTED_DTYPES, *DTYPE_ALIASES, "fp8"]))
 
-KV_DTYPE_NAMES = list(SUPPORTED_DTYPES) + list(DTYPE_ALIASES) + ["fp8"]
-FLAGS.one_of("kv_dtype", KV_DTYPE_NAMES)
-FLAGS.one_of("weight_dtype", KV_DTYPE_NAMES)
-FLAGS.at_least(1e-9, "budget_gb")
-FLAGS.positive("context_len")
+
+@dataclasses.dataclass(frozen=True)
+class CapacityOptions:
+    """The precisions, the budget, and the contexts the capacity is counted at."""
+
+    kv_dtype: str = option("float16", "KV cache dtype (float16, bfloat16, float32, fp8)", choices=KV_DTYPE_NAMES)
+    weight_dtype: str | None = option(None, "weight dtype (default: the KV dtype)", choices=KV_DTYPE_NAMES)
+    budget_gb: float = option(45.0, "KV memory budget in GB (1e9 bytes), of each device with "
+                                    "--tensor_parallel_size", at_least=1e-9)
+    context_len: int = option(2048, "tokens per sequence", at_least=1)
+    context_lens: tuple[int, ...] = option((), "sliding-window models: contexts to compare the hybrid and all-full "
+                                               "layouts at (default: --context_len)", at_least=1)
+
+
+COMMAND = CommandFlags(CapacityOptions, engine=["model", "block_size", "tensor_parallel_size"],
+                       engine_defaults={"model": "llama3-70b"})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Print the capacity figures (and write JSON if asked)."""
     del argv
-    result, text = capacity_report(model_config(MODEL.value), budget_bytes=int(BUDGET_GB.value * 1e9),
-                                   context_len=CONTEXT_LEN.value, kv_dtype=KV_DTYPE.value,
-                                   weight_dtype=WEIGHT_DTYPE.value, block_size=BLOCK_SIZE.value,
-                                   tensor_parallel_size=TP.value, hybrid_context_lens=[int(n) for n in CONTEXT_LENS.value])
+    o, engine = COMMAND.options(), COMMAND.engine.kwargs()
+    result, text = capacity_report(model_config(engine["model"]), budget_bytes=int(o.budget_gb * 1e9),
+                                   context_len=o.context_len, kv_dtype=o.kv_dtype, weight_dtype=o.weight_dtype,
+                                   block_size=engine["block_size"], tensor_parallel_size=engine["tensor_parallel_size"],
+                                   hybrid_context_lens=list(o.context_lens))
     print(text)
-    OUT.write(result)
+    COMMAND.out.write(result)

@@ -78,13 +78,7 @@ class EngineFlags:
             default = defaults.get(name, field.default)
             kind = _kind(field)
             help_text = flag_help(field, default_replaced=default != field.default)
-            if "choices" in field.metadata:
-                holder = fs.DEFINE_enum(name, default, list(field.metadata["choices"]), help_text)
-            else:
-                define = {bool: fs.DEFINE_boolean, int: fs.DEFINE_integer, float: fs.DEFINE_float,
-                          str: fs.DEFINE_string}[kind]
-                holder = define(name, default, help_text)
-            self.holders[name] = holder
+            self.holders[name] = fs.define(name, kind, default, help_text, field.metadata.get("choices"))
         if "model" in self.holders:
             fs.model_name("model")
         fs.after_parse(self._check)

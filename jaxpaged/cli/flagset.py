@@ -39,6 +39,15 @@ class FlagSet:
         """The flag ``name`` (``fs["batch"].value``)."""
         return self.values[name]
 
+    def define(self, name: str, kind: type, default, help: str,  # noqa: A002
+               choices: Sequence[str] | None = None) -> flags.FlagHolder:
+        """A flag whose values are of Python type ``kind`` (bool, int, float, str), an enum with ``choices``."""
+        if choices is not None:
+            return self.DEFINE_enum(name, default, list(choices), help)
+        define = {bool: self.DEFINE_boolean, int: self.DEFINE_integer, float: self.DEFINE_float,
+                  str: self.DEFINE_string}[kind]
+        return define(name, default, help)
+
     def register_validator(self, name: str, checker: Callable, message: str = "Flag validation failed") -> None:
         """absl's `register_validator` on this set."""
         flags.register_validator(name, checker, message, flag_values=self.values)
@@ -91,6 +100,22 @@ class FlagSet:
         """Each numeric flag in ``names`` must be >= 0."""
         self.at_least(0, *names)
 
+    def rate(self, name: str) -> None:
+        """Rate flag ``name`` must be >= 0; inf (everything at once, as ``vllm bench serve``) is allowed."""
+        self.register_validator(name, lambda v: v >= 0, message=f"--{name} must be >= 0 (0 or inf = all at once)")
+
+    def fraction(self, name: str) -> None:
+        """Float flag ``name`` must be in [0, 1)."""
+        self.register_validator(name, lambda v: 0 <= v < 1, message=f"--{name} must be in [0, 1)")
+
+    def positive_number(self, name: str) -> None:
+        """Float flag ``name`` must be a positive finite number."""
+        self.register_validator(name, lambda v: 0 < v < math.inf, message=f"--{name} must be a positive finite number")
+
+    def port(self, name: str) -> None:
+        """Integer flag ``name`` must be a TCP port, 1 to 65535 (or unset)."""
+        self.register_validator(name, lambda v: v is None or 1 <= v <= 65535, message=f"--{name} must be in [1, 65535]")
+
     def existing_file(self, *names: str) -> None:
         """Each path flag in ``names`` must name an existing file (or be unset / empty)."""
         for name in names:
@@ -98,8 +123,9 @@ class FlagSet:
                                     message=f"--{name} must be an existing file")
 
     def list_of(self, name: str, *, choices=None, integer_at_least: int | None = None,
-                number_at_least: float | None = None) -> None:
-        """Every item of list flag ``name`` is one of ``choices``, or an integer / number >= the bound."""
+                number_at_least: float | None = None, allow_empty: bool = False) -> None:
+        """Every item of list flag ``name`` is one of ``choices``, or an integer / number >= the bound; the list
+        is not empty unless ``allow_empty``."""
         def ok(items) -> bool:
             if items is None:
                 return True
@@ -110,7 +136,7 @@ class FlagSet:
                     return False
                 if number_at_least is not None and not (_is_number(item) and float(item) >= number_at_least):
                     return False
-            return bool(items)
+            return bool(items) or allow_empty
 
         what = (f"one or more of {sorted(choices)}" if choices is not None else
                 f"integers >= {integer_at_least}" if integer_at_least is not None else

@@ -1,113 +1,68 @@
-"""``jaxpaged bench serving --backend=http``: drive a running server with a request set and report.
+"""The request set and the HTTP run of ``jaxpaged bench serving --backend=http`` and ``bench http-overhead``.
 
-The flags here choose the request set (``--dataset_name``), the arrival
-process (``--request_rate`` from jaxpaged/cli/workload_flags.py, ``--burstiness``),
-``--max_concurrency`` and the goodput SLOs; :func:`run_from_flags` sends the
-requests and summarizes them (`jaxpaged.bench.online.http_run`) and writes
-JSON and Markdown.
+Both commands take `HTTP_OPTIONS` (the workload or trace, the request set
+``--dataset_name``, the arrival process ``--request_rate`` / ``--burstiness``,
+``--max_concurrency``) plus ``--goodput``; `run_http` sends the requests
+(`jaxpaged.bench.online.http_run`) and writes JSON and Markdown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from jaxpaged.bench.offline.serving_workload import ServingWorkload
 from jaxpaged.bench.online.arrivals import arrival_offsets
-from jaxpaged.bench.online.datasets import PROMPT_FORMATS, BenchRequest
-from jaxpaged.bench.online.http_run import DATASETS, RequestSet, run_http_benchmark
+from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.http_run import HttpDriver, RequestSet, run_http_benchmark
 from jaxpaged.bench.online.online_client import fetch_model_name
 from jaxpaged.bench.online.online_metrics import parse_goodput
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
+from jaxpaged.cli.options import CommandFlags
+
+HTTP_OPTIONS = (ServingWorkload, RequestSet, HttpDriver)
 
 
-class HttpBenchFlags:
-    """The HTTP benchmark's request-set, arrival, concurrency and SLO flags, and the run they describe."""
+def define_http_flags(command: CommandFlags) -> None:
+    """The two flags of an HTTP benchmark no options dataclass holds: ``--goodput`` and ``--num_prompts``."""
+    command.flags.DEFINE_multi_string("goodput", [], "SLOs in ms, e.g. --goodput=ttft:200,tpot:50 (or repeated)")
+    command.flags.DEFINE_alias("num_prompts", "num_requests")
 
-    def __init__(self, fs: FlagSet, wl: WorkloadFlags) -> None:
-        """Define the flags on ``fs``."""
-        self.wl = wl
-        self.BASE_URL = fs.DEFINE_string("base_url", "http://127.0.0.1:8000", "server to drive (--backend=http)")
-        self.SERVED_MODEL = fs.DEFINE_string("served_model_name", None,
-                                           "model name sent in requests (default: the first of GET /v1/models)")
-        self.TOKENIZER = fs.DEFINE_string("tokenizer", None,
-                                        "config name or checkpoint directory whose tokenizer measures text prompts "
-                                        "(default: --model)")
-        self.DATASET = fs.DEFINE_enum("dataset_name", "workload", DATASETS,
-                                    "request set: a jaxpaged --workload, random, prefix_repetition or sharegpt")
-        self.DATASET_PATH = fs.DEFINE_string("dataset_path", None, "ShareGPT-format JSON file (--dataset_name=sharegpt)")
-        self.PROMPT_FORMAT = fs.DEFINE_enum("prompt_format", None, PROMPT_FORMATS,
-                                          "send prompts as token ids or text (default: as the dataset has them)")
-        self.RANDOM_INPUT = fs.DEFINE_integer("random_input_len", 1024, "prompt tokens (random)")
-        self.RANDOM_OUTPUT = fs.DEFINE_integer("random_output_len", 128, "generated tokens (random)")
-        self.RANDOM_RANGE = fs.DEFINE_float("random_range_ratio", 0.0, "lengths vary uniformly within +- this fraction (random)")
-        self.PREFIX_LEN = fs.DEFINE_integer("prefix_repetition_prefix_len", 256, "shared prefix tokens (prefix_repetition)")
-        self.SUFFIX_LEN = fs.DEFINE_integer("prefix_repetition_suffix_len", 256, "unique suffix tokens (prefix_repetition)")
-        self.NUM_PREFIXES = fs.DEFINE_integer("prefix_repetition_num_prefixes", 10, "distinct prefixes (prefix_repetition)")
-        self.PREFIX_OUTPUT = fs.DEFINE_integer("prefix_repetition_output_len", 128, "generated tokens (prefix_repetition)")
-        self.SHAREGPT_OUTPUT = fs.DEFINE_integer("sharegpt_output_len", None,
-                                               "generated tokens per ShareGPT request (default: its reply's length)")
-        self.BURSTINESS = fs.DEFINE_float("burstiness", 1.0, "gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier")
-        self.MAX_CONCURRENCY = fs.DEFINE_integer("max_concurrency", None, "most requests in flight (default: unlimited)")
-        self.GOODPUT = fs.DEFINE_multi_string("goodput", [], "SLOs in ms, e.g. --goodput=ttft:200,tpot:50 (or repeated)")
-        self.IGNORE_EOS = fs.DEFINE_boolean("ignore_eos", True, "generate exactly the requested output length")
-        self.TIMEOUT = fs.DEFINE_float("request_timeout_s", 600.0, "give up on a request after this long")
-        fs.DEFINE_alias("num_prompts", "num_requests")
-        fs.positive("random_input_len", "random_output_len", "prefix_repetition_prefix_len",
-                             "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes", "prefix_repetition_output_len",
-                             "sharegpt_output_len", "max_concurrency")
-        fs.register_validator("random_range_ratio", lambda v: 0 <= v < 1, message="--random_range_ratio must be in [0, 1)")
-        fs.register_validator("burstiness", lambda v: 0 < v < float("inf"),
-                                 message="--burstiness must be a positive finite number")
-        fs.register_validator("request_timeout_s", lambda v: v > 0, message="--request_timeout_s must be positive")
 
-    def request_set(self) -> RequestSet:
-        """The request set the flags describe (the tokenizer: ``--tokenizer``, else ``--model``)."""
-        return RequestSet(
-            self.DATASET.value, self.wl.NUM_REQUESTS.value, self.wl.SEED.value, random_input_len=self.RANDOM_INPUT.value,
-            random_output_len=self.RANDOM_OUTPUT.value, random_range_ratio=self.RANDOM_RANGE.value,
-            prefix_len=self.PREFIX_LEN.value, suffix_len=self.SUFFIX_LEN.value, num_prefixes=self.NUM_PREFIXES.value,
-            prefix_output_len=self.PREFIX_OUTPUT.value, dataset_path=self.DATASET_PATH.value,
-            sharegpt_output_len=self.SHAREGPT_OUTPUT.value, max_total_len=self.wl.MAX_MODEL_LEN.value or 2048,
-            prompt_format=self.PROMPT_FORMAT.value, tokenizer=self.TOKENIZER.value or self.wl.MODEL.value)
+def http_requests(command: CommandFlags, workload: str) -> tuple[list[BenchRequest], list[float]]:
+    """The requests and their arrival offsets (seconds): ``--trace`` at its own (time-scaled) arrivals, else the
+    jaxpaged workload ``workload`` (``--dataset_name=workload``) or the dataset at ``--request_rate`` and
+    ``--burstiness``; text is measured with ``--tokenizer``, else ``--model``'s."""
+    wl, driver = command.options(ServingWorkload), command.options(HttpDriver)
+    request_set = command.options(RequestSet, num_requests=wl.num_requests, seed=wl.seed,
+                                  max_total_len=wl.max_model_len or 2048)
+    request_set = dataclasses.replace(request_set, tokenizer=request_set.tokenizer or command.engine_value("model"))
+    if wl.trace:
+        trace = wl.trace_requests()
+        return request_set.build(trace), [r.arrival_time for r in trace]
+    requests = request_set.build(wl.workload(workload) if request_set.dataset_name == "workload" else None)
+    offsets = arrival_offsets(len(requests), wl.request_rate, burstiness=driver.burstiness, seed=wl.seed)
+    return requests, offsets.tolist()
 
-    def requests_from_flags(self, workload: str) -> list[BenchRequest]:
-        """The requests: ``--trace``, else the jaxpaged workload ``workload`` (``--dataset_name=workload``), else
-        the dataset."""
-        if self.wl.TRACE.value:
-            return self.request_set().build(self.wl.trace_from_flags())
-        if self.DATASET.value == "workload":
-            return self.request_set().build(self.wl.workload_from_flags(workload))
-        return self.request_set().build()
 
-    def offsets_from_flags(self, num_requests: int) -> list[float]:
-        """Arrival offsets (seconds) from ``--request_rate``, ``--burstiness`` and ``--seed``."""
-        return arrival_offsets(num_requests, self.wl.REQUEST_RATE.value, burstiness=self.BURSTINESS.value,
-                               seed=self.wl.SEED.value).tolist()
+def run_http(command: CommandFlags, workload: str, *, extra_args: Sequence[str] = (), progress: bool = True) -> dict:
+    """Run the HTTP benchmark the flags describe against ``--base_url``; print, write and return the result.
 
-    def goodput_from_flags(self, extra_args: Sequence[str] = ()) -> dict[str, float]:
-        """``--goodput`` SLOs; ``extra_args`` are leftover positional arguments, so ``--goodput ttft:1 tpot:2`` works."""
-        if extra_args and not self.GOODPUT.value:
-            raise ValueError(f"unexpected arguments {list(extra_args)}")
-        return parse_goodput([*self.GOODPUT.value, *extra_args])
-
-    def run_from_flags(self, workload: str, out: OutputFlags, *, extra_args: Sequence[str] = (),
-                       progress: bool = True) -> dict:
-        """Run the HTTP benchmark the flags describe against ``--base_url``; print, write and return the result."""
-        slos = self.goodput_from_flags(extra_args)
-        model = self.SERVED_MODEL.value or fetch_model_name(self.BASE_URL.value)
-        requests = self.requests_from_flags(workload)
-        if self.wl.TRACE.value:  # the trace's own (time-scaled) arrivals
-            offsets = [r.arrival_time for r in self.wl.trace_from_flags()]
-        else:
-            offsets = self.offsets_from_flags(len(requests))
-        run = run_http_benchmark(self.BASE_URL.value, model, requests, offsets, goodput_slos=slos,
-                                 max_concurrency=self.MAX_CONCURRENCY.value, ignore_eos=self.IGNORE_EOS.value,
-                                 timeout_s=self.TIMEOUT.value, progress=progress)
-        result = {"backend": "http", "base_url": self.BASE_URL.value, "model": model,
-                  "dataset_name": "trace" if self.wl.TRACE.value else self.DATASET.value, "trace": self.wl.TRACE.value,
-                  "workload": workload if self.DATASET.value == "workload" else None, "num_requests": len(requests),
-                  "request_rate": self.wl.REQUEST_RATE.value, "burstiness": self.BURSTINESS.value,
-                  "max_concurrency": self.MAX_CONCURRENCY.value, "goodput_slos_ms": slos} | run.report()
-        out.write(result, run.table())
-        return result
+    ``extra_args`` are leftover positional arguments, so ``--goodput ttft:1 tpot:2`` works.
+    """
+    goodput = command.flags["goodput"].value
+    if extra_args and not goodput:
+        raise ValueError(f"unexpected arguments {list(extra_args)}")
+    slos = parse_goodput([*goodput, *extra_args])
+    wl, driver, dataset = command.options(ServingWorkload), command.options(HttpDriver), command.options(RequestSet)
+    model = driver.served_model_name or fetch_model_name(driver.base_url)
+    requests, offsets = http_requests(command, workload)
+    run = run_http_benchmark(driver.base_url, model, requests, offsets, goodput_slos=slos,
+                             max_concurrency=driver.max_concurrency, ignore_eos=driver.ignore_eos,
+                             timeout_s=driver.request_timeout_s, progress=progress)
+    result = {"backend": "http", "base_url": driver.base_url, "model": model,
+              "dataset_name": "trace" if wl.trace else dataset.dataset_name, "trace": wl.trace,
+              "workload": workload if dataset.dataset_name == "workload" else None, "num_requests": len(requests),
+              "request_rate": wl.request_rate, "burstiness": driver.burstiness,
+              "max_concurrency": driver.max_concurrency, "goodput_slos_ms": slos} | run.report()
+    command.out.write(result, run.table())
+    return result

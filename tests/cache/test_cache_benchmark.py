@@ -9,7 +9,7 @@ def test_benchmark_runs_and_reports_every_measure():
     cfg = BenchConfig(num_blocks=64, block_size=16, prompt_len=128, repeats=5)
     results = run_benchmarks(cfg)
     json.dumps(results)  # JSON-ready
-    for algo in cfg.hash_algos:
+    for algo in cfg.hash_algo:
         per_algo = results["per_hash_algo"][algo]
         assert all(value > 0 for value in per_algo.values())
     table = markdown_table(results)

@@ -92,10 +92,16 @@ def test_bench_replicas_hands_its_servers_the_cache_off(monkeypatch, tmp_path):
     assert child.stdout.strip().splitlines()[-1] == "None"
 
 
-def test_the_serving_benchmarks_turn_the_cache_off_and_have_no_second_switch():
+def test_the_serving_benchmarks_turn_the_cache_off_and_have_no_second_switch(monkeypatch):
     module = _command("bench serving")
-    module.FLAGS.parse(["prog", "--compile_cache_dir="])
-    assert module.bench_flags.enable_compile_cache() is None
+
+    def stop(*_, **__):
+        raise _Stop
+
+    monkeypatch.setattr(module, "load_model", stop)  # the first step after the cache choice
+    module.FLAGS.parse(["prog", "--compile_cache_dir=", "--num_requests=2"])
+    with pytest.raises(_Stop):
+        module.main(["prog"])
     assert compile_cache.resolve_cache_dir(compile_cache.AUTO) is None
     with pytest.raises(flags.UnrecognizedFlagError):  # '' is the one off switch
         module.FLAGS.parse(["prog", "--nocompile_cache"])

@@ -1,9 +1,11 @@
 """Every engine knob a command takes is EngineFlags' one definition, from `EngineConfig`'s field.
 
-The syntax tree of every module under `jaxpaged/cli` is searched for `DEFINE_*` calls (absl's or a
-`FlagSet`'s) whose flag name is an `EngineConfig` field: outside `engine_flags.py` each one must be in
-`DIFFERENT_MEANING`, a flag that shares a field's name but not its meaning or its values. A computed
-flag name (which could hide a field) fails too.
+Every command's parsed flag set is searched for flags named like an `EngineConfig` field whose help is not
+EngineFlags' (which ends by naming the field): each one must be in `DIFFERENT_MEANING`, a flag that shares
+a field's name but not its meaning or its values. That covers flags written as ``DEFINE_*`` calls and
+those generated from a command's options dataclass (`jaxpaged/cli/options.py`). The syntax tree of every
+module under `jaxpaged/cli` is searched too: a computed flag name (which could hide a field) fails outside
+the generators, `flagset.py`, `engine_flags.py` and `options.py`.
 """
 
 import ast
@@ -13,25 +15,28 @@ from pathlib import Path
 import pytest
 
 import jaxpaged
+from jaxpaged.cli.commands import COMMANDS
 from jaxpaged.engine import EngineConfig
 
 CLI = Path(jaxpaged.__file__).parent / "cli"
-ENGINE_FLAGS = CLI / "engine_flags.py"
+GENERATORS = {CLI / "flagset.py", CLI / "engine_flags.py", CLI / "options.py"}
 FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 
-# (flag, module under jaxpaged/cli): why it is not the engine's knob
+_WORKLOAD_SEED = "the workload's and arrivals' seed, not the weights' and sampling's"
+_WORKLOAD_LEN = "unset means the workload's longest context, not the model's (ServingWorkload)"
+# (flag, command): why it is not the engine's knob
 DIFFERENT_MEANING = {
-    ("seed", "workload_flags.py"): "the workload's and arrivals' seed, not the weights' and sampling's",
-    ("seed", "bench/replicas.py"): "the workload's and arrivals' seed; the replicas' engines keep theirs",
-    ("seed", "bench/throughput.py"): "also seeds the prompts and the Hugging Face checkpoint's weights",
-    ("seed", "simulate/serving.py"): "the workload's and arrivals' seed of a simulated run",
-    ("seed", "simulate/routing.py"): "the workload's and arrivals' seed of a simulated run",
-    ("max_model_len", "workload_flags.py"): "unset means the workload's longest context, not the model's",
-    ("hash_algo", "bench/block_manager.py"): "a list of algorithms to compare, not one",
-    ("eviction_policy", "bench/block_manager.py"): "a list of policies to compare, not one",
-    ("dtype", "bench/attention.py"): "the kernel's K/V pool dtype (float8_e4m3fn too), not the weights'",
-    ("dtype", "convert.py"): "the converted checkpoint's weight dtype (three choices)",
-    ("model", "convert.py"): "the checkpoint to convert (a directory or a GGUF file), required, no shipped configs",
+    **{("seed", c): _WORKLOAD_SEED for c in ("bench serving", "bench ablate", "bench http-overhead",
+                                             "bench profile", "simulate serving", "simulate routing")},
+    **{("max_model_len", c): _WORKLOAD_LEN for c in ("bench serving", "bench ablate", "bench http-overhead",
+                                                     "bench profile")},
+    ("seed", "bench replicas"): "the workload's and arrivals' seed; the replicas' engines keep theirs",
+    ("seed", "bench throughput"): "also seeds the prompts and the Hugging Face checkpoint's weights",
+    ("hash_algo", "bench block-manager"): "a list of algorithms to compare, not one",
+    ("eviction_policy", "bench block-manager"): "a list of policies to compare, not one",
+    ("dtype", "bench attention"): "the kernel's K/V pool dtype (float8_e4m3fn too), not the weights'",
+    ("dtype", "convert"): "the converted checkpoint's weight dtype (three choices)",
+    ("model", "convert"): "the checkpoint to convert (a directory or a GGUF file), required, no shipped configs",
 }
 
 
@@ -57,28 +62,29 @@ def flag_definitions(path: Path) -> list[tuple[str | None, int]]:
     return found
 
 
-def engine_knob_definitions() -> dict[tuple[str, str], int]:
-    """``{(flag, module): line}`` of the flags under `jaxpaged/cli` named like an `EngineConfig` field,
-    outside EngineFlags; a computed name as ``("<computed>", module)``."""
-    found = {}
-    for path in sorted(CLI.rglob("*.py")):
-        if path == ENGINE_FLAGS:
-            continue
-        module = path.relative_to(CLI).as_posix()
-        for name, line in flag_definitions(path):
-            if name is None or name in FIELDS:
-                found[(name or "<computed>", module)] = line
+def engine_knob_flags() -> set[tuple[str, str]]:
+    """``{(flag, command)}`` of the flags named like an `EngineConfig` field that EngineFlags did not define."""
+    found = set()
+    for command in COMMANDS:
+        for name, flag in command.load().FLAGS.values._flags().items():
+            if name == flag.name and name in FIELDS and not (flag.help or "").endswith(f"(EngineConfig.{name})"):
+                found.add((name, command.name))
     return found
 
 
 def test_every_engine_knob_flag_is_engine_flags_one_definition():
-    found = engine_knob_definitions()
-    strays = [f"jaxpaged/cli/{module}:{line} defines --{name}"
-              for (name, module), line in found.items() if (name, module) not in DIFFERENT_MEANING]
+    found = engine_knob_flags()
+    strays = sorted(found - set(DIFFERENT_MEANING))
     assert not strays, ("use EngineFlags (a default of its own in defaults=), or add the flag to "
                         f"DIFFERENT_MEANING with the reason: {strays}")
-    assert not set(DIFFERENT_MEANING) - set(found), "allowed flags no longer defined: drop them from the list"
+    assert not set(DIFFERENT_MEANING) - found, "allowed flags no longer defined: drop them from the list"
     assert all(name in FIELDS for name, _ in DIFFERENT_MEANING)
+
+
+def test_no_flag_name_is_computed_outside_the_generators():
+    computed = [f"{path.relative_to(CLI)}:{line}" for path in sorted(CLI.rglob("*.py")) if path not in GENERATORS
+                for name, line in flag_definitions(path) if name is None]
+    assert not computed, f"a computed flag name could hide an engine field: {computed}"
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.bench.offline.timing import median_step_seconds
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
@@ -37,22 +38,24 @@ from pallas_kernels.reference import ragged_paged_attention_reference
 class AttentionBenchConfig:
     """The shapes, dtype and timing of one attention benchmark (`jaxpaged bench attention` fills it)."""
 
-    batch: int = 64
-    context_len: int = 8192
-    num_q_heads: int = 32
-    num_kv_heads: int = 8
-    head_dim: int = 128
-    dtype: str = "bfloat16"
-    prefill_batch: int = 4
-    prefill_chunk: int = 512
-    repeats: int = 20
-    warmup: int = 2
-    backend_interpret: bool = False
-    sweep_prefill_lens: tuple[int, ...] = (512, 1024, 2048, 4096)
-    sweep_model: str = "small"
-    sweep_decode_batch: int = 64
-    sweep_decode_context: int = 320
-    sweep_repeats: int = 3
+    batch: int = option(64, "Decode sequences.", at_least=1)
+    context_len: int = option(8192, "Tokens of context per sequence.", at_least=1)
+    num_q_heads: int = option(32, "Query heads (Llama-3-8B: 32).", at_least=1)
+    num_kv_heads: int = option(8, "KV heads (Llama-3-8B: 8).", at_least=1)
+    head_dim: int = option(128, "Head dimension (Llama-3-8B: 128).", at_least=1)
+    dtype: str = option("bfloat16", "K/V pool dtype.", choices=["bfloat16", "float32", "float8_e4m3fn"])
+    prefill_batch: int = option(4, "Prefill chunks (0 skips prefill).", at_least=0)
+    prefill_chunk: int = option(512, "Queries per prefill chunk.", at_least=1)
+    repeats: int = option(20, "Timed calls per implementation.", at_least=1)
+    warmup: int = option(2, "Untimed calls before timing (the first compiles).", at_least=0)
+    backend_interpret: bool = option(False, "Run the Pallas kernel in interpret mode (CPU smoke test).")
+    cpu_sweep: bool = option(False, "Measure xla_reference vs the chunked xla backend instead (see above).")
+    sweep_prefill_lens: tuple[int, ...] = option((512, 1024, 2048, 4096), "Prefill lengths of --cpu_sweep.",
+                                                 at_least=1)
+    sweep_model: str = option("small", "Model whose heads and whole step --cpu_sweep times.", check="model_name")
+    sweep_decode_batch: int = option(64, "Decode sequences of --cpu_sweep.", at_least=1)
+    sweep_decode_context: int = option(320, "Context tokens of each --cpu_sweep decode.", at_least=1)
+    sweep_repeats: int = option(3, "Timed calls per --cpu_sweep measurement (median).", at_least=1)
     block_size: int = EngineConfig.block_size
 
 

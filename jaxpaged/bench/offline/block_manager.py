@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from jaxpaged.bench.options import option
 from jaxpaged.cache.block_pool import BlockPool
 from jaxpaged.cache.eviction import EVICTION_POLICIES
-from jaxpaged.cache.hashing import hash_request_blocks
+from jaxpaged.cache.hashing import HASH_ALGOS, hash_request_blocks
 from jaxpaged.cache.kv_cache_manager import KVCacheManager
 from jaxpaged.engine.config import EngineConfig
 from jaxpaged.mathutils import cdiv
@@ -32,11 +33,12 @@ class BenchConfig:
 
     num_blocks: int = 4096
     block_size: int = EngineConfig.block_size
-    prompt_len: int = 1024
-    repeats: int = 2000
-    hash_algos: tuple[str, ...] = ("sha256", "xxh3_128")
+    prompt_len: int = option(1024, "Prompt length in tokens.", at_least=1)
+    repeats: int = option(2000, "Timed calls per measurement (median reported).", at_least=1)
+    hash_algo: tuple[str, ...] = option(("sha256", "xxh3_128"), "Hash algorithms to compare.", choices=HASH_ALGOS)
     seed: int = 0
-    eviction_policies: tuple[str, ...] = EVICTION_POLICIES
+    eviction_policy: tuple[str, ...] = option(EVICTION_POLICIES, "Eviction policies whose per-block cost is measured.",
+                                              choices=EVICTION_POLICIES)
 
 
 @dataclass(frozen=True)
@@ -173,10 +175,10 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
     prompt = [rng.randrange(128_000) for _ in range(cfg.prompt_len)]
     cold = [[rng.randrange(128_000) for _ in range(cfg.prompt_len)] for _ in range(200)]
     cases = {"raw_sha256_chain": Case(lambda i: raw_sha256_chain(prompt, cfg.block_size))}
-    for algo in cfg.hash_algos:
+    for algo in cfg.hash_algo:
         cases.update(_hash_cases(cfg, algo, prompt, cold))
     cases.update(_block_cases(cfg, prompt))
-    for policy in cfg.eviction_policies:
+    for policy in cfg.eviction_policy:
         cases.update(_policy_cases(cfg, policy))
     median_us = time_interleaved(cases, cfg.repeats)
 
@@ -192,7 +194,7 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
             "match_cached_us": median_us[f"match_cached/{algo}"],
             "match_blocks_per_s": per_second(f"match_cached/{algo}"),
         }
-        for algo in cfg.hash_algos
+        for algo in cfg.hash_algo
     }
     return {
         "config": asdict(cfg),
@@ -202,7 +204,7 @@ def run_benchmarks(cfg: BenchConfig) -> dict:
         "free_blocks_per_s": per_second("free"),
         "per_eviction_policy_ns_per_block": {
             policy: {op: median_us[f"{op}/{policy}"] * 1e3 / prompt_blocks for op in ("evict", "release", "hit")}
-            for policy in cfg.eviction_policies
+            for policy in cfg.eviction_policy
         },
     }
 

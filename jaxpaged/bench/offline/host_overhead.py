@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.engine import Engine, EngineConfig
@@ -192,11 +193,12 @@ class HostOverheadSweep:
     """What every run shares: the model shape, the device profile, contexts, steps, and whether text streams."""
 
     model: str = "llama3-8b"
-    profile: str = "h200-141gb"
-    context_len: int = 1200
-    steps: int = 64
-    detokenize: bool = False
-    structured: bool = False  # every sequence under a grammar (`measure_host_overhead(structured=True)`)
+    profile: str = option("h200-141gb", "device profile whose step times the stand-in sleeps", check="device_profile")
+    context_len: int = option(1200, "mean context length (prompts span +-1/8 of it)", at_least=1)
+    steps: int = option(64, "decode steps measured per run", at_least=1)
+    detokenize: bool = option(False, "stream text too (the stand-in's token is one fixed id)")
+    structured: bool = option(False, "every sequence under a JSON-lines grammar over a synthetic BPE vocabulary of "
+                                     "the model's size: token masks filled and matchers advanced each step")
 
 
 @dataclasses.dataclass

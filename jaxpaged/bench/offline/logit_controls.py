@@ -11,13 +11,14 @@ import dataclasses
 
 import numpy as np
 
+from jaxpaged.bench.offline.step_timing import StepShape, step_pair
 from jaxpaged.bench.offline.timing import alternate, seconds_of
 from jaxpaged.config import ModelConfig
 from jaxpaged.mathutils import pow2_bucket
 from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.logit_controls import LogitControls
-from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
+from jaxpaged.runner.step_input import StepInput
 
 
 def penalised(step: StepInput, context: int, vocab: int, rng: np.random.Generator, num_bias: int = 8) -> StepInput:
@@ -58,34 +59,22 @@ def side_by_side(runner: ModelRunner, variants: dict[str, StepInput], repeats: i
             for name, t in times.items()}
 
 
-def step_pair(vocab: int, block_size: int, decode_batch: int, context: int, prefill_len: int,
-              rng: np.random.Generator) -> tuple[StepInput, StepInput, int]:
-    """A decode step of `decode_batch` rows at `context`, a `prefill_len` prefill, and the blocks they need."""
-    per_seq = -(-max(prefill_len, context + 1) // block_size)
-    num_blocks = per_seq * (decode_batch + 1)
-    tables = rng.permutation(num_blocks).reshape(-1, per_seq)
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], context, tables[i + 1])
-                               for i in range(decode_batch)], block_size)
-    prefill = build_step_input([ScheduledSeq(rng.integers(0, vocab, prefill_len).tolist(), 0, tables[0])],
-                               block_size)
-    return decode, prefill, num_blocks
-
-
-def compare_logit_controls(config: ModelConfig, *, decode_batch: int, context: int, prefill_len: int, top_k: int,
-                           block_size: int, repeats: int) -> tuple[dict, str]:
-    """A decode step plain and with penalties + bias, a prefill plain and with prompt logprobs (0 and ``top_k``),
-    side by side on ``config``'s random weights: the result and its table."""
+def compare_logit_controls(config: ModelConfig, shape: StepShape, *, top_k: int, block_size: int,
+                           repeats: int) -> tuple[dict, str]:
+    """``shape``'s decode step plain and with penalties + bias, its prefill plain and with prompt logprobs (0 and
+    ``top_k``), side by side on ``config``'s random weights: the result and its table."""
     from jaxpaged.model import init_model
     rng = np.random.default_rng(0)
-    decode, prefill, num_blocks = step_pair(config.vocab_size, block_size, decode_batch, context, prefill_len, rng)
+    decode, prefill, num_blocks = step_pair(shape, config.vocab_size, block_size, rng)
+    context = shape.decode_context
     runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size)
     decode_res = side_by_side(runner, {"plain": decode,
                                        "penalties+bias": penalised(decode, context, config.vocab_size, rng)}, repeats)
     prefill_res = side_by_side(runner, {"plain": prefill, "prompt_logprobs=0": with_prompt_logprobs(prefill, 0),
                                         f"prompt_logprobs={top_k}": with_prompt_logprobs(prefill, top_k)}, repeats)
     table = "\n".join([
-        f"{config.name}, vocab {config.vocab_size}: decode {decode_batch} x {context} ctx, "
-        f"prefill {prefill_len} tokens; {repeats} alternating rounds", "",
+        f"{config.name}, vocab {config.vocab_size}: decode {shape.decode_batch} x {context} ctx, "
+        f"prefill {shape.prefill_len} tokens; {repeats} alternating rounds", "",
         markdown_table(["step", "variant", "median (ms)", "ratio to plain"],
                        [[step, name, f"{r['median_ms']:.1f}", f"{r['ratio']:.3f}"]
                         for step, res in (("decode", decode_res), ("prefill", prefill_res))

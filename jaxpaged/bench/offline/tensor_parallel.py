@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 
 import jax
 import numpy as np
 
+from jaxpaged.bench.offline.step_timing import StepShape, step_pair
+from jaxpaged.bench.offline.timing import alternate, seconds_of
 from jaxpaged.config import ModelConfig
-from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.report import markdown_table as render_table
 from jaxpaged.runner import ModelRunner
-from jaxpaged.runner.step_input import ScheduledSeq, StepInput, build_step_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,36 +44,16 @@ def bytes_per_device(tree) -> dict:
     return held
 
 
-def _steps(num_blocks_per_seq: int, decode_batch: int, context: int, prefill_len: int,
-           block_size: int, vocab: int) -> tuple[StepInput, StepInput]:
-    rng = np.random.default_rng(0)
-    tables = np.arange(num_blocks_per_seq * (decode_batch + 1)).reshape(-1, num_blocks_per_seq)
-    prefill = build_step_input([ScheduledSeq(rng.integers(0, vocab, prefill_len).tolist(), 0, tables[0])],
-                               block_size)
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], context, tables[i + 1])
-                               for i in range(decode_batch)], block_size)
-    return decode, prefill
-
-
-def bench_tensor_parallel(config: ModelConfig, sizes: list[int], *, decode_batch: int, context: int,
-                          prefill_len: int, block_size: int, rounds: int) -> list[TPResult]:
+def bench_tensor_parallel(config: ModelConfig, sizes: list[int], shape: StepShape, *, block_size: int,
+                          rounds: int) -> list[TPResult]:
     """Median decode and prefill step times and per-device bytes for each size in `sizes`."""
-    blocks_per_seq = cdiv(max(prefill_len, context + 1), block_size)
-    num_blocks = blocks_per_seq * (decode_batch + 1)
+    decode, prefill, num_blocks = step_pair(shape, config.vocab_size, block_size, np.random.default_rng(0))
     model = init_model(config)
     runners = {n: ModelRunner(model, num_blocks, block_size, tensor_parallel_size=n) for n in sizes}
-    decode, prefill = _steps(blocks_per_seq, decode_batch, context, prefill_len, block_size, config.vocab_size)
-    times = {n: {"decode": [], "prefill": []} for n in sizes}
-    for runner in runners.values():  # compile and warm up outside the timed rounds
-        runner.execute(decode)
-        runner.execute(prefill)
-    for _ in range(rounds):
-        for n, runner in runners.items():
-            for name, step in (("decode", decode), ("prefill", prefill)):
-                start = time.perf_counter()
-                runner.execute(step)  # brings the sampled ids to the host: a full round trip
-                times[n][name].append(time.perf_counter() - start)
-    return [TPResult(n, float(np.median(times[n]["decode"])) * 1e3, float(np.median(times[n]["prefill"])) * 1e3,
+    # each call brings the sampled ids to the host: a full round trip; the warm-up round compiles
+    times = alternate({(n, name): seconds_of(lambda r=runner, s=step: r.execute(s)) for n, runner in runners.items()
+                       for name, step in (("decode", decode), ("prefill", prefill))}, rounds, warmup=1)
+    return [TPResult(n, float(np.median(times[n, "decode"])) * 1e3, float(np.median(times[n, "prefill"])) * 1e3,
                      max(bytes_per_device(r.params).values()), max(bytes_per_device(r.pool).values()),
                      r.num_compiles)
             for n, r in runners.items()]
@@ -90,13 +69,12 @@ def markdown_table(results: list[TPResult]) -> str:
                          "KV pool per device (MB)", "compiles"], rows, align="r" * 8)
 
 
-def tensor_parallel_report(config: ModelConfig, sizes: list[int], *, decode_batch: int, context: int,
-                           prefill_len: int, block_size: int, rounds: int) -> tuple[dict, str]:
+def tensor_parallel_report(config: ModelConfig, sizes: list[int], shape: StepShape, *, block_size: int,
+                           rounds: int) -> tuple[dict, str]:
     """`bench_tensor_parallel`, with the setting and the devices it ran on: the result and its table."""
-    results = bench_tensor_parallel(config, sizes, decode_batch=decode_batch, context=context,
-                                    prefill_len=prefill_len, block_size=block_size, rounds=rounds)
-    print(f"{config.name}: decode {decode_batch} x {context} context, prefill {prefill_len} "
+    results = bench_tensor_parallel(config, sizes, shape, block_size=block_size, rounds=rounds)
+    print(f"{config.name}: decode {shape.decode_batch} x {shape.decode_context} context, prefill {shape.prefill_len} "
           f"tokens; {len(jax.devices())} {jax.default_backend()} devices")
-    return ({"model": config.name, "decode_batch": decode_batch, "decode_context": context,
-             "prefill_len": prefill_len, "block_size": block_size, "rounds": rounds, "devices": len(jax.devices()),
-             "results": [dataclasses.asdict(r) for r in results]}, markdown_table(results))
+    return ({"model": config.name, **dataclasses.asdict(shape), "block_size": block_size, "rounds": rounds,
+             "devices": len(jax.devices()), "results": [dataclasses.asdict(r) for r in results]},
+            markdown_table(results))

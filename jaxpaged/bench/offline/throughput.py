@@ -37,6 +37,7 @@ from absl import logging
 from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
 from jaxpaged.bench.offline.driver import median_summary, ratio_table
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
 from jaxpaged.engine.config import EngineConfig
@@ -51,11 +52,11 @@ from jaxpaged.sampling_params import SamplingParams
 class PromptSpec:
     """The prompt set: `num_prompts` prompts of `input_len` random tokens, the first `prefix_len` shared."""
 
-    num_prompts: int
-    input_len: int
-    prefix_len: int
-    output_len: int
-    seed: int = 0
+    num_prompts: int = option(64, "prompts, all sent at once", at_least=1)
+    input_len: int = option(256, "tokens per prompt", at_least=1)
+    prefix_len: int = option(64, "leading tokens every prompt shares (0 = all random)", at_least=0)
+    output_len: int = option(64, "tokens generated per prompt (EOS ignored)", at_least=1)
+    seed: int = option(0, "prompt, weight and sampling seed", at_least=0)
 
     def __post_init__(self):
         for name in ("num_prompts", "input_len", "output_len"):
@@ -337,16 +338,21 @@ BACKENDS = ("jaxpaged", "hf", "vllm")  # --backend takes a comma-separated list 
 class ThroughputRun:
     """Which backends run, how each generates, how often they are measured, and whether the GEMM floor is timed."""
 
-    backend: str = "both"  # comma-separated BACKENDS, or both (= jaxpaged,hf)
-    temperature: float = 0.0
-    repeats: int = 1
+    backend: str = option("both", "comma-separated backends measured side by side, passes alternating: jaxpaged, "
+                                  "hf (transformers on torch CPU), vllm (a vLLM install, --vllm_python); both = "
+                                  "jaxpaged,hf")
+    temperature: float = option(0.0, "0 = greedy; otherwise plain sampling at this temperature", at_least=0)
+    repeats: int = option(1, "measured passes per backend, interleaved; medians reported", at_least=1)
     limits: EngineLimits = EngineLimits()
-    hf_batch_size: int | None = None  # None: every prompt in one static batch
-    hf_threads: int = 2
-    gemm_floor: bool = True
+    hf_batch_size: int | None = option(None, "hf: prompts per static batch (default: all)", at_least=1)
+    hf_threads: int = option(2, "hf: torch.set_num_threads", at_least=1)
+    gemm_floor: bool = option(True, "time the model's weight GEMMs at prefill and decode sizes and report each "
+                                    "pass's weight-GEMM floor (jaxpaged/bench/offline/throughput.py)")
     dtype: str | None = None  # weights and activations of jaxpaged and vLLM (None: the checkpoint's)
-    vllm_python: str | None = None  # the Python of a vLLM install (vllm backend)
-    vllm_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND (None: every core)
+    vllm_python: str | None = option(None, "vllm: the Python of a vLLM install (its own venv: vLLM's CPU build "
+                                           "wants its own torch); run as a subprocess on the same checkpoint")
+    vllm_threads_bind: str | None = option(None, "vllm: VLLM_CPU_OMP_THREADS_BIND (default: every core, e.g. 0-1, "
+                                                 "with no core reserved for vLLM's front end)")
 
     def __post_init__(self) -> None:
         """Refuse an unknown backend, and vllm without its Python."""

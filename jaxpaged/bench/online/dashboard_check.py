@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from jaxpaged.bench.online.server_process import ServerProcess, free_port
+from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
 
@@ -64,9 +65,9 @@ class DashboardCheck:
     rate window."""
 
     model: str = "tiny"
-    prometheus: str = "prometheus"
-    traffic_s: float = 40.0
-    rate_interval: str = "30s"  # what Grafana's $__rate_interval becomes
+    prometheus: str = option("prometheus", "the Prometheus binary")
+    traffic_s: float = option(40.0, "seconds of traffic while Prometheus scrapes", at_least=1.0)
+    rate_interval: str = option("30s", "what Grafana's $__rate_interval becomes")
     eviction_policy: str = "lru"
     compile_cache_dir: str = "auto"  # the server's EngineConfig.compile_cache_dir ('' = off)
     dashboard: Path = DASHBOARD

@@ -40,6 +40,7 @@ from jaxpaged.bench.online.datasets import BenchRequest, random_requests
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import request_tpot
 from jaxpaged.bench.online.server_process import ROOT, ServerProcess, free_port
+from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
 MAX_WARMUP_RUNS = 4
@@ -50,14 +51,14 @@ STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it c
 class DisaggWorkload:
     """Running decodes sent at t=0, long prompts arriving every ``long_interval_s`` from ``long_start_s``."""
 
-    num_decodes: int = 4
+    num_decodes: int = option(4, "running decodes sent at the start", at_least=1)
     decode_prompt_len: int = 32
-    decode_output_len: int = 128
-    num_long: int = 4
-    long_prompt_len: int = 1024
+    decode_output_len: int = option(128, "tokens each running decode generates", at_least=2)
+    num_long: int = option(4, "long prompts arriving while the decodes run", at_least=1)
+    long_prompt_len: int = option(1024, "tokens of each long prompt", at_least=1)
     long_output_len: int = 16
     long_start_s: float = 1.0
-    long_interval_s: float = 1.5
+    long_interval_s: float = option(1.5, "seconds between long prompts", at_least=0)
     seed: int = 0
 
     def requests(self) -> tuple[list[BenchRequest], list[float]]:

@@ -24,6 +24,7 @@ from jaxpaged.bench.online.http_run import DEVICE_BUSY_METRIC
 from jaxpaged.bench.online.online_client import fetch_metric, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
 CONFIGS = {"thread": ["--engine_core=thread"], "process": ["--engine_core=process"],
@@ -39,17 +40,19 @@ class EngineCoreBench:
     """The server every configuration runs and the clients' requests."""
 
     model: str = "llama3-8b"
-    device_profile: str = "h200-141gb"
-    input_len: int = 1024
-    output_len: int = 128
-    concurrencies: tuple[int, ...] = (64, 256, 512)
-    configs: tuple[str, ...] = tuple(CONFIGS)
+    device_profile: str = option("h200-141gb", "the simulated device", check="device_profile")
+    random_input_len: int = option(1024, "prompt tokens (random) of each client's one request", at_least=1)
+    random_output_len: int = option(128, "generated tokens (ignore EOS) of each request", at_least=1)
+    concurrency: tuple[int, ...] = option((64, 256, 512), "streaming clients at once, one run each", at_least=1)
+    configs: tuple[str, ...] = option(tuple(CONFIGS), "thread: one process; process: the split; process2: split "
+                                                      "with two API servers", choices=list(CONFIGS))
 
     def server_args(self, config: str) -> list[str]:
         """``jaxpaged serve`` flags of configuration ``config`` (thread, process, process2)."""
         return ["--device=simulated", f"--model={self.model}", f"--device_profile={self.device_profile}",
-                f"--max_num_seqs={max(self.concurrencies)}", "--max_num_batched_tokens=8192",
-                f"--max_model_len={self.input_len + self.output_len + 16}", "--max_waiting_requests=4096",
+                f"--max_num_seqs={max(self.concurrency)}", "--max_num_batched_tokens=8192",
+                f"--max_model_len={self.random_input_len + self.random_output_len + 16}",
+                "--max_waiting_requests=4096",
                 *CONFIGS[config]]
 
 
@@ -93,7 +96,7 @@ def _own_cpu_s() -> float:
 
 def run_one(server: ServerProcess, bench: EngineCoreBench, concurrency: int, seed: int) -> dict:
     """One run of ``concurrency`` streaming clients against a started server: one row."""
-    requests = random_requests(concurrency, input_len=bench.input_len, output_len=bench.output_len, seed=seed)
+    requests = random_requests(concurrency, input_len=bench.random_input_len, output_len=bench.random_output_len, seed=seed)
     roles = process_roles(server.log_tail(10**7), server.process.pid)
     before = {p: process_cpu_s(p) for p in roles}
     own_before = _own_cpu_s()
@@ -122,7 +125,7 @@ def run_configs(bench: EngineCoreBench) -> list[dict]:
     for config in bench.configs:
         with ServerProcess(bench.server_args(config)) as server:
             run_one(server, bench, 8, seed=99)  # warm up
-            for i, c in enumerate(bench.concurrencies):
+            for i, c in enumerate(bench.concurrency):
                 row = {"config": config, **run_one(server, bench, c, seed=i)}
                 print(row, flush=True)
                 rows.append(row)

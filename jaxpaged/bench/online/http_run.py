@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from jaxpaged.bench.online.datasets import (
+    PROMPT_FORMATS,
     BenchRequest,
     from_workload,
     load_bench_tokenizer,
@@ -28,6 +29,7 @@ from jaxpaged.bench.online.online_client import RequestResult, fetch_metric, run
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.online_metrics import online_markdown_table
 from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.options import option
 from jaxpaged.sim.workloads import WorkloadRequest
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
@@ -39,26 +41,32 @@ DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
 class RequestSet:
     """Which requests to send: the dataset and its lengths (the ``random_*``, ``prefix_*`` and ShareGPT settings)."""
 
-    dataset: str = "workload"
+    dataset_name: str = option("workload", "request set: a jaxpaged --workload, random, prefix_repetition or "
+                                           "sharegpt", choices=DATASETS)
+    dataset_path: str | None = option(None, "ShareGPT-format JSON file (--dataset_name=sharegpt)")
+    prompt_format: str | None = option(None, "send prompts as token ids or text (default: as the dataset has them)",
+                                       choices=PROMPT_FORMATS)
+    random_input_len: int = option(1024, "prompt tokens (random)", at_least=1)
+    random_output_len: int = option(128, "generated tokens (random)", at_least=1)
+    random_range_ratio: float = option(0.0, "lengths vary uniformly within +- this fraction (random)",
+                                       check="fraction")
+    prefix_repetition_prefix_len: int = option(256, "shared prefix tokens (prefix_repetition)", at_least=1)
+    prefix_repetition_suffix_len: int = option(256, "unique suffix tokens (prefix_repetition)", at_least=1)
+    prefix_repetition_num_prefixes: int = option(10, "distinct prefixes (prefix_repetition)", at_least=1)
+    prefix_repetition_output_len: int = option(128, "generated tokens (prefix_repetition)", at_least=1)
+    sharegpt_output_len: int | None = option(None, "generated tokens per ShareGPT request (default: its reply's "
+                                                   "length)", at_least=1)
+    tokenizer: str | None = option(None, "config name or checkpoint directory whose tokenizer measures text "
+                                         "prompts (default: --model)")
+    # given by the command, not flags
     num_requests: int = 16
     seed: int = 0
-    random_input_len: int = 1024
-    random_output_len: int = 128
-    random_range_ratio: float = 0.0
-    prefix_len: int = 256
-    suffix_len: int = 256
-    num_prefixes: int = 10
-    prefix_output_len: int = 128
-    dataset_path: str | None = None
-    sharegpt_output_len: int | None = None  # None: each reply's own length
     max_total_len: int = 2048  # ShareGPT: longest prompt + output kept
-    prompt_format: str | None = None  # "tokens" / "text"; None: as the dataset has them
-    tokenizer: str | None = None  # what measures text prompts
 
     def __post_init__(self) -> None:
         """Refuse an unknown dataset."""
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.dataset_name not in DATASETS:
+            raise ValueError(f"dataset_name must be one of {DATASETS}, got {self.dataset_name!r}")
 
     def build(self, workload: Sequence[WorkloadRequest] | None = None) -> list[BenchRequest]:
         """The requests; ``workload`` (a jaxpaged workload or trace), when given, is sent instead of the dataset.
@@ -66,19 +74,20 @@ class RequestSet:
         The tokenizer is loaded only when text has to be measured or converted.
         """
         tokenizer = None
-        if self.dataset == "sharegpt" or self.prompt_format is not None:
+        if self.dataset_name == "sharegpt" or self.prompt_format is not None:
             tokenizer = load_bench_tokenizer(self.tokenizer)
         if workload is not None:
             requests = from_workload(workload)
-        elif self.dataset == "random":
+        elif self.dataset_name == "random":
             requests = random_requests(self.num_requests, input_len=self.random_input_len,
                                        output_len=self.random_output_len, range_ratio=self.random_range_ratio,
                                        seed=self.seed)
-        elif self.dataset == "prefix_repetition":
-            requests = prefix_repetition_requests(self.num_requests, prefix_len=self.prefix_len,
-                                                  suffix_len=self.suffix_len, num_prefixes=self.num_prefixes,
-                                                  output_len=self.prefix_output_len, seed=self.seed)
-        elif self.dataset == "sharegpt":
+        elif self.dataset_name == "prefix_repetition":
+            requests = prefix_repetition_requests(
+                self.num_requests, prefix_len=self.prefix_repetition_prefix_len,
+                suffix_len=self.prefix_repetition_suffix_len, num_prefixes=self.prefix_repetition_num_prefixes,
+                output_len=self.prefix_repetition_output_len, seed=self.seed)
+        elif self.dataset_name == "sharegpt":
             if not self.dataset_path:
                 raise ValueError("--dataset_name=sharegpt needs --dataset_path")
             requests = sharegpt_requests(self.dataset_path, self.num_requests, tokenizer=tokenizer, seed=self.seed,
@@ -90,6 +99,20 @@ class RequestSet:
         if self.prompt_format is not None:
             requests = with_prompt_format(requests, self.prompt_format, tokenizer)
         return requests
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpDriver:
+    """Which server gets the requests, and how they are sent."""
+
+    base_url: str = option("http://127.0.0.1:8000", "server to drive (--backend=http)")
+    served_model_name: str | None = option(None, "model name sent in requests (default: the first of GET "
+                                                 "/v1/models)")
+    burstiness: float = option(1.0, "gamma shape of inter-arrival gaps: 1 = Poisson, < 1 burstier",
+                               check="positive_number")
+    max_concurrency: int | None = option(None, "most requests in flight (default: unlimited)", at_least=1)
+    ignore_eos: bool = option(True, "generate exactly the requested output length")
+    request_timeout_s: float = option(600.0, "give up on a request after this long", check="positive_number")
 
 
 @dataclasses.dataclass

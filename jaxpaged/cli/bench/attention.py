@@ -33,48 +33,20 @@ CPU smoke test:
 
 from __future__ import annotations
 
-import dataclasses
-
 from jaxpaged.bench.offline.attention import AttentionBenchConfig, attention_report, cpu_sweep_report
 from jaxpaged.cli.engine_flags import EngineFlags
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.cli.options import OptionFlags
 from jaxpaged.cli.output_flags import OutputFlags
 
 FLAGS = FlagSet()
-FLAGS.DEFINE_integer("batch", 64, "Decode sequences.")
-FLAGS.DEFINE_integer("context_len", 8192, "Tokens of context per sequence.")
-FLAGS.DEFINE_integer("num_q_heads", 32, "Query heads (Llama-3-8B: 32).")
-FLAGS.DEFINE_integer("num_kv_heads", 8, "KV heads (Llama-3-8B: 8).")
-FLAGS.DEFINE_integer("head_dim", 128, "Head dimension (Llama-3-8B: 128).")
-EngineFlags(FLAGS, ["block_size"])
-FLAGS.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32", "float8_e4m3fn"], "K/V pool dtype.")
-FLAGS.DEFINE_integer("prefill_batch", 4, "Prefill chunks (0 skips prefill).")
-FLAGS.DEFINE_integer("prefill_chunk", 512, "Queries per prefill chunk.")
-FLAGS.DEFINE_integer("repeats", 20, "Timed calls per implementation.")
-FLAGS.DEFINE_integer("warmup", 2, "Untimed calls before timing (the first compiles).")
-FLAGS.DEFINE_bool("backend_interpret", False, "Run the Pallas kernel in interpret mode (CPU smoke test).")
-FLAGS.DEFINE_bool("cpu_sweep", False, "Measure xla_reference vs the chunked xla backend instead (see above).")
-FLAGS.DEFINE_list("sweep_prefill_lens", ["512", "1024", "2048", "4096"], "Prefill lengths of --cpu_sweep.")
-FLAGS.DEFINE_string("sweep_model", "small", "Model whose heads and whole step --cpu_sweep times.")
-FLAGS.DEFINE_integer("sweep_decode_batch", 64, "Decode sequences of --cpu_sweep.")
-FLAGS.DEFINE_integer("sweep_decode_context", 320, "Context tokens of each --cpu_sweep decode.")
-FLAGS.DEFINE_integer("sweep_repeats", 3, "Timed calls per --cpu_sweep measurement (median).")
+OPTIONS = OptionFlags(FLAGS, AttentionBenchConfig)
+BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
 OUT = OutputFlags(FLAGS)
-FLAGS.positive("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim",
-                     "prefill_chunk", "repeats")
-FLAGS.non_negative("prefill_batch", "warmup")
-FLAGS.positive("sweep_decode_batch", "sweep_decode_context", "sweep_repeats")
-FLAGS.list_of("sweep_prefill_lens", integer_at_least=1)
-FLAGS.model_name("sweep_model")
 
 
 def main(argv):
     """Run the GPU comparison (or --cpu_sweep); print and write the report."""
     del argv
-    cfg = AttentionBenchConfig(**{f.name: _value(f.name) for f in dataclasses.fields(AttentionBenchConfig)})
-    OUT.write(*(cpu_sweep_report(cfg) if FLAGS.cpu_sweep else attention_report(cfg)))
-
-
-def _value(name: str):
-    value = FLAGS[name].value
-    return tuple(int(v) for v in value) if name == "sweep_prefill_lens" else value
+    cfg = OPTIONS.options(block_size=BLOCK_SIZE.value)
+    OUT.write(*(cpu_sweep_report(cfg) if cfg.cpu_sweep else attention_report(cfg)))

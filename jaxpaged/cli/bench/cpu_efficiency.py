@@ -19,30 +19,32 @@ head, K/V write, sampling, ...: jaxpaged/bench/offline/step_profile.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxpaged.bench.offline.cpu_efficiency import markdown, measure
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 64, "sequences in the decode step")
-CONTEXT = FLAGS.DEFINE_integer("decode_context", 320, "context length of each decoding sequence")
-PREFILL_LENS = FLAGS.DEFINE_list("prefill_lens", ["512", "4096"], "one-sequence prefill lengths to compare")
-ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "small"})
-MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
-REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed repeats per measurement (median reported)")
-OUT = OutputFlags(FLAGS)
-BREAKDOWN = FLAGS.DEFINE_boolean("breakdown", True,
-                                 "trace the decode step and the longest prefill and split their time by part")
 
-FLAGS.positive("decode_batch", "decode_context", "repeats")
-FLAGS.list_of("prefill_lens", integer_at_least=1)
+@dataclasses.dataclass(frozen=True)
+class CpuEfficiencyOptions:
+    """The decode step and prefills measured against their floors, and how."""
+
+    decode_batch: int = option(64, "sequences in the decode step", at_least=1)
+    decode_context: int = option(320, "context length of each decoding sequence", at_least=1)
+    prefill_lens: tuple[int, ...] = option((512, 4096), "one-sequence prefill lengths to compare", at_least=1)
+    repeats: int = option(5, "timed repeats per measurement (median reported)", at_least=1)
+    breakdown: bool = option(True, "trace the decode step and the longest prefill and split their time by part")
+
+
+COMMAND = CommandFlags(CpuEfficiencyOptions, engine=["model", "block_size"], engine_defaults={"model": "small"})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Measure both ratios; print and write the tables."""
     del argv
-    result = measure(MODEL.value, DECODE_BATCH.value, CONTEXT.value, [int(n) for n in PREFILL_LENS.value],
-                     BLOCK_SIZE.value, REPEATS.value, BREAKDOWN.value)
-    table = markdown(result)
-    OUT.write(result, table)
+    o, engine = COMMAND.options(), COMMAND.engine.kwargs()
+    result = measure(engine["model"], o.decode_batch, o.decode_context, list(o.prefill_lens), engine["block_size"],
+                     o.repeats, o.breakdown)
+    COMMAND.out.write(result, markdown(result))

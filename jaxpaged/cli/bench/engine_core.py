@@ -25,39 +25,32 @@ The work is `jaxpaged.bench.online.engine_core`.
 
 from __future__ import annotations
 
-from jaxpaged.bench.online.engine_core import CONFIGS, EngineCoreBench, engine_core_table, host_overhead_rows, run_configs
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+import dataclasses
+
+from jaxpaged.bench.online.engine_core import EngineCoreBench, engine_core_table, host_overhead_rows, run_configs
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
+
+
+@dataclasses.dataclass(frozen=True)
+class HostOverheadOptions:
+    """The core's host work per decode step, timed alone (optional)."""
+
+    host_overhead_seqs: tuple[int, ...] = option((), "also time the core's host work per decode step alone at "
+                                                     "these sequence counts (e.g. 64,256,512)", at_least=1)
+    host_overhead_repeats: int = option(3, "runs per --host_overhead_seqs count", at_least=1)
+
 
 # only what the run reads: it starts its own servers (their limits are the run's, see EngineCoreBench)
-FLAGS = FlagSet()
-MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "small"}).holders["model"]
-INPUT_LEN = FLAGS.DEFINE_integer("random_input_len", 1024, "prompt tokens (random) of each client's one request")
-OUTPUT_LEN = FLAGS.DEFINE_integer("random_output_len", 128, "generated tokens (ignore EOS) of each request")
-CONCURRENCY = FLAGS.DEFINE_list("concurrency", ["64", "256", "512"], "streaming clients at once, one run each")
-CONFIGS_FLAG = FLAGS.DEFINE_list("configs", list(CONFIGS),
-                                 "thread: one process; process: the split; process2: split with two API servers")
-PROFILE = FLAGS.DEFINE_string("device_profile", "h200-141gb", "the simulated device")
-HOST_SEQS = FLAGS.DEFINE_list("host_overhead_seqs", None, "also time the core's host work per decode step alone "
-                              "at these sequence counts (e.g. 64,256,512)")
-HOST_REPEATS = FLAGS.DEFINE_integer("host_overhead_repeats", 3, "runs per --host_overhead_seqs count")
-OUT = OutputFlags(FLAGS)
-FLAGS.positive("random_input_len", "random_output_len")
-FLAGS.list_of("concurrency", integer_at_least=1)
-FLAGS.list_of("host_overhead_seqs", integer_at_least=1)
-FLAGS.positive("host_overhead_repeats")
-FLAGS.list_of("configs", choices=list(CONFIGS))
-FLAGS.device_profile("device_profile")
+COMMAND = CommandFlags(EngineCoreBench, HostOverheadOptions, engine=["model"], engine_defaults={"model": "small"})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Run every configuration at every concurrency; print and write the table."""
     del argv
-    bench = EngineCoreBench(model=MODEL.value, device_profile=PROFILE.value, input_len=INPUT_LEN.value,
-                            output_len=OUTPUT_LEN.value, concurrencies=tuple(int(c) for c in CONCURRENCY.value),
-                            configs=tuple(CONFIGS_FLAG.value))
+    bench, host = COMMAND.options(model=COMMAND.engine_value("model")), COMMAND.options(HostOverheadOptions)
     rows = run_configs(bench)
-    host_rows = host_overhead_rows(bench.model, bench.device_profile, [int(n) for n in HOST_SEQS.value or []],
-                                   HOST_REPEATS.value)
-    OUT.write({"rows": rows, "host_overhead": host_rows}, engine_core_table(rows, host_rows))
+    host_rows = host_overhead_rows(bench.model, bench.device_profile, list(host.host_overhead_seqs),
+                                   host.host_overhead_repeats)
+    COMMAND.out.write({"rows": rows, "host_overhead": host_rows}, engine_core_table(rows, host_rows))

@@ -16,33 +16,37 @@ The request set and arrivals come from the same flags as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from absl import app
 
 from jaxpaged import compile_cache
+from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
 from jaxpaged.bench.online.http_overhead import comparison_table, http_overhead_setup, offline_vs_http, serve_args
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.http_bench import HttpBenchFlags
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
+from jaxpaged.bench.online.http_run import HttpDriver, RequestSet
+from jaxpaged.bench.options import option
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, http_requests
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS
 
-FLAGS = FlagSet()
-bench_flags = WorkloadFlags(FLAGS)
-online = HttpBenchFlags(FLAGS, bench_flags)
-WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload for --dataset_name=workload")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
-REPEATS = FLAGS.DEFINE_integer("repeats", 3, "timed runs per side, interleaved; medians reported")
-WARMUP = FLAGS.DEFINE_integer("warmup_runs", 1, "untimed runs per side first (they compile the step shapes)")
-START_SERVER = FLAGS.DEFINE_boolean("start_server", True,
-                                    "start jaxpaged serve with the offline engine's settings; false: use the server at "
-                                    "--base_url, which must run with the settings this script prints")
+
+@dataclasses.dataclass(frozen=True)
+class HttpOverheadOptions:
+    """The workload, the rounds, and the server compared with the offline engine."""
+
+    workload: str = option("chatbot", "workload for --dataset_name=workload", choices=list(WORKLOADS))
+    repeats: int = option(3, "timed runs per side, interleaved; medians reported", at_least=1)
+    warmup_runs: int = option(1, "untimed runs per side first (they compile the step shapes)", at_least=0)
+    start_server: bool = option(True, "start jaxpaged serve with the offline engine's settings; false: use the "
+                                      "server at --base_url, which must run with the settings this script prints")
+
+
+COMMAND = CommandFlags(HttpOverheadOptions, *HTTP_OPTIONS, engine=SERVING_ENGINE_FIELDS,
+                       engine_defaults={"model": "small"})
+FLAGS = COMMAND.flags
+define_http_flags(COMMAND)
 SERVE_ARGS = FLAGS.DEFINE_multi_string("serve_arg", [], "extra jaxpaged serve flag, e.g. --serve_arg=--foo=1")
-FLAGS.positive("repeats")
-FLAGS.non_negative("warmup_runs")
-OUT = OutputFlags(FLAGS)
 
 
 def main(argv):
@@ -50,25 +54,25 @@ def main(argv):
     del argv
     logging.getLogger("jaxpaged").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if online.MAX_CONCURRENCY.value is not None:
+    options, workload, driver = COMMAND.options(), COMMAND.options(ServingWorkload), COMMAND.options(HttpDriver)
+    if driver.max_concurrency is not None:
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
-    cache_dir = bench_flags.enable_compile_cache()
-    model_name = bench_flags.MODEL.value
-    requests = online.requests_from_flags(WORKLOAD.value)
-    offsets = online.offsets_from_flags(len(requests))
-    setup = http_overhead_setup(requests, block_size=BLOCK_SIZE.value, kv_budget_tokens=bench_flags.KV_BUDGET.value,
-                                max_model_len=bench_flags.MAX_MODEL_LEN.value,
-                                max_num_seqs=bench_flags.MAX_NUM_SEQS.value,
-                                max_num_batched_tokens=bench_flags.MAX_BATCHED.value)
-    args = serve_args(model_name, setup, SERVE_ARGS.value)
+    engine = COMMAND.engine.kwargs()
+    cache_dir = compile_cache.configure(engine["compile_cache_dir"])
+    requests, offsets = http_requests(COMMAND, options.workload)
+    setup = http_overhead_setup(requests, block_size=engine["block_size"], kv_budget_tokens=workload.kv_budget_tokens,
+                                max_model_len=workload.max_model_len, max_num_seqs=engine["max_num_seqs"],
+                                max_num_batched_tokens=engine["max_num_batched_tokens"])
+    args = serve_args(engine["model"], setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))
-    result = offline_vs_http(model_name, setup, requests, offsets, server_args=args, start_server=START_SERVER.value,
-                             base_url=online.BASE_URL.value, env=compile_cache.child_env(cache_dir),
-                             ignore_eos=online.IGNORE_EOS.value, timeout_s=online.TIMEOUT.value,
-                             repeats=REPEATS.value, warmup_runs=WARMUP.value)
+    result = offline_vs_http(engine["model"], setup, requests, offsets, server_args=args,
+                             start_server=options.start_server, base_url=driver.base_url,
+                             env=compile_cache.child_env(cache_dir), ignore_eos=driver.ignore_eos,
+                             timeout_s=driver.request_timeout_s, repeats=options.repeats,
+                             warmup_runs=options.warmup_runs)
     compiles = result.pop("offline_compiles_per_run")
-    meta = {"model": model_name, "dataset_name": online.DATASET.value, "num_requests": len(requests),
-            "request_rate": bench_flags.REQUEST_RATE.value, "burstiness": online.BURSTINESS.value,
-            "repeats": REPEATS.value, "warmup_runs": WARMUP.value, "setup": setup.__dict__,
+    meta = {"model": engine["model"], "dataset_name": COMMAND.options(RequestSet).dataset_name,
+            "num_requests": len(requests), "request_rate": workload.request_rate, "burstiness": driver.burstiness,
+            "repeats": options.repeats, "warmup_runs": options.warmup_runs, "setup": setup.__dict__,
             "serve_args": args, "offline_compiles_per_run": compiles}
-    OUT.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))
+    COMMAND.out.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))

@@ -11,29 +11,35 @@ warm-up pass of the same shapes (so compiles are not timed; the count is reporte
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hybrid_kv import compare_layouts, layouts_table, summary_line
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 8, "prompts served per layout")
-PROMPT_LEN = FLAGS.DEFINE_integer("prompt_len", 2048, "tokens per prompt")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 32, "tokens generated per prompt")
-WINDOW = FLAGS.DEFINE_integer("window", 128, "sliding window of the local layers")
-ENGINE = EngineFlags(FLAGS, ["block_size", "compile_cache_dir"])
-BLOCK_SIZE, COMPILE_CACHE = ENGINE.holders["block_size"], ENGINE.holders["compile_cache_dir"]
-REPEATS = FLAGS.DEFINE_integer("repeats", 5, "timed passes per layout, alternating")
-OUT = OutputFlags(FLAGS)
-FLAGS.positive("num_prompts", "prompt_len", "max_tokens", "window", "repeats")
+
+@dataclasses.dataclass(frozen=True)
+class HybridKVOptions:
+    """The prompts served, the local layers' window, and the passes."""
+
+    num_prompts: int = option(8, "prompts served per layout", at_least=1)
+    prompt_len: int = option(2048, "tokens per prompt", at_least=1)
+    max_tokens: int = option(32, "tokens generated per prompt", at_least=1)
+    window: int = option(128, "sliding window of the local layers", at_least=1)
+    repeats: int = option(5, "timed passes per layout, alternating", at_least=1)
+
+
+COMMAND = CommandFlags(HybridKVOptions, engine=["block_size", "compile_cache_dir"])
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Run both layouts on the same prompts and print a Markdown table."""
     del argv
-    compile_cache.configure(COMPILE_CACHE.value)  # '' = off: the engines' "auto" keeps it off
-    results, ratios = compare_layouts(NUM_PROMPTS.value, PROMPT_LEN.value, MAX_TOKENS.value, WINDOW.value,
-                                      BLOCK_SIZE.value, REPEATS.value)
-    OUT.write(results, layouts_table(results))
+    o, engine = COMMAND.options(), COMMAND.engine.kwargs()
+    compile_cache.configure(engine["compile_cache_dir"])  # '' = off: the engines' "auto" keeps it off
+    results, ratios = compare_layouts(o.num_prompts, o.prompt_len, o.max_tokens, o.window, engine["block_size"],
+                                      o.repeats)
+    COMMAND.out.write(results, layouts_table(results))
     print(summary_line(results, ratios))

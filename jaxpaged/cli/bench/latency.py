@@ -11,30 +11,31 @@ emptied before every iteration.
 
 from __future__ import annotations
 
-from jaxpaged.bench.offline.latency import run_latency
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+import dataclasses
 
-FLAGS = FlagSet()
-ENGINE = EngineFlags(FLAGS)
-INPUT_LEN = FLAGS.DEFINE_integer("input_len", 32, "prompt tokens per request")
-OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 128, "tokens generated per request")
-BATCH_SIZE = FLAGS.DEFINE_integer("batch_size", 8, "requests in the batch")
-WARMUP = FLAGS.DEFINE_integer("num_iters_warmup", 2, "untimed iterations first (they compile)")
-ITERS = FLAGS.DEFINE_integer("num_iters", 10, "timed iterations")
-OUT = OutputFlags(FLAGS)
-FLAGS.positive("input_len", "output_len", "batch_size", "num_iters")
-FLAGS.non_negative("num_iters_warmup")
+from jaxpaged.bench.offline.latency import run_latency
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyOptions:
+    """The batch and how often it is timed."""
+
+    input_len: int = option(32, "prompt tokens per request", at_least=1)
+    output_len: int = option(128, "tokens generated per request", at_least=1)
+    batch_size: int = option(8, "requests in the batch", at_least=1)
+    num_iters_warmup: int = option(2, "untimed iterations first (they compile)", at_least=0)
+    num_iters: int = option(10, "timed iterations", at_least=1)
+
+
+COMMAND = CommandFlags(LatencyOptions, engine=None)
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Build the engine, time the batch, print and write the latencies."""
     del argv
-    config = ENGINE.config()  # checked once, here
-    summary, table = run_latency(ENGINE.kwargs(), batch_size=BATCH_SIZE.value, input_len=INPUT_LEN.value,
-                                 output_len=OUTPUT_LEN.value, num_iters_warmup=WARMUP.value, num_iters=ITERS.value,
-                                 seed=config.seed)
-    OUT.write({"engine": ENGINE.kwargs(), "input_len": INPUT_LEN.value, "output_len": OUTPUT_LEN.value,
-               "batch_size": BATCH_SIZE.value, "num_iters_warmup": WARMUP.value, "num_iters": ITERS.value,
-               **summary}, table)
+    options, engine = dataclasses.asdict(COMMAND.options()), COMMAND.engine.kwargs()
+    summary, table = run_latency(engine, **options, seed=COMMAND.engine.config().seed)  # the config checked here
+    COMMAND.out.write({"engine": engine, **options, **summary}, table)

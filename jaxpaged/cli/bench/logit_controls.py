@@ -6,30 +6,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxpaged.bench.offline.logit_controls import compare_logit_controls
+from jaxpaged.bench.offline.step_timing import StepShape
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step (all penalised)")
-CONTEXT = FLAGS.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
-PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step (all with prompt logprobs)")
-TOP_K = FLAGS.DEFINE_integer("prompt_top_logprobs", 5, "top ids per prompt position in the third variant")
-ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "llama-100m"})
-MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
-REPEATS = FLAGS.DEFINE_integer("repeats", 10, "alternating rounds (medians reported)")
-OUT = OutputFlags(FLAGS)
 
-FLAGS.positive("decode_batch", "decode_context", "repeats", "prompt_top_logprobs")
-FLAGS.at_least(2, "prefill_len")
+@dataclasses.dataclass(frozen=True)
+class LogitControlsOptions(StepShape):
+    """The two steps (every decode row penalised, every prefill position with prompt logprobs) and the rounds."""
+
+    prompt_top_logprobs: int = option(5, "top ids per prompt position in the third variant", at_least=1)
+    repeats: int = option(10, "alternating rounds (medians reported)", at_least=1)
+
+
+COMMAND = CommandFlags(LogitControlsOptions, engine=["model", "block_size"], engine_defaults={"model": "llama-100m"})
+FLAGS = COMMAND.flags
+FLAGS.at_least(2, "prefill_len")  # a prompt logprob needs a next token
 
 
 def main(argv):
     """Time each variant side by side; print and write the table."""
     del argv
-    result, table = compare_logit_controls(model_config(MODEL.value), decode_batch=DECODE_BATCH.value,
-                                           context=CONTEXT.value, prefill_len=PREFILL.value, top_k=TOP_K.value,
-                                           block_size=BLOCK_SIZE.value, repeats=REPEATS.value)
-    OUT.write(result, table)
+    options = COMMAND.options()
+    COMMAND.out.write(*compare_logit_controls(model_config(COMMAND.engine_value("model")), options,
+                                              top_k=options.prompt_top_logprobs,
+                                              block_size=COMMAND.engine_value("block_size"), repeats=options.repeats))

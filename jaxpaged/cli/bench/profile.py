@@ -10,27 +10,36 @@ sit between the device steps ("device_step" and the XLA executions).
 
 from __future__ import annotations
 
+import dataclasses
+
+from jaxpaged import compile_cache
 from jaxpaged.bench.offline.profiling import profile_serving
+from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS
 
-FLAGS = FlagSet()
-bench_flags = WorkloadFlags(FLAGS)
-WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to profile")
-MODE = FLAGS.DEFINE_enum("mode", "prefix_on", ["prefix_on", "prefix_off", "contiguous"], "KV mode")
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
-TRACE_DIR = FLAGS.DEFINE_string("trace_dir", "traces/profile", "where the trace goes ('' = no trace)")
-OUT = OutputFlags(FLAGS)
+
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """The workload profiled, its KV mode, and where the trace goes."""
+
+    workload: str = option("chatbot", "workload to profile", choices=list(WORKLOADS))
+    mode: str = option("prefix_on", "KV mode", choices=["prefix_on", "prefix_off", "contiguous"])
+    trace_dir: str = option("traces/profile", "where the trace goes ('' = no trace)")
+
+
+COMMAND = CommandFlags(ProfileOptions, ServingWorkload, engine=SERVING_ENGINE_FIELDS,
+                       engine_defaults={"model": "small"})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Warm up, trace one run, print the host share of step time."""
     del argv
-    bench_flags.enable_compile_cache()
-    requests = bench_flags.workload_from_flags(WORKLOAD.value)
-    setup = bench_flags.setup_from_flags(BLOCK_SIZE.value, requests)
-    OUT.write(profile_serving(load_model(bench_flags.MODEL.value), setup, MODE.value, requests, TRACE_DIR.value))
+    options, workload, engine = COMMAND.options(), COMMAND.options(ServingWorkload), COMMAND.engine.kwargs()
+    compile_cache.configure(engine["compile_cache_dir"])
+    requests = workload.workload(options.workload)
+    COMMAND.out.write(profile_serving(load_model(engine["model"]), workload.setup(engine, requests), options.mode,
+                                      requests, options.trace_dir))

@@ -11,26 +11,32 @@ prompt, side by side (docs/benchmarks/serving.md, "A huge prompt and the other s
 
 from __future__ import annotations
 
-from jaxpaged.bench.online.prompt_stall import measure_prompt_stall
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+import dataclasses
 
-FLAGS = FlagSet()
-PROMPT_CHARS = FLAGS.DEFINE_integer("prompt_chars", 20_000_000, "characters of the huge prompt")
-REPEATS = FLAGS.DEFINE_integer("repeats", 3, "rounds with and without the huge prompt")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 600, "tokens the measured stream decodes")
-ENGINE = EngineFlags(FLAGS, ["model", "num_blocks", "max_model_len", "compile_cache_dir"],
-                     defaults={"num_blocks": 256, "max_model_len": 1024})
-OUT = OutputFlags(FLAGS)
-FLAGS.register_validator("prompt_chars", lambda v: v > 0, message="--prompt_chars must be > 0")
-FLAGS.register_validator("repeats", lambda v: v > 0, message="--repeats must be > 0")
+from jaxpaged.bench.online.prompt_stall import measure_prompt_stall
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptStallOptions:
+    """The huge prompt, the measured stream, and the rounds."""
+
+    prompt_chars: int = option(20_000_000, "characters of the huge prompt", at_least=1)
+    repeats: int = option(3, "rounds with and without the huge prompt", at_least=1)
+    max_tokens: int = option(600, "tokens the measured stream decodes")
+
+
+COMMAND = CommandFlags(PromptStallOptions, engine=["model", "num_blocks", "max_model_len", "compile_cache_dir"],
+                       engine_defaults={"num_blocks": 256, "max_model_len": 1024})
+FLAGS = COMMAND.flags
 FLAGS.register_validator("max_tokens", lambda v: 1 < v <= 900, message="--max_tokens must be in [2, 900]")
 
 
 def main(argv):
     """Measure, then print and write one Markdown table."""
     del argv
-    result, table = measure_prompt_stall(ENGINE.config(), repeats=REPEATS.value, max_tokens=MAX_TOKENS.value,
-                                         prompt_chars=PROMPT_CHARS.value)
-    OUT.write({"engine": ENGINE.kwargs()} | result, table)
+    o = COMMAND.options()
+    result, table = measure_prompt_stall(COMMAND.engine.config(), repeats=o.repeats, max_tokens=o.max_tokens,
+                                         prompt_chars=o.prompt_chars)
+    COMMAND.out.write({"engine": COMMAND.engine.kwargs()} | result, table)

@@ -13,6 +13,7 @@ jaxpaged/bench/offline/quality.py; the figures: docs/benchmarks/quality.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import time
@@ -21,23 +22,26 @@ import jax
 
 from jaxpaged.bench.offline.quality import (CHAT_PROMPTS, PASSAGES, QualityBench, agreement_table, fp8_agreement,
                                             perplexity_rows, perplexity_table, perplexity_variants, read_jsonl)
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.pretrained import default_model_path
 
-FLAGS = FlagSet()
-ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": str(default_model_path())})
-MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]  # the pretrained GGUF by default
-WINDOW = FLAGS.DEFINE_integer("window", 128, "sliding window of the hybrid layout's local layers")
-NUM_PASSAGES = FLAGS.DEFINE_integer("num_passages", None, "score only the first N passages (default: all)")
-NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", None, "use only the first N chat prompts (default: all)")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 32, "greedy answer tokens per chat prompt")
-PARTS = FLAGS.DEFINE_list("parts", ["perplexity", "agreement"], "which figures to measure")
-OUT = OutputFlags(FLAGS)
-FLAGS.model_name("model")
-FLAGS.positive("block_size", "window", "num_passages", "num_prompts", "max_tokens")
-FLAGS.list_of("parts", choices=("perplexity", "agreement"))
+
+@dataclasses.dataclass(frozen=True)
+class QualityOptions:
+    """Which figures, over how much of the shipped text, and the hybrid layout's window."""
+
+    window: int = option(128, "sliding window of the hybrid layout's local layers", at_least=1)
+    num_passages: int | None = option(None, "score only the first N passages (default: all)", at_least=1)
+    num_prompts: int | None = option(None, "use only the first N chat prompts (default: all)", at_least=1)
+    max_tokens: int = option(32, "greedy answer tokens per chat prompt", at_least=1)
+    parts: tuple[str, ...] = option(("perplexity", "agreement"), "which figures to measure",
+                                    choices=("perplexity", "agreement"))
+
+
+COMMAND = CommandFlags(QualityOptions, engine=["model", "block_size"],
+                       engine_defaults={"model": str(default_model_path())})  # the pretrained GGUF by default
+FLAGS = COMMAND.flags
 
 
 def main(argv):
@@ -47,24 +51,24 @@ def main(argv):
     from jaxpaged.server.chat import ChatTemplate
     from jaxpaged.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(MODEL.value, model_config(MODEL.value))
-    template = ChatTemplate.for_model(MODEL.value)
-    passages = [tokenizer.encode(p["text"]) for p in read_jsonl(PASSAGES)[:NUM_PASSAGES.value]]
+    o, model, block_size = COMMAND.options(), COMMAND.engine_value("model"), COMMAND.engine_value("block_size")
+    tokenizer = load_tokenizer(model, model_config(model))
+    template = ChatTemplate.for_model(model)
+    passages = [tokenizer.encode(p["text"]) for p in read_jsonl(PASSAGES)[:o.num_passages]]
     prompts = [tokenizer.encode(template.render(c["messages"]), add_special_tokens=False)
-               for c in read_jsonl(CHAT_PROMPTS)[:NUM_PROMPTS.value]]
-    longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + MAX_TOKENS.value)
-    max_len = -(-longest // BLOCK_SIZE.value) * BLOCK_SIZE.value
-    bench = QualityBench(MODEL.value, BLOCK_SIZE.value, max_len, calibration_ids=prompts[0],
-                         long_calibration_ids=passages[0])
-    result = {"model": MODEL.value, "block_size": BLOCK_SIZE.value, "machine": platform.processor() or
-              platform.machine(), "cpus": os.cpu_count(), "jax": jax.__version__,
+               for c in read_jsonl(CHAT_PROMPTS)[:o.num_prompts]]
+    longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + o.max_tokens)
+    max_len = -(-longest // block_size) * block_size
+    bench = QualityBench(model, block_size, max_len, calibration_ids=prompts[0], long_calibration_ids=passages[0])
+    result = {"model": model, "block_size": block_size, "machine": platform.processor() or platform.machine(),
+              "cpus": os.cpu_count(), "jax": jax.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     tables, start = [], time.perf_counter()
-    if "perplexity" in PARTS.value:
-        result["perplexity"] = perplexity_rows(bench, perplexity_variants(WINDOW.value), passages)
+    if "perplexity" in o.parts:
+        result["perplexity"] = perplexity_rows(bench, perplexity_variants(o.window), passages)
         tables.append(perplexity_table(result["perplexity"]))
-    if "agreement" in PARTS.value:
-        result["fp8_vs_bf16"] = fp8_agreement(bench, prompts, MAX_TOKENS.value, tokenizer.stop_token_ids)
+    if "agreement" in o.parts:
+        result["fp8_vs_bf16"] = fp8_agreement(bench, prompts, o.max_tokens, tokenizer.stop_token_ids)
         tables.append(agreement_table(result["fp8_vs_bf16"]))
     result["seconds"] = time.perf_counter() - start
-    OUT.write(result, "\n\n".join(tables))
+    COMMAND.out.write(result, "\n\n".join(tables))

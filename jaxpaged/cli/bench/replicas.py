@@ -15,55 +15,55 @@ rate, TTFT p50/p99 and throughput per policy, side by side.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from jaxpaged.bench.online.arrivals import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
 from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_replica_counts
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
+
+@dataclasses.dataclass(frozen=True)
+class ReplicasOptions:
+    """The clusters and policies compared, the shared-prefix requests, their arrivals, each replica's KV pool."""
+
+    replicas: tuple[int, ...] = option((2, 4), "replica counts, one cluster each", at_least=1)
+    policies: tuple[str, ...] = option(tuple(POLICY_ORDER), "routing policies to compare", choices=POLICY_ORDER)
+    num_prefixes: int = option(8, "shared prefixes", at_least=1)
+    prefix_len: int = option(512, "tokens per shared prefix", at_least=1)
+    suffix_len: int = option(128, "tokens of each request's own suffix", at_least=1)
+    output_len: int = option(16, "tokens generated per request (ignore_eos)", at_least=1)
+    num_requests: int = option(64, "requests per policy run", at_least=1)
+    warmup_requests: int = option(32, "untimed run per policy first on each cluster: the first N requests "
+                                      "(compiles)", at_least=0)
+    request_rate: float = option(2.0, "Poisson arrival rate (requests/s)", at_least=1)
+    max_concurrency: int | None = option(None, "cap on requests in flight (default: none)", at_least=1)
+    kv_budget_tokens: int = option(3072, "KV pool of each replica, in tokens", at_least=1)
+    seed: int = option(0, "workload and arrival seed", at_least=0)
+
+
 # every replica's engine: the model, its step's token budget, and the compile cache the replicas share
-ENGINE = EngineFlags(FLAGS, ["model", "max_num_batched_tokens", "compile_cache_dir"],
-                     defaults={"model": "tiny", "max_num_batched_tokens": 1024})
-MODEL, MAX_BATCHED = ENGINE.holders["model"], ENGINE.holders["max_num_batched_tokens"]
-COMPILE_CACHE = ENGINE.holders["compile_cache_dir"]
-REPLICAS = FLAGS.DEFINE_list("replicas", ["2", "4"], "replica counts, one cluster each")
-POLICIES = FLAGS.DEFINE_list("policies", list(POLICY_ORDER), "routing policies to compare")
-NUM_PREFIXES = FLAGS.DEFINE_integer("num_prefixes", 8, "shared prefixes")
-PREFIX_LEN = FLAGS.DEFINE_integer("prefix_len", 512, "tokens per shared prefix")
-SUFFIX_LEN = FLAGS.DEFINE_integer("suffix_len", 128, "tokens of each request's own suffix")
-OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 16, "tokens generated per request (ignore_eos)")
-NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 64, "requests per policy run")
-WARMUP_REQUESTS = FLAGS.DEFINE_integer("warmup_requests", 32,
-                                       "untimed run per policy first on each cluster: the first N requests (compiles)")
-RATE = FLAGS.DEFINE_float("request_rate", 2.0, "Poisson arrival rate (requests/s)")
-MAX_CONCURRENCY = FLAGS.DEFINE_integer("max_concurrency", None, "cap on requests in flight (default: none)")
-KV_TOKENS = FLAGS.DEFINE_integer("kv_budget_tokens", 3072, "KV pool of each replica, in tokens")
-SEED = FLAGS.DEFINE_integer("seed", 0, "workload and arrival seed")
-OUT = OutputFlags(FLAGS)
-
-FLAGS.positive("num_prefixes", "prefix_len", "suffix_len", "output_len", "num_requests", "request_rate",
-                     "max_concurrency", "kv_budget_tokens")
-FLAGS.non_negative("warmup_requests", "seed")
-FLAGS.list_of("replicas", integer_at_least=1)
-FLAGS.list_of("policies", choices=POLICY_ORDER)
+COMMAND = CommandFlags(ReplicasOptions, engine=["model", "max_num_batched_tokens", "compile_cache_dir"],
+                       engine_defaults={"model": "tiny", "max_num_batched_tokens": 1024})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Run every replica count and policy; print and write the table."""
     del argv
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    requests = prefix_repetition_requests(NUM_REQUESTS.value, prefix_len=PREFIX_LEN.value, suffix_len=SUFFIX_LEN.value,
-                                          num_prefixes=NUM_PREFIXES.value, output_len=OUTPUT_LEN.value,
-                                          seed=SEED.value)
-    offsets = arrival_offsets(len(requests), RATE.value, seed=SEED.value)
-    results = run_replica_counts(MODEL.value, [int(n) for n in REPLICAS.value], requests, offsets,
-                                 kv_budget_tokens=KV_TOKENS.value, max_num_batched_tokens=MAX_BATCHED.value,
-                                 max_model_len=PREFIX_LEN.value + SUFFIX_LEN.value + OUTPUT_LEN.value,
-                                 policies=POLICIES.value, max_concurrency=MAX_CONCURRENCY.value,
-                                 compile_cache_dir=COMPILE_CACHE.value, num_warmup=WARMUP_REQUESTS.value)
+    o, engine = COMMAND.options(), COMMAND.engine.kwargs()
+    requests = prefix_repetition_requests(o.num_requests, prefix_len=o.prefix_len, suffix_len=o.suffix_len,
+                                          num_prefixes=o.num_prefixes, output_len=o.output_len, seed=o.seed)
+    offsets = arrival_offsets(len(requests), o.request_rate, seed=o.seed)
+    results = run_replica_counts(engine["model"], list(o.replicas), requests, offsets,
+                                 kv_budget_tokens=o.kv_budget_tokens,
+                                 max_num_batched_tokens=engine["max_num_batched_tokens"],
+                                 max_model_len=o.prefix_len + o.suffix_len + o.output_len, policies=list(o.policies),
+                                 max_concurrency=o.max_concurrency, compile_cache_dir=engine["compile_cache_dir"],
+                                 num_warmup=o.warmup_requests)
     settings = FLAGS.values.flag_values_dict()
-    OUT.write({"flags": settings, "results": {str(n): r for n, r in results.items()}}, markdown_table(results))
+    COMMAND.out.write({"flags": settings, "results": {str(n): r for n, r in results.items()}},
+                      markdown_table(results))

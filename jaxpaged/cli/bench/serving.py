@@ -25,57 +25,51 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from jaxpaged.bench.offline.serving import MODES
-from jaxpaged.bench.offline.serving import serve_modes, serving_tables
+from jaxpaged import compile_cache
+from jaxpaged.bench.offline.serving import MODES, serve_modes, serving_tables
+from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.http_bench import HttpBenchFlags
-from jaxpaged.cli.output_flags import OutputFlags
-from jaxpaged.cli.workload_flags import WorkloadFlags
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, run_http
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS
 
-FLAGS = FlagSet()
-bench_flags = WorkloadFlags(FLAGS)
-online = HttpBenchFlags(FLAGS, bench_flags)
-BACKEND = FLAGS.DEFINE_enum("backend", "offline", ["offline", "http"],
-                            "offline: compare KV modes in-process; http: drive the server at --base_url")
-WORKLOAD = FLAGS.DEFINE_enum("workload", "chatbot", list(WORKLOADS), "workload to serve")
-MODES_FLAG = FLAGS.DEFINE_list("modes", list(MODES), "modes to compare")
-ENGINE = EngineFlags(FLAGS, ["block_size", "eviction_policy", "kv_cache_metrics_sample"],
-                     defaults={"kv_cache_metrics_sample": 0.01})
-BLOCK_SIZE = ENGINE.holders["block_size"]
-REPEATS = FLAGS.DEFINE_integer("repeats", 1, "interleaved repeats per mode; medians reported")
-OUT = OutputFlags(FLAGS)
-METRICS_PORT = FLAGS.DEFINE_integer("metrics_port", None, "serve Prometheus metrics of the running engine here")
-LOG_INTERVAL = FLAGS.DEFINE_float("log_interval_s", None, "log a one-line engine summary this often")
-PROGRESS = FLAGS.DEFINE_boolean("progress", True, "show a progress bar")
 
-FLAGS.positive("repeats")
-FLAGS.list_of("modes", choices=list(MODES))
-FLAGS.at_least(1, "metrics_port")
-FLAGS.register_validator("metrics_port", lambda v: v is None or v <= 65535, "--metrics_port must be <= 65535")
-FLAGS.at_least(1e-3, "log_interval_s")
+@dataclasses.dataclass(frozen=True)
+class ServingOptions:
+    """Offline or over HTTP, the workload, the modes compared, and what runs beside them."""
+
+    backend: str = option("offline", "offline: compare KV modes in-process; http: drive the server at --base_url",
+                          choices=["offline", "http"])
+    workload: str = option("chatbot", "workload to serve", choices=list(WORKLOADS))
+    modes: tuple[str, ...] = option(tuple(MODES), "modes to compare", choices=list(MODES))
+    repeats: int = option(1, "interleaved repeats per mode; medians reported", at_least=1)
+    metrics_port: int | None = option(None, "serve Prometheus metrics of the running engine here", check="port")
+    log_interval_s: float | None = option(None, "log a one-line engine summary this often", at_least=1e-3)
+    progress: bool = option(True, "show a progress bar")
+
+
+COMMAND = CommandFlags(ServingOptions, *HTTP_OPTIONS,
+                       engine=[*SERVING_ENGINE_FIELDS, "eviction_policy", "kv_cache_metrics_sample"],
+                       engine_defaults={"model": "small", "kv_cache_metrics_sample": 0.01})
+FLAGS = COMMAND.flags
+define_http_flags(COMMAND)
 
 
 def main(argv):
     """Build the workload, run every mode (or drive the server), print and write the results."""
-    if BACKEND.value == "http":
-        online.run_from_flags(WORKLOAD.value, OUT, extra_args=argv[1:], progress=PROGRESS.value)
+    options, workload = COMMAND.options(), COMMAND.options(ServingWorkload)
+    if options.backend == "http":
+        run_http(COMMAND, options.workload, extra_args=argv[1:], progress=options.progress)
         return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
-    bench_flags.enable_compile_cache()
-    if bench_flags.TRACE.value:
-        requests = bench_flags.trace_from_flags()
-    else:
-        requests = bench_flags.workload_from_flags(WORKLOAD.value)
-    setup = dataclasses.replace(bench_flags.setup_from_flags(BLOCK_SIZE.value, requests),
-                                eviction_policy=ENGINE.holders["eviction_policy"].value,
-                                kv_cache_metrics_sample=ENGINE.holders["kv_cache_metrics_sample"].value)
-    result = serve_modes(load_model(bench_flags.MODEL.value), setup, requests, modes=MODES_FLAG.value,
-                         repeats=REPEATS.value, metrics_port=METRICS_PORT.value, log_interval_s=LOG_INTERVAL.value,
-                         progress=PROGRESS.value, model_name=bench_flags.MODEL.value)
-    meta = {"model": bench_flags.MODEL.value, "workload": bench_flags.TRACE.value or WORKLOAD.value,
-            "num_requests": len(requests), "request_rate": bench_flags.REQUEST_RATE.value,
-            "setup": dataclasses.asdict(setup), "repeats": REPEATS.value}
-    OUT.write(meta | result, serving_tables(result))
+    engine = COMMAND.engine.kwargs()
+    compile_cache.configure(engine["compile_cache_dir"])
+    requests = workload.requests(options.workload)
+    setup = workload.setup(engine, requests)
+    result = serve_modes(load_model(engine["model"]), setup, requests, modes=list(options.modes),
+                         repeats=options.repeats, metrics_port=options.metrics_port,
+                         log_interval_s=options.log_interval_s, progress=options.progress, model_name=engine["model"])
+    meta = {"model": engine["model"], "workload": workload.trace or options.workload, "num_requests": len(requests),
+            "request_rate": workload.request_rate, "setup": dataclasses.asdict(setup), "repeats": options.repeats}
+    COMMAND.out.write(meta | result, serving_tables(result))

@@ -19,24 +19,27 @@ import platform
 
 from jaxpaged.bench.offline.spec_decode import (chat_messages, repetition_messages, run_spec_decode_bench,
                                                 spec_decode_table)
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.pretrained import default_model_path
 from jaxpaged.spec_decode.config import SpeculativeConfig
 
-FLAGS = FlagSet()
-ENGINE = EngineFlags(FLAGS, ["model", "num_blocks", "max_num_batched_tokens", "compile_cache_dir"],
-                     defaults={"model": str(default_model_path()), "num_blocks": 2048})
-WORKLOADS = FLAGS.DEFINE_list("workloads", ["repetition", "chat"], "which workloads to run, in this order")
-BATCH_SIZES = FLAGS.DEFINE_list("batch_sizes", ["1", "8", "64"], "requests in flight at once")
-OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 64, "tokens generated per request (EOS ignored)")
-REPEATS = FLAGS.DEFINE_integer("repeats", 2, "timed rounds per mode, alternating off / on / default")
-NUM_SPEC = FLAGS.DEFINE_integer("num_speculative_tokens", 4, "k: draft tokens per sequence and step")
-OUT = OutputFlags(FLAGS)
-FLAGS.positive("output_len", "repeats", "num_speculative_tokens")
-FLAGS.list_of("batch_sizes", integer_at_least=1)
-FLAGS.list_of("workloads", choices=["repetition", "chat"])
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeOptions:
+    """The workloads and batch sizes, the requests' length, the rounds, and k."""
+
+    workloads: tuple[str, ...] = option(("repetition", "chat"), "which workloads to run, in this order",
+                                        choices=["repetition", "chat"])
+    batch_sizes: tuple[int, ...] = option((1, 8, 64), "requests in flight at once", at_least=1)
+    output_len: int = option(64, "tokens generated per request (EOS ignored)", at_least=1)
+    repeats: int = option(2, "timed rounds per mode, alternating off / on / default", at_least=1)
+    num_speculative_tokens: int = option(4, "k: draft tokens per sequence and step", at_least=1)
+
+
+COMMAND = CommandFlags(SpecDecodeOptions, engine=["model", "num_blocks", "max_num_batched_tokens", "compile_cache_dir"],
+                       engine_defaults={"model": str(default_model_path()), "num_blocks": 2048})
+FLAGS = COMMAND.flags
 
 
 def main(argv):
@@ -45,19 +48,19 @@ def main(argv):
     from jaxpaged.engine import Engine, EngineConfig
     from jaxpaged.server.chat import ChatTemplate
 
-    batch_sizes = [int(b) for b in BATCH_SIZES.value]
-    base = EngineConfig(**ENGINE.kwargs(), max_num_seqs=max(batch_sizes))  # overlapped steps, as served
-    on = SpeculativeConfig(num_speculative_tokens=NUM_SPEC.value, disable_by_batch_size=None)
+    o, k = COMMAND.options(), COMMAND.options().num_speculative_tokens
+    base = EngineConfig(**COMMAND.engine.kwargs(), max_num_seqs=max(o.batch_sizes))  # overlapped steps, as served
+    on = SpeculativeConfig(num_speculative_tokens=k, disable_by_batch_size=None)
     engines = {"off": Engine(base), "on": Engine(dataclasses.replace(base, speculative_config=on)),
                "default": Engine(dataclasses.replace(
-                   base, speculative_config=SpeculativeConfig(num_speculative_tokens=NUM_SPEC.value)))}
+                   base, speculative_config=SpeculativeConfig(num_speculative_tokens=k)))}
     template, tokenizer = ChatTemplate.for_model(base.model), engines["off"].tokenizer
     encode = lambda messages: tokenizer.encode(template.render(messages), add_special_tokens=False)  # noqa: E731
     messages = {"repetition": repetition_messages, "chat": chat_messages}
-    workloads = {name: [encode(m) for m in messages[name]()] for name in WORKLOADS.value}
-    rows = run_spec_decode_bench(engines, workloads, batch_sizes, output_len=OUTPUT_LEN.value,
-                                 repeats=REPEATS.value, on_row=lambda row: print(spec_decode_table([row])))
-    OUT.write({"model": base.model, "machine": platform.processor() or platform.machine(),
-               "num_speculative_tokens": NUM_SPEC.value, "output_len": OUTPUT_LEN.value, "repeats": REPEATS.value,
-               "default_disable_by_batch_size": SpeculativeConfig().disable_by_batch_size,
-               "rows": [dataclasses.asdict(r) for r in rows]}, spec_decode_table(rows))
+    workloads = {name: [encode(m) for m in messages[name]()] for name in o.workloads}
+    rows = run_spec_decode_bench(engines, workloads, list(o.batch_sizes), output_len=o.output_len,
+                                 repeats=o.repeats, on_row=lambda row: print(spec_decode_table([row])))
+    COMMAND.out.write({"model": base.model, "machine": platform.processor() or platform.machine(),
+                       "num_speculative_tokens": k, "output_len": o.output_len, "repeats": o.repeats,
+                       "default_disable_by_batch_size": SpeculativeConfig().disable_by_batch_size,
+                       "rows": [dataclasses.asdict(r) for r in rows]}, spec_decode_table(rows))

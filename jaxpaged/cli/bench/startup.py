@@ -13,28 +13,34 @@ with a size padded further (what merging two step shapes would cost).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from jaxpaged.bench.offline import startup
 from jaxpaged.bench.offline.startup import padding_report, run_startups
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-MODELS = FLAGS.DEFINE_list("models", ["small", "llama-100m"], "shipped model configs to start")
-KINDS = FLAGS.DEFINE_list("kinds", list(startup.KINDS), "generate: a first LLM.generate; serve: server to first token")
-CACHES = FLAGS.DEFINE_list("cache_states", list(startup.CACHE_STATES), "off, cold (empty cache), warm (filled)")
-BASELINE = FLAGS.DEFINE_string("baseline_root", None, "a source tree of the older version to compare with")
-REPEATS = FLAGS.DEFINE_integer("repeats", 3, "starts of every kind, model, version and cache state")
-NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 16, "prompts of the first generate")
-OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 32, "greedy tokens per prompt of the first generate")
-PADDING = FLAGS.DEFINE_bool("padding_costs", False, "instead: each model's step time with a size padded further "
-                            "(what merging step shapes would cost)")
-OUT = OutputFlags(FLAGS)
 
-FLAGS.list_of("kinds", choices=list(startup.KINDS))
-FLAGS.list_of("cache_states", choices=list(startup.CACHE_STATES))
-FLAGS.positive("repeats", "num_prompts", "output_len")
+@dataclasses.dataclass(frozen=True)
+class StartupOptions:
+    """What is started, against which older tree, how often; or the padding costs instead."""
+
+    models: tuple[str, ...] = option(("small", "llama-100m"), "shipped model configs to start")
+    kinds: tuple[str, ...] = option(tuple(startup.KINDS), "generate: a first LLM.generate; serve: server to first "
+                                                          "token", choices=list(startup.KINDS))
+    cache_states: tuple[str, ...] = option(tuple(startup.CACHE_STATES), "off, cold (empty cache), warm (filled)",
+                                           choices=list(startup.CACHE_STATES))
+    baseline_root: str | None = option(None, "a source tree of the older version to compare with")
+    repeats: int = option(3, "starts of every kind, model, version and cache state", at_least=1)
+    num_prompts: int = option(16, "prompts of the first generate", at_least=1)
+    output_len: int = option(32, "greedy tokens per prompt of the first generate", at_least=1)
+    padding_costs: bool = option(False, "instead: each model's step time with a size padded further (what merging "
+                                        "step shapes would cost)")
+
+
+COMMAND = CommandFlags(StartupOptions)
+FLAGS = COMMAND.flags
 FLAGS.register_validator("baseline_root", lambda v: v is None or (Path(v) / "jaxpaged").is_dir(),
                          message="--baseline_root must be a jaxpaged source tree")
 
@@ -42,8 +48,10 @@ FLAGS.register_validator("baseline_root", lambda v: v is None or (Path(v) / "jax
 def main(argv):
     """Measure the starts (or the padding costs); print and write the table."""
     del argv
-    if PADDING.value:
-        OUT.write(*padding_report(MODELS.value))
+    o = COMMAND.options()
+    if o.padding_costs:
+        COMMAND.out.write(*padding_report(list(o.models)))
         return
-    OUT.write(*run_startups(MODELS.value, baseline_root=BASELINE.value, kinds=KINDS.value, cache_states=CACHES.value,
-                            repeats=REPEATS.value, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value))
+    COMMAND.out.write(*run_startups(list(o.models), baseline_root=o.baseline_root, kinds=list(o.kinds),
+                                    cache_states=list(o.cache_states), repeats=o.repeats,
+                                    num_prompts=o.num_prompts, output_len=o.output_len))

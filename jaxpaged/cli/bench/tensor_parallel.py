@@ -10,28 +10,28 @@ the cost of the collectives; GPU figures wait for a device.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from jaxpaged import distributed
+from jaxpaged.bench.offline.step_timing import StepShape
 from jaxpaged.bench.offline.tensor_parallel import tensor_parallel_report
+from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallelOptions(StepShape):
+    """The sizes compared, the two steps, and the rounds."""
+
+    sizes: tuple[int, ...] = option((1, 2, 4), "tensor-parallel sizes, run side by side", at_least=1)
+    rounds: int = option(10, "timed rounds (each runs every size once); medians reported", at_least=1)
+
+
+COMMAND = CommandFlags(TensorParallelOptions, engine=["model", "block_size"], engine_defaults={"model": "small"})
+FLAGS = COMMAND.flags
 FLAGS.adopt([distributed.COORDINATOR_ADDRESS, distributed.NUM_PROCESSES, distributed.PROCESS_ID])
-SIZES = FLAGS.DEFINE_list("sizes", ["1", "2", "4"], "tensor-parallel sizes, run side by side")
-DECODE_BATCH = FLAGS.DEFINE_integer("decode_batch", 32, "sequences in the decode step")
-CONTEXT = FLAGS.DEFINE_integer("decode_context", 512, "context length of each decoding sequence")
-PREFILL = FLAGS.DEFINE_integer("prefill_len", 512, "tokens in the prefill step")
-ENGINE = EngineFlags(FLAGS, ["model", "block_size"], defaults={"model": "small"})
-MODEL, BLOCK_SIZE = ENGINE.holders["model"], ENGINE.holders["block_size"]
-ROUNDS = FLAGS.DEFINE_integer("rounds", 10, "timed rounds (each runs every size once); medians reported")
-OUT = OutputFlags(FLAGS)
-FLAGS.register_validator("sizes", lambda sizes: all(s.isdigit() and int(s) >= 1 for s in sizes),
-                         "--sizes must be positive integers, e.g. 1,2,4")
-FLAGS.positive("decode_batch", "decode_context", "prefill_len", "rounds")
 
 
 def main(argv):
@@ -40,11 +40,11 @@ def main(argv):
     # CPU: four host devices unless XLA_FLAGS says otherwise (read when JAX first starts its backend)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
     distributed.initialize_from_flags()
-    result, table = tensor_parallel_report(model_config(MODEL.value), [int(s) for s in SIZES.value],
-                                           decode_batch=DECODE_BATCH.value, context=CONTEXT.value,
-                                           prefill_len=PREFILL.value, block_size=BLOCK_SIZE.value,
-                                           rounds=ROUNDS.value)
+    options = COMMAND.options()
+    shape = StepShape(options.prefill_len, options.decode_batch, options.decode_context)
+    result, table = tensor_parallel_report(model_config(COMMAND.engine_value("model")), list(options.sizes), shape,
+                                           block_size=COMMAND.engine_value("block_size"), rounds=options.rounds)
     if not distributed.is_leader():
         print(table)
         return
-    OUT.write(result, table)
+    COMMAND.out.write(result, table)

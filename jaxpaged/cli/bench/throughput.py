@@ -27,48 +27,24 @@ The work is `jaxpaged.bench.offline.throughput`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hf_backend import HFBackendMissing
-from jaxpaged.bench.offline.throughput import EngineLimits, PromptSpec
-from jaxpaged.bench.offline.throughput import BACKENDS, ThroughputRun, run_throughput
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.offline.throughput import BACKENDS, EngineLimits, PromptSpec, ThroughputRun, run_throughput
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-BACKEND = FLAGS.DEFINE_string("backend", "both",
-                              "comma-separated backends measured side by side, passes alternating: jaxpaged, hf "
-                              "(transformers on torch CPU), vllm (a vLLM install, --vllm_python); both = jaxpaged,hf")
-VLLM_PYTHON = FLAGS.DEFINE_string("vllm_python", None, "vllm: the Python of a vLLM install (its own venv: vLLM's "
-                                  "CPU build wants its own torch); run as a subprocess on the same checkpoint")
-VLLM_THREADS_BIND = FLAGS.DEFINE_string("vllm_threads_bind", None, "vllm: VLLM_CPU_OMP_THREADS_BIND (default: every "
-                                        "core, e.g. 0-1, with no core reserved for vLLM's front end)")
-SHARED = EngineFlags(FLAGS, ["model", "compile_cache_dir"], defaults={"model": "tiny"})
-MODEL, COMPILE_CACHE = SHARED.holders["model"], SHARED.holders["compile_cache_dir"]
+# the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once); dtype: jaxpaged's and vLLM's
+# (hf stays float32)
+LIMITS = [f.name for f in dataclasses.fields(EngineLimits)]
+COMMAND = CommandFlags(ThroughputRun, PromptSpec, engine=["model", "compile_cache_dir", *LIMITS, "dtype"],
+                       engine_defaults={"model": "tiny", "max_num_batched_tokens": 2048})
+FLAGS = COMMAND.flags
 CHECKPOINT_DIR = FLAGS.DEFINE_string("checkpoint_dir", "out/hf-checkpoints",
                                      "where a config's random weights are saved as a Hugging Face checkpoint")
-NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 64, "prompts, all sent at once")
-INPUT_LEN = FLAGS.DEFINE_integer("input_len", 256, "tokens per prompt")
-PREFIX_LEN = FLAGS.DEFINE_integer("prefix_len", 64, "leading tokens every prompt shares (0 = all random)")
-OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 64, "tokens generated per prompt (EOS ignored)")
-TEMPERATURE = FLAGS.DEFINE_float("temperature", 0.0, "0 = greedy; otherwise plain sampling at this temperature")
-SEED = FLAGS.DEFINE_integer("seed", 0, "prompt, weight and sampling seed")
-REPEATS = FLAGS.DEFINE_integer("repeats", 1, "measured passes per backend, interleaved; medians reported")
-# the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once)
-ENGINE = EngineFlags(FLAGS, ["block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks",
-                             "enable_prefix_caching"], defaults={"max_num_batched_tokens": 2048})
-DTYPE = EngineFlags(FLAGS, ["dtype"]).holders["dtype"]  # jaxpaged's and vLLM's (hf stays float32)
-HF_BATCH_SIZE = FLAGS.DEFINE_integer("hf_batch_size", None, "hf: prompts per static batch (default: all)")
-HF_THREADS = FLAGS.DEFINE_integer("hf_threads", 2, "hf: torch.set_num_threads")
-GEMM_FLOOR = FLAGS.DEFINE_boolean("gemm_floor", True, "time the model's weight GEMMs at prefill and decode sizes and "
-                                  "report each pass's weight-GEMM floor (jaxpaged/bench/offline/throughput.py)")
-OUT = OutputFlags(FLAGS)
 
-FLAGS.positive("num_prompts", "input_len", "output_len", "repeats", "hf_batch_size", "hf_threads")
-FLAGS.non_negative("prefix_len", "temperature", "seed")
 FLAGS.register_validator("backend", lambda v: v == "both" or all(
     n.strip() in BACKENDS for n in v.split(",")), message=f"--backend must list some of {BACKENDS}, or be both")
 FLAGS.register_validator("vllm_python", lambda v: v is None or os.path.exists(v),
@@ -81,27 +57,20 @@ FLAGS.register_multi_flags_validator(
     message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
 
 
-def _settings(spec: PromptSpec) -> dict:
-    """The flags that shape the run, for the JSON."""
-    return {"model": MODEL.value, "backend": BACKEND.value, "num_prompts": spec.num_prompts,
-            "input_len": spec.input_len, "prefix_len": spec.prefix_len, "output_len": spec.output_len,
-            "temperature": TEMPERATURE.value, "seed": SEED.value, "repeats": REPEATS.value, "dtype": DTYPE.value,
-            "hf_threads": HF_THREADS.value, "hf_batch_size": HF_BATCH_SIZE.value or spec.num_prompts,
-            "jaxpaged": ENGINE.kwargs()}
-
-
 def main(argv):
     """Prepare the checkpoint and prompts, measure each backend `--repeats` times, print and write the results."""
     del argv
-    compile_cache.configure(COMPILE_CACHE.value)  # '' = off: the engine's "auto" then keeps it off
-    spec = PromptSpec(NUM_PROMPTS.value, INPUT_LEN.value, PREFIX_LEN.value, OUTPUT_LEN.value, SEED.value)
-    run = ThroughputRun(backend=BACKEND.value, temperature=TEMPERATURE.value, repeats=REPEATS.value,
-                        limits=EngineLimits(**ENGINE.kwargs()), hf_batch_size=HF_BATCH_SIZE.value,
-                        hf_threads=HF_THREADS.value, gemm_floor=GEMM_FLOOR.value, dtype=DTYPE.value,
-                        vllm_python=VLLM_PYTHON.value, vllm_threads_bind=VLLM_THREADS_BIND.value)
+    engine = COMMAND.engine.kwargs()
+    compile_cache.configure(engine["compile_cache_dir"])  # '' = off: the engine's "auto" then keeps it off
+    limits = EngineLimits(**{name: engine[name] for name in LIMITS})
+    spec, run = COMMAND.options(PromptSpec), COMMAND.options(ThroughputRun, limits=limits, dtype=engine["dtype"])
+    settings = {"model": engine["model"], "backend": run.backend, **dataclasses.asdict(spec),
+                "temperature": run.temperature, "repeats": run.repeats, "dtype": run.dtype,
+                "hf_threads": run.hf_threads, "hf_batch_size": run.hf_batch_size or spec.num_prompts,
+                "jaxpaged": dataclasses.asdict(limits)}
     try:
-        result, table = run_throughput(run, MODEL.value, CHECKPOINT_DIR.value, spec, _settings(spec))
+        result, table = run_throughput(run, engine["model"], CHECKPOINT_DIR.value, spec, settings)
     except HFBackendMissing as err:
         print(f"cannot run --backend=hf: {err}", file=sys.stderr)
         sys.exit(2)
-    OUT.write(result, table)
+    COMMAND.out.write(result, table)

@@ -12,30 +12,37 @@ sequences running at once, and simulated throughput.
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app
 
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.bench.options import option
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.hybrid_kv import compare_layouts, layouts_table
 
-FLAGS = FlagSet()
-MODEL = EngineFlags(FLAGS, ["model"], defaults={"model": "gemma-3-27b"}).holders["model"]  # with sliding windows
-PROFILE = FLAGS.DEFINE_string("profile", "h200-141gb", "device profile")
-CONTEXT_LENS = FLAGS.DEFINE_list("context_lens", ["8192", "32768"], "tokens per sequence (prompt + output)")
-NUM_REQUESTS = FLAGS.DEFINE_integer("num_requests", 0, "requests per run (0: 1.5 x what the hybrid pool holds)")
-MAX_TOKENS = FLAGS.DEFINE_integer("max_tokens", 1024, "tokens generated per request (long enough that memory, "
-                                  "not the prefill rate, bounds how many run at once)")
-OUT = OutputFlags(FLAGS)
-FLAGS.positive("max_tokens")
+
+@dataclasses.dataclass(frozen=True)
+class HybridKVOptions:
+    """The device, the contexts compared, and the requests of each run."""
+
+    profile: str = option("h200-141gb", "device profile")
+    context_lens: tuple[int, ...] = option((8192, 32768), "tokens per sequence (prompt + output)", at_least=1)
+    num_requests: int = option(0, "requests per run (0: 1.5 x what the hybrid pool holds)")
+    max_tokens: int = option(1024, "tokens generated per request (long enough that memory, not the prefill rate, "
+                                   "bounds how many run at once)", at_least=1)
+
+
+COMMAND = CommandFlags(HybridKVOptions, engine=["model"], engine_defaults={"model": "gemma-3-27b"})  # with windows
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Both layouts at every context; a Markdown table."""
     del argv
+    o = COMMAND.options()
     try:
-        rows = compare_layouts(MODEL.value, PROFILE.value, [int(n) for n in CONTEXT_LENS.value],
-                               num_requests=NUM_REQUESTS.value, max_tokens=MAX_TOKENS.value)
+        rows = compare_layouts(COMMAND.engine_value("model"), o.profile, list(o.context_lens),
+                               num_requests=o.num_requests, max_tokens=o.max_tokens)
     except ValueError as err:  # a model without sliding windows
         raise app.UsageError(str(err)) from err
-    OUT.write({"rows": rows}, layouts_table(rows))
+    COMMAND.out.write({"rows": rows}, layouts_table(rows))

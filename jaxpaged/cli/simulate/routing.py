@@ -18,46 +18,45 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxpaged.bench.options import option
 from jaxpaged.cli.deployment_flags import DeploymentFlags
-from jaxpaged.cli.flagset import FlagSet, parse_key_values
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.flagset import parse_key_values
+from jaxpaged.cli.options import CommandFlags
 from jaxpaged.router import POLICIES
 from jaxpaged.sim.routing_sweep import RoutingLoad, routing_sweep, routing_table
 from jaxpaged.sim.workloads import WORKLOADS
 
-FLAGS = FlagSet()
+
+@dataclasses.dataclass(frozen=True)
+class RoutingOptions:
+    """What is swept (workloads, replica counts, policies), the load per replica and the goodput objectives."""
+
+    workloads: tuple[str, ...] = option(("chatbot", "multiturn"), "workloads (jaxpaged/sim/workloads.py)",
+                                        choices=list(WORKLOADS))
+    scales: tuple[str, ...] = option(("output_len=64",), "workload length overrides, key=value", check="key_values")
+    replicas: tuple[int, ...] = option((8, 16, 64), "replica counts", at_least=1)
+    policies: tuple[str, ...] = option(tuple(POLICIES), "routing policies", choices=list(POLICIES))
+    requests_per_replica: int = option(150, "requests per run, per replica", at_least=1)
+    rate_per_replica: float = option(40.0, "offered Poisson rate per replica (req/s)", at_least=1e-3)
+    ttft_slo_s: float = option(0.5, "time-to-first-token objective of goodput (s)", at_least=1e-3)
+    tpot_slo_s: float = option(0.05, "time-per-output-token objective of goodput (s)", at_least=1e-3)
+    seed: int = option(0, "workload and arrival seed", at_least=0)
+
+
+COMMAND = CommandFlags(RoutingOptions)
+FLAGS = COMMAND.flags
 DEPLOY = DeploymentFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"], kv_cache_gb=4.0,
                          kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict",
                          kv_cache_gb_at_least=1e-6)
-WORKLOADS_FLAG = FLAGS.DEFINE_list("workloads", ["chatbot", "multiturn"], "workloads (jaxpaged/sim/workloads.py)")
-SCALES = FLAGS.DEFINE_list("scales", ["output_len=64"], "workload length overrides, key=value")
-REPLICAS = FLAGS.DEFINE_list("replicas", ["8", "16", "64"], "replica counts")
-POLICIES_FLAG = FLAGS.DEFINE_list("policies", list(POLICIES), "routing policies")
-PER_REPLICA_REQUESTS = FLAGS.DEFINE_integer("requests_per_replica", 150, "requests per run, per replica")
-PER_REPLICA_RATE = FLAGS.DEFINE_float("rate_per_replica", 40.0, "offered Poisson rate per replica (req/s)")
-TTFT_SLO = FLAGS.DEFINE_float("ttft_slo_s", 0.5, "time-to-first-token objective of goodput (s)")
-TPOT_SLO = FLAGS.DEFINE_float("tpot_slo_s", 0.05, "time-per-output-token objective of goodput (s)")
-SEED = FLAGS.DEFINE_integer("seed", 0, "workload and arrival seed")
-OUT = OutputFlags(FLAGS)
 
-FLAGS.positive("requests_per_replica")
-FLAGS.non_negative("seed")
-FLAGS.at_least(1e-3, "rate_per_replica", "ttft_slo_s", "tpot_slo_s")
-FLAGS.list_of("workloads", choices=list(WORKLOADS))
-FLAGS.list_of("policies", choices=list(POLICIES))
-FLAGS.list_of("replicas", integer_at_least=1)
-FLAGS.key_values("scales")
 
 def main(argv):
     """Simulate every workload x replica count x policy; print and write the table."""
     del argv
-    deployment = DEPLOY.deployment()
-    load = RoutingLoad(requests_per_replica=PER_REPLICA_REQUESTS.value, rate_per_replica=PER_REPLICA_RATE.value,
-                       scales=parse_key_values(SCALES.value), ttft_slo_s=TTFT_SLO.value, tpot_slo_s=TPOT_SLO.value,
-                       seed=SEED.value)
-    results = routing_sweep(deployment, WORKLOADS_FLAG.value, [int(n) for n in REPLICAS.value], POLICIES_FLAG.value,
-                            load)
-    OUT.write({"deployment": dataclasses.asdict(deployment), "scales": load.scales,
-               "requests_per_replica": load.requests_per_replica, "rate_per_replica": load.rate_per_replica,
-               "ttft_slo_s": load.ttft_slo_s, "tpot_slo_s": load.tpot_slo_s, "seed": load.seed, "results": results},
-              routing_table(results))
+    deployment, o = DEPLOY.deployment(), COMMAND.options()
+    load = RoutingLoad(requests_per_replica=o.requests_per_replica, rate_per_replica=o.rate_per_replica,
+                       scales=parse_key_values(list(o.scales)), ttft_slo_s=o.ttft_slo_s, tpot_slo_s=o.tpot_slo_s,
+                       seed=o.seed)
+    results = routing_sweep(deployment, list(o.workloads), list(o.replicas), list(o.policies), load)
+    COMMAND.out.write({"deployment": dataclasses.asdict(deployment), **dataclasses.asdict(load), "results": results},
+                      routing_table(results))
