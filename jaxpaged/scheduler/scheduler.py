@@ -243,10 +243,12 @@ class Scheduler:
         the token after them still fit. No sequence speculates while
         `disable_speculation_at` or more are running.
         """
-        limit = self.disable_speculation_at
-        if limit is not None and len(self.running) >= limit:
+        if self._speculation_disabled():
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
-        seqs = [seq for seq in self.running if _speculates(seq) and not _backs_off(seq)]
+        # a draft model drafts after the last token it knows: a sequence with a token in flight decodes plainly
+        needs_known = self.proposer.drafts_need_slots
+        seqs = [seq for seq in self.running
+                if _speculates(seq) and not (needs_known and seq.num_placeholders) and not _backs_off(seq)]
         if self.proposer.uses_hidden_states:
             seqs = [seq for seq in seqs if seq.last_hidden is not None]
         if not seqs:
@@ -260,6 +262,24 @@ class Scheduler:
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
         return {seq.seq_id: proposal[seq.num_placeholders:] for seq, proposal in zip(seqs, proposals)
                 if len(proposal) > seq.num_placeholders}
+
+    def _speculation_disabled(self) -> bool:
+        """Whether so many sequences run that none speculates this step (`disable_speculation_at`)."""
+        limit = self.disable_speculation_at
+        return limit is not None and len(self.running) >= limit
+
+    def drafts_wait_for_step_in_flight(self) -> bool:
+        """Whether a sequence would draft this step once the step in flight is finished (overlapped steps).
+
+        A proposer with `drafts_need_slots` (the draft model) drafts after a
+        sequence's last known token, so a sequence whose plain decode is in
+        flight does not speculate (`_propose_drafts`); the engine finishes that
+        step before scheduling when this says one would (its token then known).
+        """
+        if self.proposer is None or not self.proposer.drafts_need_slots or self._speculation_disabled():
+            return False
+        return any(seq.num_placeholders and not seq.spec_skip_steps and _speculates(seq)
+                   and seq.request.max_len - len(seq.token_ids) - seq.num_placeholders > 1 for seq in self.running)
 
     def _fill_drafts(self, out: SchedulerOutput) -> None:
         """Ask a proposer that needs the verify slots (a draft model) for the drafts of the scheduled spans.
