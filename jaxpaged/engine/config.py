@@ -98,8 +98,8 @@ class EngineConfig:
                                                "reuse gaps are measured (0 = off)")
     speculative_config: SpeculativeConfig | None = knob(
         None, "speculative decoding, as vLLM's speculative_config: a JSON object (or dict) with method ('ngram': "
-              "prompt lookup; 'draft_model': the checkpoint in model, with the target's vocabulary; it needs "
-              "async_scheduling=False), num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, "
+              "prompt lookup; 'draft_model': the checkpoint in model, with the target's vocabulary), "
+              "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, model, "
               "disable_by_batch_size")
     # disaggregated prefill and decode (jaxpaged.kv_transfer, docs/disaggregation.md)
     kv_role: str = knob("none", "KV connector role: prefill (serves finished prompts' blocks to pullers), decode "
@@ -190,9 +190,6 @@ class EngineConfig:
         if self.speculative_config is not None:
             if self.kv_layout != "paged":
                 raise ValueError("speculative_config needs kv_layout='paged'")
-            if self.speculative_config.method == "draft_model" and self.async_scheduling:
-                raise ValueError("speculative_config method 'draft_model' needs async_scheduling=False: the draft "
-                                 "model catches up on each step's tokens from the host")
         if self.kv_role != "none":
             if self.kv_layout != "paged" or not self.enable_prefix_caching:
                 raise ValueError(f"kv_role={self.kv_role!r} needs kv_layout='paged' with enable_prefix_caching "

@@ -291,14 +291,17 @@ class Engine(EngineQueries):
         dispatched, all while the forward pass runs (vLLM's async scheduling
         with structured output). A step in flight that verifies draft tokens
         is finished before the next is scheduled (speculative decoding: the
-        drafts it accepted set its sequences' next positions and drafts); a
-        plain decode in flight is not, and the proposer drafts from the
-        tokens known (see `Scheduler._propose_drafts`).
+        drafts it accepted set its sequences' next positions and drafts), and
+        so is a plain decode in flight whose sequence would draft now: drafts
+        come from known tokens (`Scheduler.drafts_wait_for_step_in_flight`).
+        The other steps overlap.
         """
         if self.scheduler.num_beam_requests:
             return self._finish_in_flight() + self._sync_step()
-        # after a verify step, its sequences' positions and next drafts depend on how many drafts it accepted
-        advanced = self._finish_in_flight() if self._verify_in_flight() else []
+        # after a verify step, its sequences' positions and next drafts depend on how many drafts it accepted;
+        # a sequence drafts after its last token known, so it waits for a token in flight it would draft after
+        finish_first = self._verify_in_flight() or self.scheduler.drafts_wait_for_step_in_flight()
+        advanced = self._finish_in_flight() if finish_first else []
         with self._phases.schedule:
             scheduler_output = self.scheduler.schedule()
         handle = self._dispatch(scheduler_output)

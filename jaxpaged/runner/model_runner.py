@@ -131,6 +131,12 @@ class MaskPendingStep(PendingStep):
         return super().result()
 
 
+def _step_tokens(last_tokens: jax.Array, token_src_rows: jax.Array, token_ids: jax.Array) -> jax.Array:
+    """The step's input tokens: a token the previous step sampled (`token_src_rows[i]` >= 0, overlapped steps)
+    is read from its persistent row of `last_tokens`, the others are the host's `token_ids`."""
+    return jnp.where(token_src_rows >= 0, last_tokens[jnp.maximum(token_src_rows, 0)], token_ids)
+
+
 def _sample_and_keep(last_tokens: jax.Array, logits: jax.Array, processed: jax.Array | None,
                      sampling: SamplingBatch, sample_rows: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
     """Sample each row from `processed` (raw `logits` when None) and keep each sample in its persistent row."""
@@ -244,6 +250,7 @@ class ModelRunner:
         self._forward = jax.jit(self._forward_fn, donate_argnums=(1,), static_argnums=(4, 5, 6, 7),
                                 **forward_shardings)
         self._sample = jax.jit(self._sample_fn, donate_argnums=(0,))
+        self._resolve_tokens = jax.jit(_step_tokens)  # the draft model's copy of a step's input tokens
         self._draft: StepFollower | None = None
         self._return_hidden_states = False  # read when a step is traced: set before the first step
 
@@ -334,8 +341,7 @@ class ModelRunner:
                     self._trace_count, inputs.token_ids.shape[0], inputs.attention.context_lens.shape[0],
                     layout.num_decode_seqs, inputs.attention.block_tables.shape[-1], layout.max_prefill_query_len)
         model = nnx.merge(self.graphdef, params)
-        src = inputs.token_src_rows
-        token_ids = jnp.where(src >= 0, last_tokens[jnp.maximum(src, 0)], inputs.token_ids)
+        token_ids = _step_tokens(last_tokens, inputs.token_src_rows, inputs.token_ids)
         hidden, pool = model(token_ids, inputs.positions, pool, inputs.attention, layout, self.backend)
         logits = model.logits(hidden[inputs.logits_indices])
         processed = None
@@ -395,10 +401,11 @@ class ModelRunner:
         self._fit_last_tokens()
         with jax.profiler.TraceAnnotation("dispatch_step"):
             inputs = self._put(inputs)
+            draft_tokens = self._draft_tokens(inputs)  # before the step donates `last_tokens`
             out, self._pool, self._last_tokens = self._step(
                 self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs,
                 step.num_prompt_top_logprobs)
-        self._draft_catch_up(inputs, step.layout)
+        self._draft_catch_up(draft_tokens, inputs, step.layout)
         return PendingStep(out, step.order)
 
     def dispatch_forward(self, step: StepInput, *, num_top_logprobs: int = 0) -> MaskPendingStep:
@@ -407,18 +414,25 @@ class ModelRunner:
         self._fit_last_tokens()
         with jax.profiler.TraceAnnotation("dispatch_forward"):
             inputs = self._put(inputs)
+            draft_tokens = self._draft_tokens(inputs)
             out, self._pool, logits = self._forward(
                 self.params, self._pool, self._last_tokens, inputs, step.layout, False, num_top_logprobs,
                 step.num_prompt_top_logprobs)
-        self._draft_catch_up(inputs, step.layout)
+        self._draft_catch_up(draft_tokens, inputs, step.layout)
         return MaskPendingStep(self, out, logits, inputs, step.order)
 
-    def _draft_catch_up(self, inputs: DeviceStepInput, layout: StepLayout) -> None:
-        """The draft model computes its K/V for the step's tokens (speculation is synchronous, so every
-        input token is known to the host: none is read from `last_tokens`)."""
+    def _draft_tokens(self, inputs: DeviceStepInput) -> jax.Array | None:
+        """The step's input tokens on the device for the draft model (None without one): with overlapped
+        steps a decode's input is the token the previous step sampled, which only the device knows yet."""
+        if self._draft is None:
+            return None
+        return self._resolve_tokens(self._last_tokens, inputs.token_src_rows, inputs.token_ids)
+
+    def _draft_catch_up(self, token_ids: jax.Array | None, inputs: DeviceStepInput, layout: StepLayout) -> None:
+        """The draft model computes its K/V for the step's tokens (`_draft_tokens`) at the step's slots."""
         if self._draft is not None:
             with jax.profiler.TraceAnnotation("draft_catch_up"):
-                self._draft.catch_up(inputs.token_ids, inputs.positions, inputs.attention, layout)
+                self._draft.catch_up(token_ids, inputs.positions, inputs.attention, layout)
 
     def _dispatch_sample(self, logits, inputs: DeviceStepInput, masks: TokenMasks) -> dict[str, jax.Array]:
         with jax.profiler.TraceAnnotation("dispatch_sample"):

@@ -231,35 +231,55 @@ class Scheduler:
         """Draft tokens for the running sequences that speculate, by sequence id (none: not listed).
 
         A sequence speculates when it is a decode (greedy or sampled) whose
-        position is known and none of what speculation does not handle yet
-        (beams, logprobs, grammars, logit controls, stop strings). Its position
-        is known when every token is, or when the one step in flight for it is
-        a plain decode (overlapped steps): the proposer then reads the tokens
-        known, its first proposed token stands for the one in flight and the
-        rest are the drafts. A sequence whose verify step is in flight has no
-        known position (it depends on how many drafts are accepted) and is not
-        scheduled at all until its results are in. Its drafts never take it
-        past `max_len` (max_tokens, max_model_len): all of them accepted plus
-        the token after them still fit. No sequence speculates while
-        `disable_speculation_at` or more are running.
+        tokens are all known and none of what speculation does not handle yet
+        (beams, logprobs, grammars, logit controls, stop strings). With
+        overlapped steps a sequence whose plain decode is in flight decodes
+        plainly; the engine finishes that step first when the sequence would
+        draft (`drafts_wait_for_step_in_flight`). A sequence whose verify step
+        is in flight is not scheduled at all until its results are in. Its
+        drafts never take it past `max_len` (max_tokens, max_model_len): all of
+        them accepted plus the token after them still fit. No sequence
+        speculates while `disable_speculation_at` or more are running.
         """
-        limit = self.disable_speculation_at
-        if limit is not None and len(self.running) >= limit:
+        if self._speculation_disabled():
             return {}  # a batch this large is compute-bound: drafts would cost more than they save
-        seqs = [seq for seq in self.running if _speculates(seq) and not _backs_off(seq)]
+        seqs = [seq for seq in self.running if _speculates(seq) and not seq.num_placeholders and not _backs_off(seq)]
         if self.proposer.uses_hidden_states:
             seqs = [seq for seq in seqs if seq.last_hidden is not None]
         if not seqs:
             return {}
-        # a token in flight (the overlapped step's plain decode) is guessed by the proposal's first token:
-        # the drafts are the tokens after it (verification stays exact whatever the drafts condition on)
         limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
         if self.proposer.drafts_need_slots:  # placeholders: `_fill_drafts` asks once the slots exist
             k = self.proposer.num_speculative_tokens
             return {seq.seq_id: [DRAFT_PLACEHOLDER] * min(k, limit) for seq, limit in zip(seqs, limits) if limit > 0}
         proposals = self.proposer.propose([seq.token_ids for seq in seqs], limits)
-        return {seq.seq_id: proposal[seq.num_placeholders:] for seq, proposal in zip(seqs, proposals)
-                if len(proposal) > seq.num_placeholders}
+        return {seq.seq_id: proposal for seq, proposal in zip(seqs, proposals) if proposal}
+
+    def _speculation_disabled(self) -> bool:
+        """Whether so many sequences run that none speculates this step (`disable_speculation_at`)."""
+        limit = self.disable_speculation_at
+        return limit is not None and len(self.running) >= limit
+
+    def drafts_wait_for_step_in_flight(self) -> bool:
+        """Whether a sequence would draft this step once the step in flight is finished (overlapped steps).
+
+        A sequence whose plain decode is in flight does not speculate
+        (`_propose_drafts`: drafts guessed past an unknown token cost a draft
+        and fail whenever the guess does); the engine finishes that step before
+        scheduling when this says one would draft. A proposer with
+        `drafts_need_slots` (the draft model) always has a proposal; a host-side
+        one (n-gram) is asked on the tokens known, and waits only if it
+        proposes past the token in flight, so a sequence with nothing to copy
+        keeps the overlapped step.
+        """
+        if self.proposer is None or self._speculation_disabled():
+            return False
+        seqs = [seq for seq in self.running if seq.num_placeholders and not seq.spec_skip_steps
+                and _speculates(seq) and seq.request.max_len - len(seq.token_ids) - seq.num_placeholders > 1]
+        if not seqs or self.proposer.drafts_need_slots:
+            return bool(seqs)
+        limits = [seq.request.max_len - len(seq.token_ids) - 1 for seq in seqs]
+        return any(len(p) > 1 for p in self.proposer.propose([seq.token_ids for seq in seqs], limits))
 
     def _fill_drafts(self, out: SchedulerOutput) -> None:
         """Ask a proposer that needs the verify slots (a draft model) for the drafts of the scheduled spans.

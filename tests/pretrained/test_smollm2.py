@@ -184,6 +184,25 @@ def test_greedy_chat_answers_equal_transformers(engine_of, chat_ids, hf_answers,
     assert engine.kv.stats.usage == 0
 
 
+def test_greedy_chat_answers_with_ngram_speculation_equal_speculation_off(jax_model, chat_ids, hf_answers,
+                                                                         tokenizer):
+    """n-gram speculation (k = 4, the default disable_by_batch_size, overlapped steps) on the loaded model, one
+    conversation at a time (a batch of one speculates; one verify shape, few compiles): the answers are
+    transformers' greedy ones, which the engine gives with speculation off (above)."""
+    from jaxpaged.engine import Engine, EngineConfig
+    from jaxpaged.outputs import RequestOutputKind
+    from jaxpaged.sampling_params import SamplingParams
+
+    engine = Engine(EngineConfig(model=str(MODEL), **CACHING_CHUNKED, speculative_config={"method": "ngram"}),
+                    model=jax_model)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, output_kind=RequestOutputKind.FINAL_ONLY)
+    outs = [_run(engine, [ids], params, f"spec{i}-")[0] for i, ids in enumerate(chat_ids)]
+    assert [_until_stop(list(o.outputs[0].token_ids), tokenizer) for o in outs] == hf_answers
+    stats = engine.stats  # drafts both accepted and rejected (slots released)
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    assert engine.kv_stats().prefix_hits_tokens > 0 and engine.kv.stats.usage == 0
+
+
 def test_server_chat_answers_equal_transformers(server, hf_answers, tokenizer):
     """Every conversation at once through the official client, every other one streamed."""
     from concurrent.futures import ThreadPoolExecutor

@@ -20,6 +20,7 @@ import pytest
 from jaxpaged.config import load_config
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.scheduler.output import TOKEN_ON_DEVICE
 from tests.spec_decode.test_spec_decode_engine import BLOCK, MAX_TOKENS, prompts, stored_prefixes
 
 NUM_BLOCKS = 22
@@ -50,11 +51,14 @@ def _check_draft_kv_follows_target(engine: Engine) -> int:
     return compared
 
 
-def run(speculative: dict | None, check_draft_kv: bool = False):
+def run(speculative: dict | None, check_draft_kv: bool = False, async_scheduling: bool = False):
     engine = Engine(EngineConfig(model="tiny", block_size=BLOCK, num_blocks=NUM_BLOCKS, max_num_seqs=4,
                                  max_num_batched_tokens=32, pool_fill_value=float("nan"),
-                                 async_scheduling=False, speculative_config=speculative))
+                                 async_scheduling=async_scheduling, speculative_config=speculative))
     log = engine.kv.enable_events(include_token_ids=True)
+    engine.scheduled = []  # every step's SchedulerOutput, in order
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: engine.scheduled.append(schedule()) or engine.scheduled[-1]
     for i, prompt in enumerate(prompts(seed=5)):
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS + 3 * i, ignore_eos=True, n=2 if i == 1 else 1)
         engine.add_request(f"r{i}", prompt, params)
@@ -78,13 +82,19 @@ def speculation_off():
     return run(None)[1]
 
 
-def _draft(model: str, k: int = 3) -> dict:
-    return {"method": "draft_model", "model": model, "num_speculative_tokens": k, "disable_by_batch_size": None}
+def _draft(model: str, k: int = 3, disable_by_batch_size: int | None = None) -> dict:
+    return {"method": "draft_model", "model": model, "num_speculative_tokens": k,
+            "disable_by_batch_size": disable_by_batch_size}
 
 
-def test_a_draft_with_the_targets_weights_accepts_every_draft(speculation_off):
+@pytest.fixture(scope="module")
+def synchronous_draft():
     # the draft loads "tiny" with the engine's seed: the target's own weights
-    engine, got, events = run(_draft("tiny"), check_draft_kv=True)
+    return run(_draft("tiny"), check_draft_kv=True)
+
+
+def test_a_draft_with_the_targets_weights_accepts_every_draft(speculation_off, synchronous_draft):
+    engine, got, events = synchronous_draft
     assert got == speculation_off
     stats = engine.stats
     assert stats.spec_num_draft_tokens > 0
@@ -93,6 +103,21 @@ def test_a_draft_with_the_targets_weights_accepts_every_draft(speculation_off):
     finals = [tuple(p) + tuple(out) for i, p in enumerate(prompts(seed=5)) for out in got[f"r{i}"]]
     for prefix in stored_prefixes(events):
         assert any(f[:len(prefix)] == prefix for f in finals), "a published block holds a token never emitted"
+
+
+def test_the_draft_model_with_overlapped_steps(speculation_off, synchronous_draft):
+    """Overlapped steps: while 3 or more sequences run none drafts and the steps overlap (the draft catches up on
+    decode tokens still on the device); below that the sequences draft after their last known token. The draft
+    pool follows the target's at every step, every draft is accepted, and greedy tokens equal speculation off
+    and the synchronous draft-model run."""
+    engine, got, _ = run(_draft("tiny", disable_by_batch_size=3), check_draft_kv=True, async_scheduling=True)
+    assert got == speculation_off == synchronous_draft[1]
+    stats = engine.stats
+    assert 0 < stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+    assert engine.scheduler.num_preemptions > 0 and engine.kv.stats.prefix_hits_tokens > 0
+    # steps whose decode inputs were still on the device (overlapped), and verify steps
+    assert any(TOKEN_ON_DEVICE in out.token_ids for out in engine.scheduled)
+    assert any(out.verify_spans for out in engine.scheduled)
 
 
 def test_a_smaller_draft_changes_no_greedy_token(speculation_off, tmp_path):
