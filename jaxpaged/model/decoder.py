@@ -73,6 +73,17 @@ class DecoderModel(nnx.Module):
                                           pool.v_scale[i], batch.for_group(self.layer_group[i]), layout, backend)
         return self.norm(x), pool._replace(k=tuple(new_k), v=tuple(new_v))
 
+    def fuse_projections(self) -> None:
+        """Give every layer one q/k/v dot and one gate/up dot (kernels concatenated once, here).
+
+        A float-level rewrite, not a new model: outputs agree with the unfused
+        model to rounding. The tensor-parallel split and the checkpoint loaders
+        work on the unfused layout, so fuse after loading and only on one device.
+        """
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
     def logits(self, hidden: Float[Array, "... H"]) -> Float[Array, "... V"]:
         """LM head in float32, softcapped as `cap * tanh(logits / cap)` when the config sets a cap."""
         if self.lm_head is None:

@@ -46,6 +46,16 @@ def _linear(in_dim: int, out_dim: int, dtype, rngs: nnx.Rngs, bias: bool = False
                       kernel_init=init, rngs=rngs)
 
 
+def _side_by_side(parts: list[nnx.Linear]) -> nnx.Linear:
+    """One Linear whose output is the outputs of `parts` concatenated: one dot where there were several."""
+    first = parts[0]
+    kernel = jnp.concatenate([p.kernel[...] for p in parts], axis=-1)
+    bias = None if first.bias is None else jnp.concatenate([p.bias[...] for p in parts], axis=-1)
+    return nnx.Linear(kernel.shape[0], kernel.shape[1], use_bias=bias is not None, dtype=first.dtype,
+                      param_dtype=kernel.dtype, kernel_init=lambda *_: kernel,
+                      bias_init=lambda *_: bias, rngs=nnx.Rngs(0))
+
+
 ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
@@ -61,9 +71,18 @@ class MLP(nnx.Module):
         self.up_proj = _linear(config.hidden_size, config.intermediate_size, dtype, rngs)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, dtype, rngs)
         self.act = ACTIVATIONS[config.hidden_act]
+        self.gate_up_proj = None  # set by `fuse_projections`
+
+    def fuse_projections(self) -> None:
+        """Replace gate_proj and up_proj by `gate_up_proj`, their kernels side by side (one dot, not two)."""
+        self.gate_up_proj = nnx.data(_side_by_side([self.gate_proj, self.up_proj]))
+        del self.gate_proj, self.up_proj
 
     def __call__(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Attention(nnx.Module):
@@ -81,12 +100,25 @@ class Attention(nnx.Module):
         self.o_proj = _linear(config.num_heads * d, h, dtype, rngs, config.o_bias)
         self.q_norm = rms_norm(config, d, dtype) if config.qk_norm else None
         self.k_norm = rms_norm(config, d, dtype) if config.qk_norm else None
+        self.qkv_proj = None  # set by `fuse_projections`
+
+    def fuse_projections(self) -> None:
+        """Replace q_proj, k_proj and v_proj by `qkv_proj`, their kernels side by side (one dot, not three)."""
+        self.qkv_proj = nnx.data(_side_by_side([self.q_proj, self.k_proj, self.v_proj]))
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _project_qkv(self, x):
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return jnp.split(self.qkv_proj(x), [q_width, q_width + kv_width], axis=-1)
 
     def _qkv(self, x, positions, inv_freq):
         lead = x.shape[:-1]
-        q = self.q_proj(x).reshape(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        q, k, v = self._project_qkv(x)
+        q = q.reshape(*lead, self.num_heads, self.head_dim)
+        k = k.reshape(*lead, self.num_kv_heads, self.head_dim)
+        v = v.reshape(*lead, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         flat_pos = positions.reshape(-1)

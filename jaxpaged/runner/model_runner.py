@@ -159,6 +159,13 @@ def _verify(model, hidden, inputs: DeviceStepInput) -> dict[str, jax.Array]:
     return {"verify_ids": ids, "verify_logprobs": logprobs}
 
 
+def _fused(model: DecoderModel) -> DecoderModel:
+    """A copy of `model`'s modules (sharing its arrays) with every layer's projections fused."""
+    copy = nnx.merge(*nnx.split(model))
+    copy.fuse_projections()
+    return copy
+
+
 def _or_empty(array: np.ndarray | None) -> np.ndarray:
     return np.zeros(0, np.int32) if array is None else array
 
@@ -200,20 +207,30 @@ class ModelRunner:
         kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
         max_num_seqs: int = 64,
         tensor_parallel_size: int = 1,
+        fuse_projections: bool | None = None,
     ):
         """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows).
 
         `tensor_parallel_size` > 1 splits the weights and the pool over that many
         devices (ValueError if the model's heads do not split that way).
+        `fuse_projections` runs each layer's q/k/v and gate/up projections as one
+        dot each (`DecoderModel.fuse_projections`, on the runner's own copy of the
+        modules; the caller's model is left as it was); None: on the CPU
+        platform without tensor parallelism, where it was measured faster
+        (docs/benchmarks/cpu-performance.md).
         """
         self.config: ModelConfig = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks
         # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
+        if fuse_projections is None:
+            fuse_projections = self.tp is None and jax.default_backend() == "cpu"
+        if fuse_projections and self.tp is not None:
+            raise ValueError("fuse_projections needs tensor_parallel_size=1 (the split is over unfused weights)")
         if self.tp is None:
             self.backend = backend
-            self.graphdef, self.params = nnx.split(model)
+            self.graphdef, self.params = nnx.split(_fused(model) if fuse_projections else model)
         else:
             self.backend = dataclasses.replace(backend, mesh=self.tp.mesh)
             self.graphdef, self.params = shard_model(model, self.tp)

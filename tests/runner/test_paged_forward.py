@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxpaged.attention import AttentionBackend
 from jaxpaged.model import init_model
@@ -75,6 +76,26 @@ def test_chunked_xla_attention_over_chunk_edges_equals_dense(tiny_model, tiny_co
                          pool_fill_value=float("nan"))
     seqs = drive(runner, _prompts(rng, [16, 17, 33, 40], tiny_config.vocab_size), max_new=5, chunk=7, rng=rng)
     dense_check(tiny_model, seqs)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_fused_and_unfused_projections_equal_the_unfused_dense_forward(tiny_config, fuse):
+    """One q/k/v dot and one gate/up dot (the CPU default) against the model's own unfused dense forward.
+
+    The q/k/v biases are on, so the fused bias is checked too; the caller's model keeps its own projections.
+    """
+    model = init_model(tiny_config.replace(qkv_bias=True), seed=2)
+    keys = iter(jax.random.split(jax.random.key(0), 3 * len(model.layers)))
+    for layer in model.layers:  # biases are initialised to zeros: give them values a wrong split would show
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.bias[...] = 0.5 * jax.random.normal(next(keys), proj.bias.shape, proj.bias.dtype)
+    runner = ModelRunner(model, num_blocks=32, block_size=8, fuse_projections=fuse)
+    layer = nnx.merge(runner.graphdef, runner.params).layers[0]
+    assert (layer.self_attn.qkv_proj is not None, layer.mlp.gate_up_proj is not None) == (fuse, fuse)
+    assert model.layers[0].self_attn.qkv_proj is None and model.layers[0].self_attn.q_proj is not None
+    rng = np.random.default_rng(31)
+    seqs = drive(runner, _prompts(rng, [12, 19], tiny_config.vocab_size), max_new=4, chunk=6, rng=rng)
+    dense_check(model, seqs)
 
 
 @pytest.mark.parametrize("num_kv_heads", [8, 4, 2, 1])
