@@ -7,7 +7,8 @@ Every start is a new process (`jaxpaged.bench.offline.startup`), with no
 persistent compile cache, an empty one (cold) and the one the cold start
 filled (warm); with `--baseline_root`, an older source tree is started the
 same way, alternating with this one, and each row's ratio is to that tree's
-start without a cache. `--padding_costs` instead times each model's step
+start without a cache; with `--vllm_python=PATH`, vLLM's `LLM()` and first
+`generate` of the same prompts, cold and warm. `--padding_costs` instead times each model's step
 with a size padded further (what merging two step shapes would cost).
 """
 
@@ -28,6 +29,8 @@ BASELINE = FLAGS.DEFINE_string("baseline_root", None, "a source tree of the olde
 REPEATS = FLAGS.DEFINE_integer("repeats", 3, "starts of every kind, model, version and cache state")
 NUM_PROMPTS = FLAGS.DEFINE_integer("num_prompts", 16, "prompts of the first generate")
 OUTPUT_LEN = FLAGS.DEFINE_integer("output_len", 32, "greedy tokens per prompt of the first generate")
+VLLM_PYTHON = FLAGS.DEFINE_string("vllm_python", None, "also vLLM's LLM() + first generate, cold and warm, "
+                                  "through this vLLM install's Python (models as checkpoint directories)")
 PADDING = FLAGS.DEFINE_bool("padding_costs", False, "instead: each model's step time with a size padded further "
                             "(what merging step shapes would cost)")
 OUT = OutputFlags(FLAGS)
@@ -46,4 +49,5 @@ def main(argv):
         OUT.write(*padding_report(MODELS.value))
         return
     OUT.write(*run_startups(MODELS.value, baseline_root=BASELINE.value, kinds=KINDS.value, cache_states=CACHES.value,
-                            repeats=REPEATS.value, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value))
+                            repeats=REPEATS.value, num_prompts=NUM_PROMPTS.value, output_len=OUTPUT_LEN.value,
+                            vllm_python=VLLM_PYTHON.value))
