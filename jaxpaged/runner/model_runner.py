@@ -207,7 +207,7 @@ class ModelRunner:
         kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
         max_num_seqs: int = 64,
         tensor_parallel_size: int = 1,
-        fuse_projections: bool | None = None,
+        fuse_projections: bool = False,
     ):
         """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows).
 
@@ -215,17 +215,14 @@ class ModelRunner:
         devices (ValueError if the model's heads do not split that way).
         `fuse_projections` runs each layer's q/k/v and gate/up projections as one
         dot each (`DecoderModel.fuse_projections`, on the runner's own copy of the
-        modules; the caller's model is left as it was); None: on the CPU
-        platform without tensor parallelism, where it was measured faster
-        (docs/benchmarks/cpu-performance.md).
+        modules; the caller's model is left as it was). Off by default: on this
+        repository's CPU it measured no faster (docs/benchmarks/cpu-performance.md).
         """
         self.config: ModelConfig = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks
         # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
-        if fuse_projections is None:
-            fuse_projections = self.tp is None and jax.default_backend() == "cpu"
         if fuse_projections and self.tp is not None:
             raise ValueError("fuse_projections needs tensor_parallel_size=1 (the split is over unfused weights)")
         if self.tp is None:

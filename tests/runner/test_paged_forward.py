@@ -78,9 +78,8 @@ def test_chunked_xla_attention_over_chunk_edges_equals_dense(tiny_model, tiny_co
     dense_check(tiny_model, seqs)
 
 
-@pytest.mark.parametrize("fuse", [False, True])
-def test_fused_and_unfused_projections_equal_the_unfused_dense_forward(tiny_config, fuse):
-    """One q/k/v dot and one gate/up dot (the CPU default) against the model's own unfused dense forward.
+def test_fused_projections_equal_the_unfused_dense_forward(tiny_config):
+    """One q/k/v dot and one gate/up dot (opt-in) against the model's own unfused dense forward.
 
     The q/k/v biases are on, so the fused bias is checked too; the caller's model keeps its own projections.
     """
@@ -89,9 +88,9 @@ def test_fused_and_unfused_projections_equal_the_unfused_dense_forward(tiny_conf
     for layer in model.layers:  # biases are initialised to zeros: give them values a wrong split would show
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
             proj.bias[...] = 0.5 * jax.random.normal(next(keys), proj.bias.shape, proj.bias.dtype)
-    runner = ModelRunner(model, num_blocks=32, block_size=8, fuse_projections=fuse)
+    runner = ModelRunner(model, num_blocks=32, block_size=8, fuse_projections=True)
     layer = nnx.merge(runner.graphdef, runner.params).layers[0]
-    assert (layer.self_attn.qkv_proj is not None, layer.mlp.gate_up_proj is not None) == (fuse, fuse)
+    assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
     assert model.layers[0].self_attn.qkv_proj is None and model.layers[0].self_attn.q_proj is not None
     rng = np.random.default_rng(31)
     seqs = drive(runner, _prompts(rng, [12, 19], tiny_config.vocab_size), max_new=4, chunk=6, rng=rng)
