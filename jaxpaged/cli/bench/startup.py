@@ -8,8 +8,9 @@ persistent compile cache, an empty one (cold) and the one the cold start
 filled (warm); with `--baseline_root`, an older source tree is started the
 same way, alternating with this one, and each row's ratio is to that tree's
 start without a cache; with `--vllm_python=PATH`, vLLM's `LLM()` and first
-`generate` of the same prompts, cold and warm. `--padding_costs` instead times each model's step
-with a size padded further (what merging two step shapes would cost).
+`generate` of the same prompts, cold and warm. `--padding_costs` instead
+times each model's step with a size padded further (what merging two step
+shapes would cost).
 """
 
 from __future__ import annotations
