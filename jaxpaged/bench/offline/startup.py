@@ -15,6 +15,10 @@ older commit) run with the same interpreter. Cache states:
 - `cold`: an empty cache directory (the first start on a machine);
 - `warm`: the directory the `cold` run just filled (every later start).
 
+With a vLLM install (`vllm_python`), vLLM's `LLM()` and first `generate` of
+the same prompts run the same way (`vllm_worker.py` in a fresh process), cold
+with empty vLLM and torch-inductor caches and warm with the ones it filled.
+
 Versions alternate inside each repeat so that load on a shared machine falls on
 all of them alike; medians over repeats are reported.
 `run_startups` and `padding_report` are the command's runs, dated with the machine they ran on.
@@ -39,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from jaxpaged.bench.online.server_process import free_port
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
@@ -113,6 +118,23 @@ def first_generate(root: Path, case: StartupCase, cache_dir: str | None, *, time
     return out | {"total_s": wall}
 
 
+def vllm_first_generate(python: str, case: StartupCase, cache_dir: str) -> dict:
+    """vLLM's import, `LLM()` and first `generate` of `case`'s prompts in a fresh process; compile caches in `cache_dir`."""
+    from jaxpaged.bench.offline.vllm_backend import VllmBackend
+
+    vocab = json.loads((Path(case.model) / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(0)  # the prompts `_GENERATE_CHILD` draws
+    prompts = [rng.integers(0, min(vocab, 250), int(rng.integers(16, case.max_prompt_len + 1))).tolist()
+               for _ in range(case.num_prompts)]
+    start = time.perf_counter()
+    vllm = VllmBackend(python, case.model, prompts, output_len=case.output_len,
+                       env={"VLLM_CACHE_ROOT": cache_dir, "TORCHINDUCTOR_CACHE_DIR": f"{cache_dir}/inductor"})
+    total = time.perf_counter() - start
+    vllm.close()
+    return {"import_s": total - vllm.load_s - vllm.warmup_s, "build_s": vllm.load_s, "generate_s": vllm.warmup_s,
+            "total_s": total}
+
+
 def _serve_command(root: Path) -> list[str]:
     """How `root`'s tree starts its server: `jaxpaged serve`, or the script a tree before the CLI had."""
     legacy = root / "scripts" / "serve.py"
@@ -165,10 +187,13 @@ def has_compile_cache(root: Path) -> bool:
 
 
 def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds: Sequence[str] = KINDS,
-            cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, log=print) -> dict:
+            cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, vllm_python: str | None = None,
+            log=print) -> dict:
     """Every (kind, model, version, cache state) start `repeats` times, versions alternating; raw runs and medians.
 
-    A version without the cache is measured once per repeat, as `off`.
+    A version without the cache is measured once per repeat, as `off`. With
+    `vllm_python`, vLLM's first `generate` (`vllm_first_generate`, models as
+    checkpoint directories) follows each model's, cold and warm, as version "vllm".
     """
     runs: dict[str, list[dict]] = {}
     work = Path(tempfile.mkdtemp(prefix="jaxpaged-startup-cache-"))
@@ -186,6 +211,13 @@ def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds
                             result = run_one[kind](root, case, None if state == "off" else str(cache_dir))
                             runs.setdefault(key, []).append(result)
                             log(f"repeat {r + 1}/{repeats} {key}: {result['total_s']:.1f} s")
+                if vllm_python and "generate" in kinds:
+                    cache_dir = work / f"vllm-{Path(case.model).name}"
+                    shutil.rmtree(cache_dir, ignore_errors=True)
+                    for state in [s for s in cache_states if s != "off"]:
+                        key = f"generate/{case.model}/vllm/{state}"
+                        runs.setdefault(key, []).append(vllm_first_generate(vllm_python, case, str(cache_dir)))
+                        log(f"repeat {r + 1}/{repeats} {key}: {runs[key][-1]['total_s']:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     medians = {key: {name: statistics.median(run[name] for run in rs)
@@ -287,12 +319,13 @@ THIS_TREE = Path(__file__).resolve().parents[3]  # the source tree this module i
 
 def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kinds: Sequence[str] = KINDS,
                  cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, num_prompts: int = 16,
-                 output_len: int = 32) -> tuple[dict, str]:
+                 output_len: int = 32, vllm_python: str | None = None) -> tuple[dict, str]:
     """Every start of every model, this tree alternating with ``baseline_root`` when given: the result and table."""
     started = _now()
     versions = {"this": THIS_TREE} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
     cases = [StartupCase(model, num_prompts=num_prompts, output_len=output_len) for model in models]
-    result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats)
+    result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats,
+                     vllm_python=vllm_python)
     result |= {"date": started, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
     return result, startup_table(result, "before" if baseline_root else None)

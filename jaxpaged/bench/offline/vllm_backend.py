@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from jaxpaged.bench.offline.throughput import BackendRun, EngineLimits
@@ -44,13 +44,14 @@ class VllmBackend:
 
     def __init__(self, python: str, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
                  temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits(),
-                 dtype: str | None = None, threads_bind: str | None = None, memory_fraction: float = 0.3):
+                 dtype: str | None = None, threads_bind: str | None = None, memory_fraction: float = 0.3,
+                 env: Mapping[str, str] | None = None):
         """Start the worker under `python` (a vLLM install's interpreter) and wait until it has warmed up.
 
         `memory_fraction` is vLLM's `gpu_memory_utilization`, which on its CPU backend is the share
         of host memory it reserves (weights and KV cache); its default 0.92 fails on a shared host.
         `dtype` None means the checkpoint's own, named explicitly: vLLM's "auto" runs a float32
-        checkpoint in 16-bit floats.
+        checkpoint in 16-bit floats. `env` adds to the worker's environment.
         """
         if not Path(python).exists():
             raise ValueError(f"--vllm_python {python!r} does not exist: point it at the Python of a vLLM install")
@@ -66,7 +67,7 @@ class VllmBackend:
         job_path.write_text(json.dumps(job))
         self._log = Path(self._dir.name) / "vllm.log"
         env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": threads_bind or all_cores_binding(),
-                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+                            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} | dict(env or {})
         with open(self._log, "w") as log:
             self._proc = subprocess.Popen([python, str(WORKER), str(job_path)], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, text=True, env=env)

@@ -7,8 +7,10 @@ Every start is a new process (`jaxpaged.bench.offline.startup`), with no
 persistent compile cache, an empty one (cold) and the one the cold start
 filled (warm); with `--baseline_root`, an older source tree is started the
 same way, alternating with this one, and each row's ratio is to that tree's
-start without a cache. `--padding_costs` instead times each model's step
-with a size padded further (what merging two step shapes would cost).
+start without a cache; with `--vllm_python=PATH`, vLLM's `LLM()` and first
+`generate` of the same prompts, cold and warm. `--padding_costs` instead
+times each model's step with a size padded further (what merging two step
+shapes would cost).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class StartupOptions:
     repeats: int = option(3, "starts of every kind, model, version and cache state", at_least=1)
     num_prompts: int = option(16, "prompts of the first generate", at_least=1)
     output_len: int = option(32, "greedy tokens per prompt of the first generate", at_least=1)
+    vllm_python: str | None = option(None, "also vLLM's LLM() + first generate, cold and warm, through this vLLM "
+                                           "install's Python (models as checkpoint directories)")
     padding_costs: bool = option(False, "instead: each model's step time with a size padded further (what merging "
                                         "step shapes would cost)")
 
@@ -54,4 +58,5 @@ def main(argv):
         return
     COMMAND.out.write(*run_startups(list(o.models), baseline_root=o.baseline_root, kinds=list(o.kinds),
                                     cache_states=list(o.cache_states), repeats=o.repeats,
-                                    num_prompts=o.num_prompts, output_len=o.output_len))
+                                    num_prompts=o.num_prompts, output_len=o.output_len,
+                                    vllm_python=o.vllm_python))
