@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from jaxpaged.gguf_file import GGUFFile, open_gguf
-from jaxpaged.tokenizer import HFTokenizer
 
 # llama.cpp's split regexes (llama-vocab.cpp), by `tokenizer.ggml.pre`; None: GPT-2's own regex (ByteLevel's).
 GPT2_REGEX_DIGITS_SPLIT = ("smollm", "starcoder", "refact", "command-r", "codeshell")
@@ -50,13 +49,14 @@ REFUSED_SENTENCEPIECE_ARCHITECTURES = {"gemma": "Gemma 1 GGUF files are not serv
 SPACE_PIECE = "\u2581"  # sentencepiece's "▁"
 
 
-def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
-    """The `Tokenizer` of the GGUF file `path`; ValueError for a vocabulary kind it does not build."""
+def build_gguf_tokenizer(path: str | Path) -> tuple[Any, int | None, int | None, list[int]]:
+    """The `tokenizers` tokenizer the GGUF file `path` describes, its BOS id, its EOS id and every id that ends
+    a turn (EOS, EOT, EOM); ValueError for a vocabulary kind it does not build. `jaxpaged.tokenizer.
+    load_gguf_tokenizer` puts them behind the `Tokenizer` protocol."""
     gguf = open_gguf(path)
-    tokenizer = build_tokenizer(gguf)
     stops = [gguf.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
-    return HFTokenizer(tokenizer, gguf.get("tokenizer.ggml.bos_token_id"), gguf.get("tokenizer.ggml.eos_token_id"),
-                       [s for s in stops if s is not None])
+    return (build_tokenizer(gguf), gguf.get("tokenizer.ggml.bos_token_id"), gguf.get("tokenizer.ggml.eos_token_id"),
+            [s for s in stops if s is not None])
 
 
 def build_tokenizer(gguf: GGUFFile) -> Any:

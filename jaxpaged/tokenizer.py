@@ -228,6 +228,14 @@ def read_special_ids(model_dir: Path, token_to_id=None) -> tuple[int | None, int
     return bos, eos, stops
 
 
+def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
+    """The `Tokenizer` of the GGUF file `path`, built from its metadata (`jaxpaged.gguf_tokenizer`); ValueError
+    for a vocabulary kind it does not build."""
+    from jaxpaged.gguf_tokenizer import build_gguf_tokenizer
+
+    return HFTokenizer(*build_gguf_tokenizer(path))
+
+
 def load_tokenizer(model_dir: str | Path | None, config: ModelConfig) -> Tokenizer:
     """The tokenizer for a model.
 
@@ -239,7 +247,6 @@ def load_tokenizer(model_dir: str | Path | None, config: ModelConfig) -> Tokeniz
     from jaxpaged.gguf_file import is_gguf_file
 
     if model_dir is not None and is_gguf_file(model_dir):
-        from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
         return load_gguf_tokenizer(model_dir)
     if model_dir is not None and Path(model_dir).is_dir():
         model_dir = Path(model_dir)

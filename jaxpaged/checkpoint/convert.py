@@ -35,7 +35,8 @@ def convert_hf_to_orbax(hf_dir: str | Path, out_dir: str | Path, dtype=None) -> 
 def write_gguf_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
     """The GGUF's tokenizer as `tokenizer.json`, its chat template and special tokens as `tokenizer_config.json`,
     its BOS and stop ids as `generation_config.json`: what `load_tokenizer` and `ChatTemplate` read."""
-    from jaxpaged.gguf_tokenizer import gguf_chat_template, load_gguf_tokenizer
+    from jaxpaged.gguf_tokenizer import gguf_chat_template
+    from jaxpaged.tokenizer import load_gguf_tokenizer
 
     tokenizer = load_gguf_tokenizer(gguf_path)
     tokenizer.backend.save(str(out_dir / "tokenizer.json"))

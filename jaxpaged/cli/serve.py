@@ -175,7 +175,7 @@ def check_gguf_model() -> None:
     from jaxpaged.checkpoint import check_gguf_checkpoint, is_gguf_file
     if not is_gguf_file(MODEL.value):
         return
-    from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
+    from jaxpaged.tokenizer import load_gguf_tokenizer
     try:
         check_gguf_checkpoint(MODEL.value)
         load_gguf_tokenizer(MODEL.value)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxpaged.bench.offline.throughput import BackendRun
+from jaxpaged.bench.offline.backend_run import BackendRun
 from jaxpaged.bench.offline.throughput import GemmFloor, measure_gemm_floor
 from jaxpaged.bench.offline.throughput import throughput_result, throughput_table
 from jaxpaged.config import load_config

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from jaxpaged.gguf_file import open_gguf
-from jaxpaged.gguf_tokenizer import build_sentencepiece_tokenizer, load_gguf_tokenizer
+from jaxpaged.gguf_tokenizer import build_sentencepiece_tokenizer
+from jaxpaged.tokenizer import load_gguf_tokenizer
 from jaxpaged.server.chat import ChatTemplate
 
 SP = "\u2581"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxpaged.gguf_tokenizer import load_gguf_tokenizer, merges_from_scores
+from jaxpaged.gguf_tokenizer import merges_from_scores
+from jaxpaged.tokenizer import load_gguf_tokenizer
 
 SP = "\u2581"
 # pieces with scores: a higher score merges first, as sentencepiece's BPE does

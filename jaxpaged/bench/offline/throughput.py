@@ -35,12 +35,12 @@ from pathlib import Path
 from absl import logging
 
 from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
+from jaxpaged.bench.offline.backend_run import BackendRun, EngineLimits
 from jaxpaged.bench.offline.driver import median_summary, ratio_table
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import is_hf_checkpoint_dir, load_model, save_hf_checkpoint
 from jaxpaged.config import list_configs, load_config
-from jaxpaged.engine.config import EngineConfig
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import DecoderModel
@@ -100,42 +100,6 @@ def hf_checkpoint(model: str, cache_dir: str | Path, seed: int = 0) -> Path:
     if not is_hf_checkpoint_dir(target):
         save_hf_checkpoint(load_model(model, seed=seed), target)
     return target
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendRun:
-    """One backend's measured pass over the prompts and what preceded it.
-
-    Attributes:
-      backend: "jaxpaged" or "hf".
-      token_ids: generated ids per prompt, in prompt order.
-      elapsed_s: wall time of the measured pass.
-      warmup_s: the pass before the first measured one (jaxpaged: the first, compiling call;
-        hf: the warm-up generate).
-      load_s: loading the weights (and building the engine).
-      num_compiles: step shapes compiled during the measured pass (jaxpaged; 0 for hf).
-      prompt_tokens_computed: prompt tokens the pass ran through the model (jaxpaged: prefix-cache
-        hits excluded); None: all of them.
-    """
-
-    backend: str
-    token_ids: list[list[int]]
-    elapsed_s: float
-    warmup_s: float
-    load_s: float
-    num_compiles: int = 0
-    prompt_tokens_computed: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineLimits:
-    """The jaxpaged engine's knobs; `num_blocks=None` sizes the pool to hold every prompt at once."""
-
-    block_size: int = EngineConfig.block_size
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    num_blocks: int | None = None
-    enable_prefix_caching: bool = True
 
 
 class JaxpagedBackend:

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from jaxpaged.bench.offline.throughput import BackendRun, EngineLimits
+from jaxpaged.bench.offline.backend_run import BackendRun, EngineLimits
 from jaxpaged.bench.offline.vllm_worker import RESULT_MARK
 
 WORKER = Path(__file__).with_name("vllm_worker.py")

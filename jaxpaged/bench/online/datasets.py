@@ -65,7 +65,7 @@ def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
 
     path = Path(name_or_dir)
     if is_gguf_file(path):
-        from jaxpaged.gguf_tokenizer import load_gguf_tokenizer
+        from jaxpaged.tokenizer import load_gguf_tokenizer
         return load_gguf_tokenizer(path)
     if (path / "tokenizer.json").is_file():
         return HFTokenizer.from_dir(path)

@@ -33,7 +33,8 @@ import sys
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.hf_backend import HFBackendMissing
-from jaxpaged.bench.offline.throughput import BACKENDS, EngineLimits, PromptSpec, ThroughputRun, run_throughput
+from jaxpaged.bench.offline.backend_run import EngineLimits
+from jaxpaged.bench.offline.throughput import BACKENDS, PromptSpec, ThroughputRun, run_throughput
 from jaxpaged.cli.options import CommandFlags
 
 # the jaxpaged engine's knobs (num_blocks unset: room for every prompt at once); dtype: jaxpaged's and vLLM's
