@@ -37,6 +37,7 @@ from jaxpaged.model import DecoderModel
 from jaxpaged.offload.setup import build_tiers
 from jaxpaged.offload.tiers import KVTiers
 from jaxpaged.runner import ModelRunner, Runner
+from jaxpaged.runner.buckets import MIN_DECODE_BLOCKS_PER_SEQ
 from jaxpaged.scheduler import Scheduler, SchedulerConfig
 from jaxpaged.snapshot import tie_disk_tier_to_identity
 from jaxpaged.spec_decode import Proposer, make_proposer
@@ -214,7 +215,7 @@ def _proposer(config: EngineConfig, runner: Runner, given: Proposer | None, mode
     draft = load_draft_proposer(
         spec.model, model_config, spec.num_speculative_tokens, num_blocks, config.block_size,
         dtype=config.dtype, seed=config.seed, kv_dtype=draft_kv_dtype, backend=runner.backend,
-        pool_fill_value=config.pool_fill_value)
+        pool_fill_value=config.pool_fill_value, min_table_blocks=MIN_DECODE_BLOCKS_PER_SEQ)
     runner.attach_draft(draft)
     return draft
 

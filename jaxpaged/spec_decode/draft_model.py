@@ -40,7 +40,6 @@ from flax import nnx
 
 from jaxpaged.attention import AttentionBackend, AttentionBatch, StepLayout
 from jaxpaged.mathutils import cdiv, pow2_bucket
-from jaxpaged.runner.buckets import MIN_DECODE_BLOCKS_PER_SEQ
 from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.config import ModelConfig
 from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool
@@ -67,14 +66,18 @@ class DraftModelProposer:
 
     def __init__(self, model: DecoderModel, target: ModelConfig, num_speculative_tokens: int, num_blocks: int,
                  block_size: int, *, kv_dtype=None, backend: AttentionBackend = AttentionBackend(),
-                 pool_fill_value: float = 0.0, name: str = "the draft model"):
-        """`num_blocks` and `block_size` are the target pool's; ValueError if the model cannot draft for `target`."""
+                 pool_fill_value: float = 0.0, min_table_blocks: int = 1, name: str = "the draft model"):
+        """`num_blocks` and `block_size` are the target pool's; ValueError if the model cannot draft for `target`.
+
+        `min_table_blocks`: the narrowest padded block table of a draft step (the target runner's decode floor,
+        so that the draft's steps compile as seldom as the target's)."""
         check_draft_config(model.config, target, name)
         self.config = model.config
         self.num_speculative_tokens = num_speculative_tokens
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.backend = backend
+        self.min_table_blocks = min_table_blocks
         self.graphdef, self.params = nnx.split(model)
         self._pool: KVPool = create_pool(self.config, num_blocks, block_size, kv_dtype, fill_value=pool_fill_value)
         self._trace_count = 0
@@ -144,7 +147,7 @@ class DraftModelProposer:
         """Padded `(last tokens [S], their positions [S], tables [S, M], draft counts [S])` (count 0: padding)."""
         num_rows = pow2_bucket(len(token_ids))
         widest = max(cdiv(len(t) + n, self.block_size) for t, n in zip(token_ids, counts))
-        tables = np.zeros((num_rows, pow2_bucket(widest, MIN_DECODE_BLOCKS_PER_SEQ)), np.int32)
+        tables = np.zeros((num_rows, pow2_bucket(widest, self.min_table_blocks)), np.int32)
         last = np.zeros(num_rows, np.int32)
         positions = np.zeros(num_rows, np.int32)
         num_drafts = np.zeros(num_rows, np.int32)
@@ -180,7 +183,7 @@ class DraftModelProposer:
 def load_draft_proposer(path: str, target: ModelConfig, num_speculative_tokens: int, num_blocks: int,
                         block_size: int, *, dtype=None, seed: int = 0, kv_dtype=None,
                         backend: AttentionBackend = AttentionBackend(),
-                        pool_fill_value: float = 0.0) -> DraftModelProposer:
+                        pool_fill_value: float = 0.0, min_table_blocks: int = 1) -> DraftModelProposer:
     """Load `path` (anything `load_model` takes; a config name gives random weights from `seed`) as the draft.
 
     The vocabulary is checked before any weight is read.
@@ -189,4 +192,4 @@ def load_draft_proposer(path: str, target: ModelConfig, num_speculative_tokens: 
     check_draft_config(model_config(path), target, repr(path))
     return DraftModelProposer(load_model(path, dtype=dtype, seed=seed), target, num_speculative_tokens, num_blocks,
                               block_size, kv_dtype=kv_dtype, backend=backend, pool_fill_value=pool_fill_value,
-                              name=repr(path))
+                              min_table_blocks=min_table_blocks, name=repr(path))

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from jaxpaged.bench.offline import cpu_efficiency
-from jaxpaged.bench.offline.matmul_floor import matmul_flops, model_weight_matrices, time_matmul_floor, weight_flops_per_row
+from jaxpaged.bench.offline.matmul_floor import (_weight_gemms, floor_input, matmul_flops, model_weight_matrices,
+                                                 time_matmul_floor, torch_gemm_flops_per_second, torch_weight_gemms,
+                                                 weight_flops_per_row)
 from jaxpaged.config import load_config
 from jaxpaged.model import init_model
 
@@ -23,6 +25,18 @@ def test_floor_multiplies_every_weight_matrix_once(name):
     if config.tie_embeddings:
         np.testing.assert_array_equal(head, np.asarray(model.embed_tokens.embedding[...]).T)
     assert time_matmul_floor(model, 4, repeats=2) > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_floor_multiplies_the_same_weights_as_the_xla_one(dtype):
+    pytest.importorskip("torch")
+    model = init_model(load_config("tiny"), dtype=dtype)
+    x = floor_input(model, 5)
+    assert x.dtype == dtype
+    xla = np.asarray(_weight_gemms(x, model_weight_matrices(model)), np.float32)
+    tolerance = 1e-4 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(torch_weight_gemms(model, x), xla, rtol=tolerance, atol=tolerance * np.abs(xla).max())
+    assert torch_gemm_flops_per_second(model, 4, repeats=1) > 0
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])

@@ -40,6 +40,20 @@ def test_report_holds_each_pass_to_its_floor_and_bounds_the_ratio():
     assert "| weight-GEMM floor (s) |" in table and "largest possible at the GEMM floor" in table
 
 
+def test_a_onednn_rate_gives_a_second_floor_and_its_bound():
+    floor = GemmFloor(1000, 300, 512, 1e6, 8, 5e5, onednn_prefill_flops_per_s=2e6, onednn_decode_flops_per_s=1e6)
+    summary = {"prompt_tokens_computed": 100, "output_tokens": 40, "num_requests": 4}
+    assert floor.seconds(summary, onednn=True) == pytest.approx(floor.seconds(summary) / 2)  # both rates doubled
+    runs = {"jaxpaged": [_run("jaxpaged", 2.0, computed=40)], "vllm": [_run("vllm", 1.0)]}
+    result = throughput_result(runs, [[0] * 30, [0] * 30], floor)
+    jp = result["median"]["jaxpaged"]
+    assert jp["onednn_gemm_floor_s"] == pytest.approx(jp["gemm_floor_s"] / 2)
+    bound = result["ratios"]["largest possible with oneDNN's GEMMs: vllm elapsed / jaxpaged floor at oneDNN's FLOP/s"]
+    assert bound == pytest.approx(1.0 / jp["onednn_gemm_floor_s"])
+    assert "| weight-GEMM floor at oneDNN's FLOP/s (s) |" in throughput_table(result)
+    assert "onednn_gemm_floor_s" not in throughput_result(runs, [[0] * 30, [0] * 30], FLOOR)["median"]["jaxpaged"]
+
+
 def test_report_without_a_floor_leaves_its_rows_out():
     result = throughput_result({"hf": [_run("hf", 4.0)]}, [[0] * 30, [0] * 30])
     assert "gemm_floor_s" not in result["median"]["hf"] and "gemm_floor" not in result
@@ -50,6 +64,7 @@ def test_measured_rates_are_positive_and_rows_are_checked():
     model = init_model(load_config("tiny"))
     floor = measure_gemm_floor(model, prefill_rows=64, decode_rows=4, repeats=1)
     assert floor.prefill_flops_per_s > 0 and floor.decode_flops_per_s > 0
+    assert floor.onednn_prefill_flops_per_s > 0 and floor.onednn_decode_flops_per_s > 0  # torch: a test extra
     assert (floor.prefill_rows, floor.decode_rows) == (64, 4)
     with pytest.raises(ValueError, match="decode_rows must be at least 1"):
         measure_gemm_floor(model, prefill_rows=64, decode_rows=0)

@@ -7,10 +7,15 @@ adds and SiLU that join them, and no attention, norms, K/V write or sampling), g
 could not go below at the FLOP/s this machine reaches for those shapes. A step
 within 2x of its floor spends at most as long on everything else as on the
 matmuls.
+
+`torch_gemm_flops_per_second` times the same chain through torch, whose CPU
+GEMMs are oneDNN's, as vLLM's CPU build runs them: the floor of an engine
+with oneDNN's GEMMs, beside XLA's.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -59,11 +64,16 @@ def gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5) -> f
     return matmul_flops(model, rows) / time_matmul_floor(model, rows, repeats)
 
 
+def floor_input(model: DecoderModel, rows: int) -> Array:
+    """The `[rows, hidden]` activations a floor is timed on, in the weights' dtype (fixed seed)."""
+    dtype = model.layers[0].mlp.gate_proj.kernel[...].dtype
+    return jnp.asarray(np.random.default_rng(0).normal(size=(rows, model.config.hidden_size)) * 0.02, dtype)
+
+
 def time_matmul_floor(model: DecoderModel, rows: int, repeats: int = 10) -> float:
     """Median seconds of the weight GEMMs of a `rows`-row step, after one compile-and-warm-up run."""
     layers = model_weight_matrices(model)
-    x = jnp.asarray(np.random.default_rng(0).normal(size=(rows, model.config.hidden_size)) * 0.02,
-                    layers[0][0].dtype)
+    x = floor_input(model, rows)
     gemms = jax.jit(_weight_gemms)
     jax.block_until_ready(gemms(x, layers))
     times = []
@@ -72,3 +82,57 @@ def time_matmul_floor(model: DecoderModel, rows: int, repeats: int = 10) -> floa
         jax.block_until_ready(gemms(x, layers))
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def _torch_chain(x, layers):
+    """`_weight_gemms` in torch: `x` and `layers` as torch tensors (`[in, out]` weights, as in JAX)."""
+    import torch
+    for q, k, v, o, gate, up, down in layers[:-1]:
+        attn = x @ q
+        kv = (x @ k).sum() + (x @ v).sum()
+        x = x + attn @ o + kv * 1e-30
+        x = x + (torch.nn.functional.silu(x @ gate) * (x @ up)) @ down
+    return x @ layers[-1][0]
+
+
+def _to_torch(array):
+    """A JAX array as a torch tensor of the same dtype (bfloat16 through its bits: numpy has no bfloat16)."""
+    import torch
+    host = np.asarray(array)
+    if host.dtype == jnp.bfloat16:
+        return torch.from_numpy(host.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(host.copy())
+
+
+def torch_weight_gemms(model: DecoderModel, x: Array):
+    """The step's weight GEMMs of `x` (`[rows, hidden]`) through torch, as a numpy float32 array."""
+    import torch
+    layers = [[_to_torch(w) for w in layer] for layer in model_weight_matrices(model)]
+    with torch.inference_mode():
+        return _torch_chain(_to_torch(x), layers).float().numpy()
+
+
+def torch_gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5) -> float | None:
+    """The FLOP/s torch (oneDNN, every core) reaches on the model's weight GEMMs at `rows` rows; None without torch.
+
+    The same chain as `time_matmul_floor`, in the model's dtype, median of `repeats` after one warm-up.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    layers = [[_to_torch(w) for w in layer] for layer in model_weight_matrices(model)]
+    x = _to_torch(floor_input(model, rows))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # every core, as vLLM's CPU build is given them here
+    times = []
+    try:
+        with torch.inference_mode():
+            _torch_chain(x, layers)
+            for _ in range(repeats):
+                start = time.perf_counter()
+                _torch_chain(x, layers)
+                times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return matmul_flops(model, rows) / float(np.median(times))

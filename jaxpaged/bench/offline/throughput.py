@@ -20,7 +20,10 @@ pass is from its weight GEMMs; `hf elapsed / jaxpaged floor` is the largest
 jaxpaged/hf ratio this machine allows on the workload. Rows counted: the prompt
 tokens a backend computes (jaxpaged skips prefix-cache hits), every generated
 token except each request's last, and one LM-head row per generated token.
-Attention FLOPs are left out, so the floor is a lower bound.
+Attention FLOPs are left out, so the floor is a lower bound. Where torch is
+installed the same floor is also counted at the FLOP/s torch's oneDNN GEMMs
+reach on the same weights (vLLM's CPU GEMMs): `vllm elapsed / jaxpaged floor
+at oneDNN's rate` is the largest ratio an engine with oneDNN's GEMMs could reach.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from absl import logging
 
-from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, weight_flops_per_row
+from jaxpaged.bench.offline.matmul_floor import gemm_flops_per_second, torch_gemm_flops_per_second, weight_flops_per_row
 from jaxpaged.bench.offline.backend_run import BackendRun, EngineLimits
 from jaxpaged.bench.offline.driver import median_summary, ratio_table
 from jaxpaged.bench.online.datasets import prefix_repetition_requests, random_requests
@@ -206,24 +209,31 @@ class GemmFloor:
     prefill_flops_per_s: float
     decode_rows: int
     decode_flops_per_s: float
+    onednn_prefill_flops_per_s: float | None = None  # the same GEMMs through torch (oneDNN); None without torch
+    onednn_decode_flops_per_s: float | None = None
 
-    def seconds(self, summary: Mapping[str, float]) -> float:
+    def seconds(self, summary: Mapping[str, float], *, onednn: bool = False) -> float:
         """The floor of one pass, from its `summarize` dict (needs prompt_tokens_computed, output_tokens,
-        num_requests)."""
+        num_requests); at oneDNN's measured FLOP/s with `onednn`."""
+        prefill_rate, decode_rate = ((self.onednn_prefill_flops_per_s, self.onednn_decode_flops_per_s) if onednn
+                                     else (self.prefill_flops_per_s, self.decode_flops_per_s))
         fed_back = summary["output_tokens"] - summary["num_requests"]
-        prefill = summary["prompt_tokens_computed"] * self.layer_flops_per_row / self.prefill_flops_per_s
+        prefill = summary["prompt_tokens_computed"] * self.layer_flops_per_row / prefill_rate
         decode = (fed_back * self.layer_flops_per_row
-                  + summary["output_tokens"] * self.head_flops_per_row) / self.decode_flops_per_s
+                  + summary["output_tokens"] * self.head_flops_per_row) / decode_rate
         return prefill + decode
 
 
 def measure_gemm_floor(model: DecoderModel, prefill_rows: int, decode_rows: int, repeats: int = 3) -> GemmFloor:
-    """Time the model's weight GEMMs at `prefill_rows` and at `decode_rows` rows on this machine."""
+    """Time the model's weight GEMMs at `prefill_rows` and at `decode_rows` rows on this machine, in XLA and
+    (where torch is installed) through torch's oneDNN."""
     if prefill_rows < 1 or decode_rows < 1:
         raise ValueError(f"prefill_rows and decode_rows must be at least 1, got {prefill_rows}, {decode_rows}")
     layer, head = weight_flops_per_row(model)
     return GemmFloor(layer, head, prefill_rows, gemm_flops_per_second(model, prefill_rows, repeats),
-                     decode_rows, gemm_flops_per_second(model, decode_rows, repeats))
+                     decode_rows, gemm_flops_per_second(model, decode_rows, repeats),
+                     torch_gemm_flops_per_second(model, prefill_rows, repeats),
+                     torch_gemm_flops_per_second(model, decode_rows, repeats))
 
 
 _RATIO_METRICS = ("request_throughput", "output_token_throughput", "total_token_throughput")
@@ -251,6 +261,9 @@ def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequenc
         if floor is not None:
             ratios[f"largest possible at the GEMM floor: {peer} elapsed / jaxpaged floor"] = (
                 other["elapsed_s"] / jp["gemm_floor_s"])
+        if "onednn_gemm_floor_s" in jp:
+            ratios[f"largest possible with oneDNN's GEMMs: {peer} elapsed / jaxpaged floor at oneDNN's FLOP/s"] = (
+                other["elapsed_s"] / jp["onednn_gemm_floor_s"])
         pairs = zip(runs["jaxpaged"][0].token_ids, runs[peer][0].token_ids)
         agreement = result.setdefault("token_agreement", {})
         agreement[peer] = sum(a == b for a, b in pairs) / len(prompts)
@@ -262,6 +275,8 @@ def _summary(run: BackendRun, prompts: Sequence[Sequence[int]], floor: GemmFloor
     if floor is not None:
         summary["gemm_floor_s"] = floor.seconds(summary)
         summary["elapsed_over_gemm_floor"] = summary["elapsed_s"] / summary["gemm_floor_s"]
+        if floor.onednn_decode_flops_per_s is not None:
+            summary["onednn_gemm_floor_s"] = floor.seconds(summary, onednn=True)
     return summary
 
 
@@ -279,6 +294,7 @@ _ROWS = (
     ("prompt tokens computed (cache hits excluded)", "prompt_tokens_computed", "{:.0f}"),
     ("weight-GEMM floor (s)", "gemm_floor_s", "{:.2f}"),
     ("elapsed / GEMM floor", "elapsed_over_gemm_floor", "{:.2f}"),
+    ("weight-GEMM floor at oneDNN's FLOP/s (s)", "onednn_gemm_floor_s", "{:.2f}"),
 )
 
 
@@ -391,9 +407,10 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
         from jaxpaged.checkpoint import load_model
         floor = measure_gemm_floor(load_model(str(checkpoint)), prefill_rows=run.limits.max_num_batched_tokens,
                                    decode_rows=min(run.limits.max_num_seqs, spec.num_prompts))
-        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows",
+        logging.info("weight GEMMs: %.0f GFLOP/s at %d rows, %.0f GFLOP/s at %d rows (oneDNN: %s, %s)",
                      floor.prefill_flops_per_s / 1e9, floor.prefill_rows,
-                     floor.decode_flops_per_s / 1e9, floor.decode_rows)
+                     floor.decode_flops_per_s / 1e9, floor.decode_rows,
+                     floor.onednn_prefill_flops_per_s, floor.onednn_decode_flops_per_s)
     result = throughput_result(runs, prompts, floor)
     meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | dict(settings)
     return meta | result, throughput_table(result)
