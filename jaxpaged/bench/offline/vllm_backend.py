@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -95,7 +96,10 @@ class VllmBackend:
         for line in self._proc.stdout:
             if line.startswith(RESULT_MARK):
                 return json.loads(line[len(RESULT_MARK):])
-        tail = self._log.read_text()[-2000:]
+        log = self._log.read_text()
         self.close()
-        raise RuntimeError(f"the vLLM worker exited (code {self._proc.returncode}) before answering; its log ends:\n"
-                           f"{tail}")
+        # vLLM's engine core fails in its own process, and the worker's traceback that ends the log only says so:
+        # the first exception line names the cause
+        causes = [line for line in log.splitlines() if re.match(r"\w*(Error|Exception)\b.*:", line)]
+        raise RuntimeError(f"the vLLM worker exited (code {self._proc.returncode}) before answering; "
+                           f"first error: {causes[0] if causes else 'none logged'}; its log ends:\n{log[-2000:]}")

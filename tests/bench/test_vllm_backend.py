@@ -1,0 +1,44 @@
+"""The vLLM backend's worker protocol, with a stand-in interpreter (the test venv has no vLLM)."""
+
+import stat
+
+import pytest
+
+from jaxpaged.bench.offline.vllm_backend import VllmBackend, checkpoint_dtype
+
+
+def _fake_python(tmp_path, script: str):
+    """An executable that stands in for a vLLM install's Python: runs `script` whatever it is given."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def _checkpoint(tmp_path, dtype="float32"):
+    (tmp_path / "config.json").write_text(f'{{"dtype": "{dtype}"}}')
+    return tmp_path
+
+
+def test_a_worker_that_dies_names_the_first_error_of_its_log(tmp_path):
+    python = _fake_python(tmp_path, 'echo "Traceback (most recent call last):" >&2\n'
+                                    'echo "ValueError: 7.0 GiB of KV cache requested, 2.1 GiB free" >&2\n'
+                                    'for i in $(seq 200); do echo "  padding line $i of a long traceback" >&2; done\n'
+                                    'echo "RuntimeError: Engine core initialization failed." >&2\nexit 1\n')
+    with pytest.raises(RuntimeError) as failed:
+        VllmBackend(python, _checkpoint(tmp_path), [[1, 2, 3]], output_len=2)
+    message = str(failed.value)
+    assert "exited (code 1)" in message
+    assert "first error: ValueError: 7.0 GiB of KV cache requested, 2.1 GiB free" in message
+    assert message.rstrip().endswith("Engine core initialization failed.")
+
+
+def test_a_missing_interpreter_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="--vllm_python"):
+        VllmBackend(str(tmp_path / "nope"), _checkpoint(tmp_path), [[1]], output_len=1)
+
+
+def test_the_checkpoint_names_its_dtype(tmp_path):
+    assert checkpoint_dtype(_checkpoint(tmp_path, "bfloat16")) == "bfloat16"
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_dtype(tmp_path) == "auto"
