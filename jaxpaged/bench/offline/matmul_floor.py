@@ -104,10 +104,15 @@ def _to_torch(array):
     return torch.from_numpy(host.copy())
 
 
+def _torch_weights(model: DecoderModel) -> list:
+    """`model_weight_matrices` as torch tensors."""
+    return [[_to_torch(w) for w in layer] for layer in model_weight_matrices(model)]
+
+
 def torch_weight_gemms(model: DecoderModel, x: Array):
     """The step's weight GEMMs of `x` (`[rows, hidden]`) through torch, as a numpy float32 array."""
     import torch
-    layers = [[_to_torch(w) for w in layer] for layer in model_weight_matrices(model)]
+    layers = _torch_weights(model)
     with torch.inference_mode():
         return _torch_chain(_to_torch(x), layers).float().numpy()
 
@@ -121,7 +126,7 @@ def torch_gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5
         import torch
     except ImportError:
         return None
-    layers = [[_to_torch(w) for w in layer] for layer in model_weight_matrices(model)]
+    layers = _torch_weights(model)
     x = _to_torch(floor_input(model, rows))
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # every core, as vLLM's CPU build is given them here
