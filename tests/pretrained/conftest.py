@@ -38,3 +38,11 @@ def hf_smollm2():
     torch.set_num_threads(1)
     yield AutoModelForCausalLM.from_pretrained(MODEL.parent, gguf_file=MODEL.name, dtype=torch.float32).eval()
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer():
+    """transformers' tokenizer built from the same GGUF's metadata (its own converter)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(MODEL.parent, gguf_file=MODEL.name)

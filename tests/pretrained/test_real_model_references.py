@@ -2,15 +2,16 @@
 
 lm-evaluation-harness: the shipped local task (data/eval: multiple choice and `generate_until`) run through
 `jaxpaged lm-eval` against the server and through lm-eval's own `hf` backend (transformers' GGUF loader) on the
-same file must give the same per-item loglikelihoods (within 1e-4), the same generations and the same scores.
+same file (in this process, on the transformers model the other pretrained module loads) must give the same
+per-item loglikelihoods (within 1e-4), the same generations and the same scores.
 
 transformers' attention-mask trap: `generate` without an `attention_mask` masks every `pad_token_id` in the
 prompt (when the pad id is not an EOS id), and SmolLM2's pad token is `<|im_end|>`, the chat template's turn
 separator. The reference helper here always passes the mask; with it transformers' greedy answer equals the
 server's, without it the answer differs.
 
-Cost: the server and the transformers model are the ones tests/pretrained/conftest.py shares with the other
-pretrained module; lm-eval's hf backend loads the weights once more in its own process.
+Cost: the server, the transformers model and its tokenizer are the ones tests/pretrained/conftest.py shares with
+the other pretrained module.
 """
 
 from __future__ import annotations
@@ -64,18 +65,44 @@ def through_server(server, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def through_hf(tmp_path_factory):
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-           f"pretrained={MODEL.parent},gguf_file={MODEL.name},dtype=float32", "--device", "cpu",
-           "--tasks", ",".join(TASKS), "--include_path", "data/eval", "--batch_size", "1"]
-    return _lm_eval(cmd, tmp_path_factory.mktemp("lm_eval"), "hf")
+def through_hf(hf_smollm2, hf_smollm2_tokenizer, monkeypatch_module):
+    """The same tasks through lm-eval's own `hf` backend (`HFLM`) on transformers' model of the same GGUF, in this
+    process: the model and tokenizer are the ones the other pretrained module compares with, and the task index
+    holds the shipped tasks alone (indexing lm-eval's thousands of built-in tasks costs a minute on 2 cores)."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    for key, value in OFFLINE.items():
+        monkeypatch_module.setenv(key, value)
+    monkeypatch_module.chdir(ROOT)  # the task's data paths are relative to the repository root
+    model = HFLM(pretrained=hf_smollm2, tokenizer=hf_smollm2_tokenizer, batch_size=1, device="cpu")
+    tasks = TaskManager(include_path=str(ROOT / "data" / "eval"), include_defaults=False)
+    samples = lm_eval.simple_evaluate(model=model, tasks=TASKS, task_manager=tasks, log_samples=True)["samples"]
+    assert sorted(samples) == sorted(TASKS)
+    return {task: sorted(samples[task], key=lambda s: s["doc_id"]) for task in TASKS}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def _arguments(sample: dict) -> list[list[str]]:
+    """A sample's request arguments as lists of strings, whether logged to a file by lm-eval
+    (`{"gen_args_0": {"arg_0": ...}}`) or returned in memory (a list of tuples)."""
+    args = sample["arguments"]
+    if isinstance(args, dict):
+        return [[str(v) for v in args[k].values()] for k in sorted(args, key=lambda k: int(k.split("_")[-1]))]
+    return [[str(v) for v in arg] for arg in args]
 
 
 def test_multiple_choice_loglikelihoods_and_accuracy_equal_the_hf_backend(through_server, through_hf):
     ours, theirs = through_server["jaxpaged_real_mc"], through_hf["jaxpaged_real_mc"]
     assert len(ours) == len(theirs) == 8
     for a, b in zip(ours, theirs):
-        assert a["arguments"] == b["arguments"]
+        assert _arguments(a) == _arguments(b)
         got = [float(r[0][0]) for r in a["resps"]]
         expected = [float(r[0][0]) for r in b["resps"]]
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
@@ -86,7 +113,7 @@ def test_multiple_choice_loglikelihoods_and_accuracy_equal_the_hf_backend(throug
 def test_generate_until_answers_and_score_equal_the_hf_backend(through_server, through_hf):
     ours, theirs = through_server["jaxpaged_real_gen"], through_hf["jaxpaged_real_gen"]
     assert len(ours) == len(theirs) == 4
-    assert [s["resps"] for s in ours] == [s["resps"] for s in theirs]
+    assert [[list(r) for r in s["resps"]] for s in ours] == [[list(r) for r in s["resps"]] for s in theirs]
     assert [s["exact_match"] for s in ours] == [s["exact_match"] for s in theirs]
     assert all(s["resps"][0][0].strip() for s in ours)  # something was generated
 
