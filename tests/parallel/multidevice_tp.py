@@ -10,7 +10,8 @@ compiles stay as many as on one device; the pool is still donated and keeps
 its split; host block copies and fp8 scales stay in logical KV heads; the
 Pallas kernel works on local heads; checkpoints load straight into shards;
 GGUF files too; the Qwen2 (biases), Qwen3 (q/k norms) and Gemma 3 (sliding + full layers)
-families give the same logits sharded as on one device.
+families give the same logits sharded as on one device; so does the pretrained SmolLM2 at N = 3 (its greedy
+tokens too).
 """
 
 import jax
@@ -210,6 +211,33 @@ def test_fp8_pool_with_replicated_heads(models):
     for a, b in zip(scales, ref_scales):
         np.testing.assert_allclose(a, b, rtol=1e-5)
     assert tokens == ref_tokens
+
+
+def test_pretrained_smollm2_at_three_devices_gives_the_same_tokens():
+    """The real SmolLM2-135M (`make model`) loaded straight into 3 shards: a prompt's prefill and 8 greedy decode
+    steps give one device's tokens, logits within float tolerance. Its 9 query and 3 KV heads do not split over
+    2 devices; 3 is its smallest split."""
+    from jaxpaged.checkpoint import load_model, model_config
+    from jaxpaged.pretrained import default_model_path
+    from jaxpaged.tokenizer import load_tokenizer
+    path = default_model_path()
+    prompt = load_tokenizer(path, model_config(path)).encode("The three primary colors are red, yellow and")
+    table = list(range(4))  # 4 blocks of 32 tokens hold the prompt and the 8 tokens after it
+    runners = [ModelRunner(load_model(path, dtype="float32", tensor_parallel_size=n), 8, 32,
+                           tensor_parallel_size=n) for n in (1, 3)]
+    tokens = {}
+    for n, runner in zip((1, 3), runners):
+        step, out, logits = build_step_input([ScheduledSeq(prompt, 0, table)], 32), [], []
+        for i in range(9):
+            result = runner.execute(step, return_logits=True)
+            out.append(int(result.token_ids[0]))
+            logits.append(np.asarray(result.logits[0]))
+            step = build_step_input([ScheduledSeq([out[-1]], len(prompt) + i, table)], 32)
+        tokens[n] = (out, np.stack(logits))
+    (ref, ref_logits), (got, got_logits) = tokens[1], tokens[3]
+    assert got == ref
+    np.testing.assert_allclose(got_logits, ref_logits, atol=2e-3, rtol=1e-4)
+    assert {s.data.shape for s in runners[1].pool.k[0].addressable_shards} == {(1, 8, 32, 64)}  # a KV head each
 
 
 def _save_gguf(model, path):
