@@ -115,7 +115,8 @@ class EngineBuilder:
             block_size=config.block_size, max_model_len=max_model_len, runner=runner, kv=kv, tiers=tiers,
             scheduler=_scheduler(config, kv, tiers, self.clock, proposer), input_processor=input_processor,
             output_processor=OutputProcessor(lambda: input_processor.tokenizer),
-            calibrate_kv_scales=calibrate_kv_scales, kv_connector=_kv_connector(config, kv, runner, tiers))
+            calibrate_kv_scales=calibrate_kv_scales,
+            kv_connector=_kv_connector(config, kv, runner, tiers, max_model_len))
         if not calibrate_kv_scales:  # the identity is final now (else after calibration or a snapshot's scales)
             tie_disk_tier_to_identity(parts)
         return parts
@@ -232,14 +233,16 @@ def _block_bytes(runner) -> int:
     return int(np.prod(runner.kv_block_shape)) * np.dtype(runner.kv_dtype).itemsize
 
 
-def _kv_connector(config: EngineConfig, kv: KVManager, runner, tiers: KVTiers | None):
-    """The KV connector of `config.kv_role` (None for "none"); `_check_runner` has made sure the runner owns
-    a device pool."""
+def _kv_connector(config: EngineConfig, kv: KVManager, runner, tiers: KVTiers | None, max_model_len: int):
+    """The KV connector of `config.kv_role` (None for "none"), its block moves compiled for one request of
+    `max_model_len` tokens; `_check_runner` has made sure the runner owns a device pool."""
     if config.kv_role == "none":
         return None
     from jaxpaged.kv_transfer import PeerKVConnector
     peers = tuple(p.strip() for p in (config.kv_peers or "").split(",") if p.strip())
-    return PeerKVConnector(config.kv_role, kv, runner, tiers.host if tiers is not None else None,
-                           transport=config.kv_transport, listen=config.kv_listen, peers=peers,
-                           outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
-                           serve_delay_s=config.kv_serve_delay_s)
+    connector = PeerKVConnector(config.kv_role, kv, runner, tiers.host if tiers is not None else None,
+                                transport=config.kv_transport, listen=config.kv_listen, peers=peers,
+                                outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
+                                serve_delay_s=config.kv_serve_delay_s)
+    connector.warm_up(max_model_len)
+    return connector

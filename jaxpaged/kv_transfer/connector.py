@@ -32,6 +32,7 @@ from jaxpaged.cache.kv_groups import group_key
 from jaxpaged.kv_transfer.blocks import KVBlockBatch, KVTransferRefused
 from jaxpaged.kv_transfer.outbox import KVOutbox
 from jaxpaged.kv_transfer.transport import KVBlockClient, KVBlockServer, TransferFailed, choose_transport
+from jaxpaged.mathutils import cdiv
 from jaxpaged.offload.host_tier import HostBlock, HostKVCache
 from jaxpaged.sequence import Request
 
@@ -43,8 +44,8 @@ KV_TRANSPORTS = ("auto", "zmq", "jax")
 
 def pull_order(peers: tuple[str, ...], source: str | None) -> tuple[str, ...]:
     """Whom a decode engine asks for a request's blocks: the engine that prefilled it (the request's
-    ``kv_source``) alone when that is one of ``peers``, else every peer in turn. A source that is not a peer
-    is never dialled (a client must not make the engine connect anywhere it names)."""
+    ``kv_source``) alone when that is one of ``peers``, else every peer (all at once: see ``_pull``). A
+    source that is not a peer is never dialled (a client must not make the engine connect anywhere it names)."""
     return (source,) if source is not None and source in peers else peers
 
 
@@ -109,6 +110,8 @@ class PeerKVConnector:
                 raise ValueError("a decode engine needs the host tier its pulled blocks land in")
             self.client = KVBlockClient(timeout_s)
             self._executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kv-pull")
+            # one ask per peer per pull, on threads of their own (an ask waits on the network, not the CPU)
+            self._ask_executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="kv-ask")
         self._loads: dict[str, tuple[concurrent.futures.Future, _Wanted]] = {}
         self._lock = threading.Lock()
 
@@ -124,6 +127,19 @@ class PeerKVConnector:
     def set_identity(self, identity: bytes) -> None:
         """This engine's identity digest (``jaxpaged.snapshot.identity_digest``): sent and required."""
         self.identity = identity
+
+    def warm_up(self, max_model_len: int) -> None:
+        """Compile the block moves this role makes for one request of up to ``max_model_len`` tokens, at every
+        padded count (a prefill engine's outbox gather, a decode engine's scatter of pulled blocks), so no
+        request's TTFT waits for one; with the persistent compile cache a later start only loads them."""
+        max_blocks = cdiv(max_model_len, self.block_size) * self.num_groups
+        start = time.perf_counter()
+        if self.outbox is not None:
+            self.runner.warm_read_blocks(max_blocks)
+        if self.client is not None:
+            self.runner.warm_write_blocks(max_blocks)
+        log.info("KV transfer: block moves of 1..%d blocks compiled in %.1f s", max_blocks,
+                 time.perf_counter() - start)
 
     # ---------------------------------------------------------------- decode side
 
@@ -160,31 +176,46 @@ class PeerKVConnector:
         return _Wanted(keys, meta, request.cache_salt)
 
     def _pull(self, keys: list[bytes], peers: tuple[str, ...]) -> _Pulled:
-        """Worker thread: ask each of ``peers`` in turn for the keys still missing; checked blocks only."""
+        """Worker thread: ask every one of ``peers`` at once and take the first answer that holds every key;
+        without one, the checked blocks of every answer that came (a chain's gaps are computed at admission).
+        Each ask ends within the client's timeout, so the whole pull does too; a peer that never answers
+        delays nothing once another has answered in full."""
         start = time.perf_counter()
         pulled = _Pulled([], 0, 0.0)
-        missing = list(keys)
-        for peer in peers:
-            try:
-                batch = self.client.pull(peer, missing)
-                batch.check(self.identity, self.dtype, self.block_shape)
-            except KVTransferRefused as err:
-                log.warning("KV blocks from %s refused: %s", peer, err)
+        asks = [self._ask_executor.submit(self._ask, peer, keys) for peer in peers]
+        answers: list[list[tuple[bytes, np.ndarray]]] = []
+        for ask in concurrent.futures.as_completed(asks):
+            outcome, batch = ask.result()
+            if outcome == "refused":
                 pulled.refused += 1
-                continue
-            except TransferFailed as err:
-                log.warning("KV pull failed, the prompt is computed here: %s", err)
+            elif outcome == "failed":
                 pulled.failed += 1
-                continue
-            blocks = batch.blocks(self.dtype)
-            pulled.blocks.extend(blocks)
-            pulled.num_bytes += batch.num_bytes
-            got = {key for key, _ in blocks}
-            missing = [key for key in missing if key not in got]
-            if not missing:
-                break
+            else:
+                pulled.num_bytes += batch.num_bytes
+                blocks = batch.blocks(self.dtype)
+                if len(blocks) == len(keys):  # a complete answer: the others are not waited for
+                    answers = [blocks]
+                    break
+                answers.append(blocks)
+        seen: set[bytes] = set()
+        for blocks in answers:
+            pulled.blocks.extend((key, block) for key, block in blocks if key not in seen)
+            seen.update(key for key, _ in blocks)
         pulled.seconds = time.perf_counter() - start
         return pulled
+
+    def _ask(self, peer: str, keys: list[bytes]) -> tuple[str, KVBlockBatch | None]:
+        """One peer's answer, checked: ``("ok", batch)``, ``("refused", None)`` or ``("failed", None)``."""
+        try:
+            batch = self.client.pull(peer, keys)
+            batch.check(self.identity, self.dtype, self.block_shape)
+        except KVTransferRefused as err:
+            log.warning("KV blocks from %s refused: %s", peer, err)
+            return "refused", None
+        except TransferFailed as err:
+            log.warning("KV pull from %s failed: %s", peer, err)
+            return "failed", None
+        return "ok", batch
 
     def take_loaded(self) -> list[str]:
         """Requests whose pull ended: their blocks are now in the host tier (or they recompute)."""
@@ -274,3 +305,4 @@ class PeerKVConnector:
             self.server.close()
         if self.client is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._ask_executor.shutdown(wait=False, cancel_futures=True)

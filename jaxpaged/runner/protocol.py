@@ -100,6 +100,14 @@ class KVPoolRunner(Runner, Protocol):
         """Overwrite the given pool blocks with host data (one array per block)."""
         ...
 
+    def warm_read_blocks(self, max_blocks: int) -> None:
+        """Compile `start_read_blocks` for every padded count up to `max_blocks` blocks (changes nothing)."""
+        ...
+
+    def warm_write_blocks(self, max_blocks: int) -> None:
+        """Compile `write_blocks` for every padded count up to `max_blocks` blocks (writes nothing)."""
+        ...
+
     def kv_scales(self) -> tuple[np.ndarray, np.ndarray]:
         """The pool's fp8 scales `(k_scale, v_scale)`, each `[num_layers, num_kv_heads]` (1.0 unless fp8)."""
         ...
