@@ -140,8 +140,10 @@ def _check_runner(config: EngineConfig, runner: Runner, num_blocks: int) -> None
         raise ValueError(f"the runner's pool has {runner.num_blocks} blocks; the engine's config "
                          f"asks for {num_blocks} (num_blocks / kv_cache_bytes)")
     capabilities = runner.capabilities
-    needs_pool = [name for name, wanted in (("host_cache_bytes", config.host_cache_bytes is not None),
-                                            ("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
+    if config.host_cache_bytes is not None and not capabilities.moves_blocks:
+        raise ValueError(f"host_cache_bytes needs a runner whose blocks the tiers can move (ModelRunner); "
+                         f"got {type(runner).__name__}")
+    needs_pool = [name for name, wanted in (("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
                                             ("kv_role", config.kv_role != "none")) if wanted]
     if needs_pool and not capabilities.owns_kv_pool:
         raise ValueError(f"{needs_pool[0]} needs a runner that owns a device KV pool (ModelRunner); "
@@ -149,7 +151,7 @@ def _check_runner(config: EngineConfig, runner: Runner, num_blocks: int) -> None
     if config.speculative_config is not None and not capabilities.verifies_drafts:
         raise ValueError("speculative_config needs the model runner (its step verifies the draft tokens); "
                          f"got {type(runner).__name__}")
-    if jax.process_count() > 1 and needs_pool:
+    if jax.process_count() > 1 and (needs_pool or config.host_cache_bytes is not None):
         raise ValueError("host_cache_bytes, prefix_cache_snapshot and kv_role are single-process only: with "
                          f"{jax.process_count()} processes no process can read a whole pool block")
 
@@ -240,7 +242,7 @@ def _kv_connector(config: EngineConfig, kv: KVManager, runner, tiers: KVTiers | 
         return None
     from jaxpaged.kv_transfer import PeerKVConnector
     peers = tuple(p.strip() for p in (config.kv_peers or "").split(",") if p.strip())
-    connector = PeerKVConnector(config.kv_role, kv, runner, tiers.host if tiers is not None else None,
+    connector = PeerKVConnector(config.kv_role, kv, runner, tiers,
                                 transport=config.kv_transport, listen=config.kv_listen, peers=peers,
                                 outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
                                 serve_delay_s=config.kv_serve_delay_s)

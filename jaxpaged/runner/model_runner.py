@@ -192,7 +192,7 @@ class _PendingBlocks:
 class ModelRunner:
     """Runs steps of one model over one paged pool (implements `KVPoolRunner`)."""
 
-    capabilities = RunnerCapabilities(verifies_drafts=True, owns_kv_pool=True)
+    capabilities = RunnerCapabilities(verifies_drafts=True, moves_blocks=True, owns_kv_pool=True)
 
     def __init__(
         self,
