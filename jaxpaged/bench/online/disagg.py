@@ -138,6 +138,9 @@ def _warm_up(url: str, model: str, workload: DisaggWorkload, servers: Sequence[S
         before = _step_shapes(servers)
         warmup, warmup_offsets = dataclasses.replace(workload, seed=workload.seed + 1000 * run).requests()
         run_requests(url, model, warmup, warmup_offsets)
+        if not _step_shapes(servers):  # every engine logs each shape it compiles or loads: none means no log
+            raise RuntimeError("the servers logged no step shape: their engine cores' INFO logs are missing, "
+                               "so compiles cannot be counted")
         if _step_shapes(servers) == before:
             break
     return run
