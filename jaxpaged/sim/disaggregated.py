@@ -37,11 +37,12 @@ to the client. Multiturn turns arrive after the previous turn finished, as in
 `jaxpaged.sim.driver`.
 
 Decode (and colocated) instances whose running sequences are all plain
-decodes, and (decode instances) with no request waiting to be admitted, take their steps in jumps (`Engine.fast_forward`), up to the next
-thing due anywhere in the loop: the next arrival or transfer, or the clock of
-the next instance to step, so nothing is routed or submitted in between and
-the outcome is the same as stepping one at a time (the KV events of a jump are
-published at its end, before anything reads them).
+decodes, and (decode instances) with no request waiting to be admitted,
+take their steps in jumps (`Engine.fast_forward`), up to the next thing due
+anywhere in the loop: the next arrival or transfer, or the clock of the next
+instance to step, so nothing is routed or submitted in between and the outcome
+is the same as stepping one at a time (the KV events of a jump are published at
+its end, before anything reads them).
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ class PoolRecord:
     `num_cached_tokens` is the prefix hit where the request was decoded (or
     run, colocated), not counting the blocks it pulled; `prefill_cached_tokens`
     the prefill instance's hit (None when colocated). `pulled_tokens` /
-    `transfer_bytes` are what crossed the link; `transfer_wait_s` the time it waited for the link, `transfer_s` the
-    time on it; `prefill_done` the time (from the request's arrival) its
+    `transfer_bytes` are what crossed the link; `transfer_wait_s` the time it
+    waited for the link, `transfer_s` the time on it; `prefill_done` the time (from the request's arrival) its
     prefill instance sampled its token.
     """
 
