@@ -115,7 +115,8 @@ class EngineBuilder:
             block_size=config.block_size, max_model_len=max_model_len, runner=runner, kv=kv, tiers=tiers,
             scheduler=_scheduler(config, kv, tiers, self.clock, proposer), input_processor=input_processor,
             output_processor=OutputProcessor(lambda: input_processor.tokenizer),
-            calibrate_kv_scales=calibrate_kv_scales, kv_connector=_kv_connector(config, kv, runner, tiers))
+            calibrate_kv_scales=calibrate_kv_scales,
+            kv_connector=_kv_connector(config, kv, runner, tiers, max_model_len))
         if not calibrate_kv_scales:  # the identity is final now (else after calibration or a snapshot's scales)
             tie_disk_tier_to_identity(parts)
         return parts
@@ -139,8 +140,10 @@ def _check_runner(config: EngineConfig, runner: Runner, num_blocks: int) -> None
         raise ValueError(f"the runner's pool has {runner.num_blocks} blocks; the engine's config "
                          f"asks for {num_blocks} (num_blocks / kv_cache_bytes)")
     capabilities = runner.capabilities
-    needs_pool = [name for name, wanted in (("host_cache_bytes", config.host_cache_bytes is not None),
-                                            ("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
+    if config.host_cache_bytes is not None and not capabilities.moves_blocks:
+        raise ValueError(f"host_cache_bytes needs a runner whose blocks the tiers can move (ModelRunner); "
+                         f"got {type(runner).__name__}")
+    needs_pool = [name for name, wanted in (("prefix_cache_snapshot", bool(config.prefix_cache_snapshot)),
                                             ("kv_role", config.kv_role != "none")) if wanted]
     if needs_pool and not capabilities.owns_kv_pool:
         raise ValueError(f"{needs_pool[0]} needs a runner that owns a device KV pool (ModelRunner); "
@@ -148,7 +151,7 @@ def _check_runner(config: EngineConfig, runner: Runner, num_blocks: int) -> None
     if config.speculative_config is not None and not capabilities.verifies_drafts:
         raise ValueError("speculative_config needs the model runner (its step verifies the draft tokens); "
                          f"got {type(runner).__name__}")
-    if jax.process_count() > 1 and needs_pool:
+    if jax.process_count() > 1 and (needs_pool or config.host_cache_bytes is not None):
         raise ValueError("host_cache_bytes, prefix_cache_snapshot and kv_role are single-process only: with "
                          f"{jax.process_count()} processes no process can read a whole pool block")
 
@@ -232,14 +235,16 @@ def _block_bytes(runner) -> int:
     return int(np.prod(runner.kv_block_shape)) * np.dtype(runner.kv_dtype).itemsize
 
 
-def _kv_connector(config: EngineConfig, kv: KVManager, runner, tiers: KVTiers | None):
-    """The KV connector of `config.kv_role` (None for "none"); `_check_runner` has made sure the runner owns
-    a device pool."""
+def _kv_connector(config: EngineConfig, kv: KVManager, runner, tiers: KVTiers | None, max_model_len: int):
+    """The KV connector of `config.kv_role` (None for "none"), its block moves compiled for one request of
+    `max_model_len` tokens; `_check_runner` has made sure the runner owns a device pool."""
     if config.kv_role == "none":
         return None
     from jaxpaged.kv_transfer import PeerKVConnector
     peers = tuple(p.strip() for p in (config.kv_peers or "").split(",") if p.strip())
-    return PeerKVConnector(config.kv_role, kv, runner, tiers.host if tiers is not None else None,
-                           transport=config.kv_transport, listen=config.kv_listen, peers=peers,
-                           outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
-                           serve_delay_s=config.kv_serve_delay_s)
+    connector = PeerKVConnector(config.kv_role, kv, runner, tiers,
+                                transport=config.kv_transport, listen=config.kv_listen, peers=peers,
+                                outbox_blocks=config.kv_outbox_blocks, timeout_s=config.kv_transfer_timeout_s,
+                                serve_delay_s=config.kv_serve_delay_s)
+    connector.warm_up(max_model_len)
+    return connector

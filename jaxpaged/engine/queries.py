@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from jaxpaged.cache import CacheStats, KVEvent
 from jaxpaged.cache.records import CachedBlockInfo
-from jaxpaged.offload.tiers import TierStats
+from jaxpaged.offload.tiers import MissingBlocks, TierStats
 from jaxpaged.router.policies import ReplicaLoad
 from jaxpaged.sequence import SeqStatus
 
@@ -112,6 +112,20 @@ class EngineQueries:
     def cached_prefix_tokens(self, prompt: list[int], cache_salt: str | None = None) -> int:
         """How many of `prompt`'s leading tokens the device prefix cache holds now (read-only: no hit counted)."""
         return self.kv.match_prefix(prompt, cache_salt=cache_salt).num_cached_tokens
+
+    def missing_prompt_blocks(self, prompt: list[int], cache_salt: str | None = None) -> MissingBlocks:
+        """The blocks of `prompt` admission could restore that neither the device cache nor the host tier holds
+        (what a KV connector pulls; `KVTiers.missing_prompt_blocks`). ValueError without a host tier."""
+        if self.tiers is None:
+            raise ValueError("missing_prompt_blocks needs the host tier: set host_cache_bytes")
+        return self.tiers.missing_prompt_blocks(prompt, cache_salt)
+
+    def land_blocks(self, missing: MissingBlocks, blocks: list) -> None:
+        """Put blocks computed elsewhere (`(key, data)`, keys of `missing`) in the host tier, where admission
+        restores them (`KVTiers.land`). ValueError without a host tier."""
+        if self.tiers is None:
+            raise ValueError("land_blocks needs the host tier: set host_cache_bytes")
+        self.tiers.land(missing, blocks)
 
     def cached_block_hashes(self) -> set[bytes]:
         """The hashes of every block in the device prefix cache."""

@@ -32,7 +32,8 @@ from jaxpaged.cache.kv_groups import group_key
 from jaxpaged.kv_transfer.blocks import KVBlockBatch, KVTransferRefused
 from jaxpaged.kv_transfer.outbox import KVOutbox
 from jaxpaged.kv_transfer.transport import KVBlockClient, KVBlockServer, TransferFailed, choose_transport
-from jaxpaged.offload.host_tier import HostBlock, HostKVCache
+from jaxpaged.mathutils import cdiv
+from jaxpaged.offload.tiers import KVTiers, MissingBlocks
 from jaxpaged.sequence import Request
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,8 @@ KV_TRANSPORTS = ("auto", "zmq", "jax")
 
 def pull_order(peers: tuple[str, ...], source: str | None) -> tuple[str, ...]:
     """Whom a decode engine asks for a request's blocks: the engine that prefilled it (the request's
-    ``kv_source``) alone when that is one of ``peers``, else every peer in turn. A source that is not a peer
-    is never dialled (a client must not make the engine connect anywhere it names)."""
+    ``kv_source``) alone when that is one of ``peers``, else every peer (all at once: see ``_pull``). A
+    source that is not a peer is never dialled (a client must not make the engine connect anywhere it names)."""
     return (source,) if source is not None and source in peers else peers
 
 
@@ -64,13 +65,6 @@ class TransferStats:
 
 
 @dataclasses.dataclass
-class _Wanted:
-    keys: list[bytes]
-    meta: dict[bytes, tuple[bytes | None, tuple[int, ...]]]  # key -> (parent hash, block tokens), for events
-    cache_salt: str | None = None  # the request's: its host entries are in its namespace
-
-
-@dataclasses.dataclass
 class _Pulled:
     blocks: list[tuple[bytes, np.ndarray]]
     num_bytes: int
@@ -82,15 +76,15 @@ class _Pulled:
 class PeerKVConnector:
     """A ``KVConnector`` (``jaxpaged.kv_transfer.protocol``) over a block server and a pulling client."""
 
-    def __init__(self, role: str, kv, runner, host: HostKVCache | None, *, transport: str = "auto",
+    def __init__(self, role: str, kv, runner, tiers: KVTiers | None, *, transport: str = "auto",
                  listen: str | None = None, peers: tuple[str, ...] = (), outbox_blocks: int = 1024,
                  timeout_s: float = 10.0, serve_delay_s: float = 0.0):
-        """``kv``: the paged KV manager; ``runner``: owns the pool; ``host``: the tier loads land in."""
+        """``kv``: the paged KV manager; ``runner``: owns the pool; ``tiers``: whose host tier loads land in."""
         if role not in KV_ROLES[1:]:
             raise ValueError(f"kv_role must be one of {KV_ROLES[1:]}, got {role!r}")
         if transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {transport!r}")
-        self.role, self.kv, self.runner, self.host = role, kv, runner, host
+        self.role, self.kv, self.runner, self.tiers = role, kv, runner, tiers
         self.block_size, self.num_groups, self.hash_algo = kv.block_size, kv.num_groups, kv.hash_algo
         self.dtype, self.block_shape = np.dtype(runner.kv_dtype), tuple(runner.kv_block_shape)
         self.identity: bytes | None = None  # set once the pool's fp8 scales are final (set_identity)
@@ -105,11 +99,13 @@ class PeerKVConnector:
                                         offer_timeout_s=timeout_s)
         self.peers = tuple(peers)
         if role in ("decode", "both"):
-            if host is None:
+            if tiers is None:
                 raise ValueError("a decode engine needs the host tier its pulled blocks land in")
             self.client = KVBlockClient(timeout_s)
             self._executor = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kv-pull")
-        self._loads: dict[str, tuple[concurrent.futures.Future, _Wanted]] = {}
+            # one ask per peer per pull, on threads of their own (an ask waits on the network, not the CPU)
+            self._ask_executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="kv-ask")
+        self._loads: dict[str, tuple[concurrent.futures.Future, MissingBlocks]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -125,13 +121,27 @@ class PeerKVConnector:
         """This engine's identity digest (``jaxpaged.snapshot.identity_digest``): sent and required."""
         self.identity = identity
 
+    def warm_up(self, max_model_len: int) -> None:
+        """Compile the block moves this role makes for one request of up to ``max_model_len`` tokens, at every
+        padded count (a prefill engine's outbox gather, a decode engine's scatter of pulled blocks), so no
+        request's TTFT waits for one; with the persistent compile cache a later start only loads them."""
+        max_blocks = cdiv(max_model_len, self.block_size) * self.num_groups
+        start = time.perf_counter()
+        if self.outbox is not None:
+            self.runner.warm_read_blocks(max_blocks)
+        if self.client is not None:
+            self.runner.warm_write_blocks(max_blocks)
+        log.info("KV transfer: block moves of 1..%d blocks compiled in %.1f s", max_blocks,
+                 time.perf_counter() - start)
+
     # ---------------------------------------------------------------- decode side
 
     def start_load(self, request: Request) -> bool:
         """Pull the prompt blocks of ``request`` that nobody here holds; True if the request must wait."""
         if self.client is None or not self.peers or not self.kv.enable_prefix_caching:
             return False
-        wanted = self._wanted(request)
+        wanted = self.tiers.missing_prompt_blocks(request.prompt_token_ids, request.cache_salt)
+        self.stats.blocks_already_held += wanted.num_held
         if not wanted.keys:
             return False
         self.stats.loads += 1
@@ -141,50 +151,47 @@ class PeerKVConnector:
             self._loads[request.request_id] = (future, wanted)
         return True
 
-    def _wanted(self, request: Request) -> _Wanted:
-        """Keys of the blocks admission could restore (all but the last prompt token's) that are not here."""
-        tokens = request.prompt_token_ids
-        num_blocks = max(len(tokens) - 1, 0) // self.block_size
-        hashes = chain_block_hashes(None, tokens[:num_blocks * self.block_size], self.block_size,
-                                    request_extra_keys(request.cache_salt), self.hash_algo)
-        keys, meta = [], {}
-        for j, block_hash in enumerate(hashes):
-            block_tokens = tuple(tokens[j * self.block_size:(j + 1) * self.block_size])
-            for g in range(self.num_groups):
-                key = group_key(block_hash, g)
-                if self.kv.cached_block_id(key) is not None or key in self.host:
-                    self.stats.blocks_already_held += 1
-                    continue
-                keys.append(key)
-                meta[key] = (group_key(hashes[j - 1], g) if j else None, block_tokens)
-        return _Wanted(keys, meta, request.cache_salt)
-
     def _pull(self, keys: list[bytes], peers: tuple[str, ...]) -> _Pulled:
-        """Worker thread: ask each of ``peers`` in turn for the keys still missing; checked blocks only."""
+        """Worker thread: ask every one of ``peers`` at once and take the first answer that holds every key;
+        without one, the checked blocks of every answer that came (a chain's gaps are computed at admission).
+        Each ask ends within the client's timeout, so the whole pull does too; a peer that never answers
+        delays nothing once another has answered in full."""
         start = time.perf_counter()
         pulled = _Pulled([], 0, 0.0)
-        missing = list(keys)
-        for peer in peers:
-            try:
-                batch = self.client.pull(peer, missing)
-                batch.check(self.identity, self.dtype, self.block_shape)
-            except KVTransferRefused as err:
-                log.warning("KV blocks from %s refused: %s", peer, err)
+        asks = [self._ask_executor.submit(self._ask, peer, keys) for peer in peers]
+        answers: list[list[tuple[bytes, np.ndarray]]] = []
+        for ask in concurrent.futures.as_completed(asks):
+            outcome, batch = ask.result()
+            if outcome == "refused":
                 pulled.refused += 1
-                continue
-            except TransferFailed as err:
-                log.warning("KV pull failed, the prompt is computed here: %s", err)
+            elif outcome == "failed":
                 pulled.failed += 1
-                continue
-            blocks = batch.blocks(self.dtype)
-            pulled.blocks.extend(blocks)
-            pulled.num_bytes += batch.num_bytes
-            got = {key for key, _ in blocks}
-            missing = [key for key in missing if key not in got]
-            if not missing:
-                break
+            else:
+                pulled.num_bytes += batch.num_bytes
+                blocks = batch.blocks(self.dtype)
+                if len(blocks) == len(keys):  # a complete answer: the others are not waited for
+                    answers = [blocks]
+                    break
+                answers.append(blocks)
+        seen: set[bytes] = set()
+        for blocks in answers:
+            pulled.blocks.extend((key, block) for key, block in blocks if key not in seen)
+            seen.update(key for key, _ in blocks)
         pulled.seconds = time.perf_counter() - start
         return pulled
+
+    def _ask(self, peer: str, keys: list[bytes]) -> tuple[str, KVBlockBatch | None]:
+        """One peer's answer, checked: ``("ok", batch)``, ``("refused", None)`` or ``("failed", None)``."""
+        try:
+            batch = self.client.pull(peer, keys)
+            batch.check(self.identity, self.dtype, self.block_shape)
+        except KVTransferRefused as err:
+            log.warning("KV blocks from %s refused: %s", peer, err)
+            return "refused", None
+        except TransferFailed as err:
+            log.warning("KV pull from %s failed: %s", peer, err)
+            return "failed", None
+        return "ok", batch
 
     def take_loaded(self) -> list[str]:
         """Requests whose pull ended: their blocks are now in the host tier (or they recompute)."""
@@ -198,9 +205,7 @@ class PeerKVConnector:
                 log.exception("KV pull crashed; the prompt is computed here")
                 self.stats.failed += 1
                 continue
-            for key, block in pulled.blocks:
-                parent, tokens = wanted.meta.get(key, (None, None))
-                self.host.put(key, HostBlock(block, parent, tokens, wanted.cache_salt))
+            self.tiers.land(wanted, pulled.blocks)
             self.stats.blocks_received += len(pulled.blocks)
             self.stats.bytes_received += pulled.num_bytes
             self.stats.pull_seconds += pulled.seconds
@@ -274,3 +279,4 @@ class PeerKVConnector:
             self.server.close()
         if self.client is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._ask_executor.shutdown(wait=False, cancel_futures=True)

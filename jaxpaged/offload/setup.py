@@ -12,7 +12,7 @@ from jaxpaged.offload.tiers import KVTiers
 def build_tiers(config, kv, runner, host_cache_bytes: int | None = None) -> KVTiers | None:
     """The host (+ disk) tier behind `kv` if `config.host_cache_bytes` (or `host_cache_bytes`) is set, else None.
 
-    `runner` must own a device pool (`jaxpaged.runner.KVPoolRunner`): the tiers move its blocks.
+    `runner` must move blocks (`jaxpaged.runner.protocol.BlockMover`): the tiers copy its blocks.
     """
     host_cache_bytes = config.host_cache_bytes or host_cache_bytes
     if host_cache_bytes is None:

@@ -41,6 +41,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from jaxpaged.cache import KVCacheManager, PrefixMatch
+from jaxpaged.cache.hashing import chain_block_hashes, request_extra_keys
 from jaxpaged.cache.events import KVEventLog
 from jaxpaged.cache.kv_groups import NULL_BLOCK, group_key
 from jaxpaged.cache.namespaces import Namespace, salt_in_namespace
@@ -84,6 +85,22 @@ class TierStats:
     transfers_out: int = 0  # device->host transfers (one per step with offloads)
     transfers_in: int = 0
     disk_write_errors: int = 0  # failed disk writes (the first one disables the disk tier)
+
+
+@dataclasses.dataclass
+class MissingBlocks:
+    """The blocks of a prompt computed elsewhere that an engine lacks, and what landing them takes.
+
+    ``keys``: group keys (``group_key(block hash, group)``) in chain order;
+    ``meta``: each key's parent key and block tokens (for the host tier's KV
+    events); ``num_held``: the prompt's blocks (per group) already on the
+    device or the host, which nobody needs to send.
+    """
+
+    keys: list[bytes]
+    meta: dict[bytes, tuple[bytes | None, tuple[int, ...]]]
+    cache_salt: str | None
+    num_held: int
 
 
 class KVTiers:
@@ -152,6 +169,35 @@ class KVTiers:
     def num_swapped_seqs(self) -> int:
         """Sequences whose blocks are held on the host waiting to be swapped in."""
         return len(self._swapped)
+
+    # ---------------------------------------------------------------- blocks computed elsewhere
+
+    def missing_prompt_blocks(self, tokens: list[int], cache_salt: str | None) -> MissingBlocks:
+        """The blocks of ``tokens`` that admission could restore (all but the last token's full blocks, every
+        group's) that neither the device prefix cache nor this host tier holds: what a KV connector pulls.
+        Hashed as admission hashes them (same salt, same function), so namespaces stay apart."""
+        bs = self.block_size
+        num_blocks = max(len(tokens) - 1, 0) // bs
+        hashes = chain_block_hashes(None, tokens[:num_blocks * bs], bs, request_extra_keys(cache_salt),
+                                    self.kv.hash_algo)
+        missing = MissingBlocks([], {}, cache_salt, 0)
+        for j, block_hash in enumerate(hashes):
+            block_tokens = tuple(tokens[j * bs:(j + 1) * bs])
+            for g in range(self.kv.num_groups):
+                key = group_key(block_hash, g)
+                if self.kv.cached_block_id(key) is not None or key in self.host:
+                    missing.num_held += 1
+                    continue
+                missing.keys.append(key)
+                missing.meta[key] = (group_key(hashes[j - 1], g) if j else None, block_tokens)
+        return missing
+
+    def land(self, missing: MissingBlocks, blocks: list[tuple[bytes, np.ndarray | None]]) -> None:
+        """Put ``blocks`` (``(key, data)``, keys of ``missing``) in the host tier: admission restores them
+        (``plan_extension`` -> ``allocate_new``) and commits them like blocks computed here."""
+        for key, data in blocks:
+            parent, tokens = missing.meta.get(key, (None, None))
+            self.host.put(key, HostBlock(data, parent, tokens, missing.cache_salt))
 
     # ---------------------------------------------------------------- restore
 
@@ -249,7 +295,7 @@ class KVTiers:
     def apply(self, runner) -> None:
         """Before the step: dispatch the offload gather, then the restore scatter, on `runner`'s pool.
 
-        `runner` is a `jaxpaged.runner.KVPoolRunner`. The gather's copy to the
+        `runner` is a `jaxpaged.runner.protocol.BlockMover`. The gather's copy to the
         host overlaps the step; :meth:`finish` lands it.
         """
         if self._outgoing:

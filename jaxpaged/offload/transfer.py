@@ -3,11 +3,15 @@
 Block data travels as one array per block ``[2, num_layers, num_kv_heads,
 block_size, head_dim]`` (K then V) in the pool's dtype; fp8 blocks stay fp8,
 so a host copy costs what the device block costs. Block-id vectors are padded
-to powers of two so the number of compiled shapes stays small.
+to powers of two so the number of compiled shapes stays small; each new
+padded count (per pool shape) traces and compiles once in a process
+(:func:`transfer_traces` counts them), which is why a KV-transfer engine
+warms every count it will need at start.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import jax
@@ -18,6 +22,21 @@ from jaxtyping import Array, Int
 from jaxpaged.kv_pool.pool import KVPool
 from jaxpaged.mathutils import next_power_of_two
 
+_traces: collections.Counter[str] = collections.Counter()  # bumped while tracing: once per compiled shape
+
+
+def transfer_traces() -> dict[str, int]:
+    """How often this process traced the block gather and the block scatter (``{"gather": n, "scatter": m}``):
+    once per new padded block count and pool shape, i.e. per compile or persistent-cache load."""
+    return {"gather": _traces["gather"], "scatter": _traces["scatter"]}
+
+
+def padded_counts(max_blocks: int) -> list[int]:
+    """Every padded block count a transfer of 1..``max_blocks`` blocks can compile: the powers of two up to
+    ``next_power_of_two(max_blocks)``."""
+    top = next_power_of_two(max_blocks)
+    return [1 << i for i in range(top.bit_length())]
+
 
 def _padded(ids: list[int], fill: int) -> np.ndarray:
     out = np.full(next_power_of_two(len(ids)), fill, np.int32)
@@ -27,6 +46,7 @@ def _padded(ids: list[int], fill: int) -> np.ndarray:
 
 @jax.jit
 def _gather(pool: KVPool, block_ids: Int[Array, "P"]) -> Array:
+    _traces["gather"] += 1
     k = jnp.stack([pages[:, block_ids] for pages in pool.k])  # [L, Hkv, P, B, D]
     v = jnp.stack([pages[:, block_ids] for pages in pool.v])
     return jnp.moveaxis(jnp.stack([k, v]), 3, 0)  # [P, 2, L, Hkv, B, D]
@@ -34,6 +54,7 @@ def _gather(pool: KVPool, block_ids: Int[Array, "P"]) -> Array:
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _scatter(pool: KVPool, block_ids: Int[Array, "P"], data: Array) -> KVPool:
+    _traces["scatter"] += 1
     data = jnp.moveaxis(data, 0, 3)  # [2, L, Hkv, P, B, D]
     k = tuple(pages.at[:, block_ids].set(data[0, i], mode="drop") for i, pages in enumerate(pool.k))
     v = tuple(pages.at[:, block_ids].set(data[1, i], mode="drop") for i, pages in enumerate(pool.v))

@@ -40,7 +40,7 @@ from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_
 from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import DecoderModel
-from jaxpaged.offload.transfer import finish_gather, scatter_blocks, start_gather
+from jaxpaged.offload.transfer import finish_gather, padded_counts, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
 from jaxpaged.runner.input_batch import InputBatch
@@ -192,7 +192,7 @@ class _PendingBlocks:
 class ModelRunner:
     """Runs steps of one model over one paged pool (implements `KVPoolRunner`)."""
 
-    capabilities = RunnerCapabilities(verifies_drafts=True, owns_kv_pool=True)
+    capabilities = RunnerCapabilities(verifies_drafts=True, moves_blocks=True, owns_kv_pool=True)
 
     def __init__(
         self,
@@ -504,6 +504,18 @@ class ModelRunner:
         """Overwrite the given pool blocks with host data, in one transfer and one donated scatter."""
         physical = [self._physical_block(np.asarray(b).astype(self.kv_dtype, copy=False)) for b in blocks]
         self._pool = scatter_blocks(self._pool, list(block_ids), physical)
+
+    def warm_read_blocks(self, max_blocks: int) -> None:
+        """Compile the block gather for every padded count up to `max_blocks` blocks (reads block 0)."""
+        for count in padded_counts(max_blocks):
+            self.start_read_blocks([0] * count)  # the compile happens at dispatch; the copy is not waited for
+
+    def warm_write_blocks(self, max_blocks: int) -> None:
+        """Compile the block scatter for every padded count up to `max_blocks` blocks; writes nothing (every
+        id is out of range, and the scatter drops out-of-range rows as it drops its padding)."""
+        block = np.zeros(self.kv_block_shape, self.kv_dtype)
+        for count in padded_counts(max_blocks):
+            self.write_blocks([self.num_blocks] * count, [block] * count)
 
     def _logical_block(self, block: np.ndarray) -> np.ndarray:
         return block if self.tp is None else self.tp.to_logical_heads(block, axis=2)

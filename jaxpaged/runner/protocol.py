@@ -6,8 +6,9 @@ steps (`jaxpaged.bench.offline.timing.TimedRunner`, `jaxpaged.sim.validate.Recor
 
 What only some runners can do is declared, never probed: every runner has
 `capabilities` (`RunnerCapabilities`), and a flag there says the runner
-implements the matching protocol below (`owns_kv_pool`: `KVPoolRunner`,
-`predictable_steps`: `PredictableRunner`, `counts_device_time`: `DeviceTimeRunner`).
+implements the matching protocol below (`moves_blocks`: `BlockMover`,
+`owns_kv_pool`: `KVPoolRunner`, `predictable_steps`: `PredictableRunner`,
+`counts_device_time`: `DeviceTimeRunner`).
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ class RunnerCapabilities:
     computes_logits: bool = True  # real logits per row: prompt logprobs, top logprobs, beam search
     samples_under_token_masks: bool = True  # honours structured output's token masks when it samples
     verifies_drafts: bool = False  # its step checks speculative draft tokens against the model
-    owns_kv_pool: bool = False  # implements `KVPoolRunner`: lower tiers, snapshots, fp8 scales, KV transfer
+    moves_blocks: bool = False  # implements `BlockMover`: the lower tiers (host, disk) move its blocks
+    owns_kv_pool: bool = False  # implements `KVPoolRunner` (and `BlockMover`): snapshots, fp8 scales, KV transfer
     predictable_steps: bool = False  # implements `PredictableRunner`: the engine may fast-forward decodes
     counts_device_time: bool = False  # implements `DeviceTimeRunner`: busy and wait seconds
 
     def of_steps(self) -> RunnerCapabilities:
         """What a wrapper that forwards only `execute_model` (a timer, a recorder) can do: its steps' own
         capabilities, none of the pool, prediction or timing members it does not forward."""
-        return dataclasses.replace(self, owns_kv_pool=False, predictable_steps=False, counts_device_time=False)
+        return dataclasses.replace(self, moves_blocks=False, owns_kv_pool=False, predictable_steps=False,
+                                   counts_device_time=False)
 
 
 class Runner(Protocol):
@@ -77,16 +80,16 @@ class PendingBlocks(Protocol):
         ...
 
 
-class KVPoolRunner(Runner, Protocol):
-    """A runner that owns a device KV pool: block transfers, fp8 scales, weights for fingerprints.
+class BlockMover(Runner, Protocol):
+    """A runner whose pool blocks the lower tiers copy to the host and back (`jaxpaged.offload.KVTiers`).
 
-    The one owner of the pool arrays: the lower tiers, snapshots and fp8
-    calibration change the pool only through these methods.
+    The model runner moves real K/V; the simulator's decode-side runner
+    (`jaxpaged.sim.pulled_kv`) moves blocks that carry no data, so a
+    simulated engine keeps a host tier by the same rules.
     """
 
     kv_dtype: np.dtype
     kv_block_shape: tuple[int, ...]  # one block: (2, pool tensors (num_layers unless KV cache groups), num_kv_heads, block_size, head_dim)
-    params: object
 
     def start_read_blocks(self, block_ids: Sequence[int]) -> PendingBlocks:
         """Dispatch a copy of the given blocks to the host (ordered after steps already dispatched)."""
@@ -98,6 +101,24 @@ class KVPoolRunner(Runner, Protocol):
 
     def write_blocks(self, block_ids: Sequence[int], blocks: Sequence[np.ndarray]) -> None:
         """Overwrite the given pool blocks with host data (one array per block)."""
+        ...
+
+
+class KVPoolRunner(BlockMover, Protocol):
+    """A runner that owns a device KV pool: block transfers, fp8 scales, weights for fingerprints.
+
+    The one owner of the pool arrays: the lower tiers, snapshots and fp8
+    calibration change the pool only through these methods.
+    """
+
+    params: object
+
+    def warm_read_blocks(self, max_blocks: int) -> None:
+        """Compile `start_read_blocks` for every padded count up to `max_blocks` blocks (changes nothing)."""
+        ...
+
+    def warm_write_blocks(self, max_blocks: int) -> None:
+        """Compile `write_blocks` for every padded count up to `max_blocks` blocks (writes nothing)."""
         ...
 
     def kv_scales(self) -> tuple[np.ndarray, np.ndarray]:

@@ -14,17 +14,21 @@ A disaggregated request goes:
 1. to a prefill instance (routed at its arrival), which computes the prompt
    and samples one token (`max_tokens=1`); its blocks stay in that
    instance's prefix cache;
-2. to a decode instance, routed when the prefill finishes. The decode
-   instance already caches some of the prompt's full blocks (its prefix cache,
-   looked up then); the others' K/V cross the link (`jaxpaged.sim.kv_link`):
-   ``bytes = block_bytes x (full blocks not cached there)``, taking
-   ``bytes / kv_shards / bandwidth_per_device`` after the link is free;
-3. when the transfer is done it is submitted to the decode instance with its
-   original arrival time. The decode engine admits it like any request and
-   computes the tail of the prompt after its last full block (at least its last
-   token) in one step; the pulled positions cost nothing there
-   (`jaxpaged.sim.pulled_kv`). That step samples the first token the client
-   sees, and the decode instance generates the rest.
+2. to a decode instance, routed when the prefill finishes. What crosses the
+   link is what the real KV connector pulls (`KVTiers.missing_prompt_blocks`,
+   `jaxpaged.kv_transfer`): the prompt's full blocks (all but the last
+   token's) that neither the instance's device prefix cache nor its host tier
+   holds then, ``bytes = block_bytes x blocks``, taking
+   ``bytes / kv_shards / bandwidth_per_device`` after the link is free
+   (`jaxpaged.sim.kv_link`);
+3. when the transfer is done the blocks land in the decode instance's host
+   tier (`KVTiers.land`, as the connector lands them) and the request is
+   submitted with its original arrival time. Admission restores them through
+   the manager's one path for blocks computed elsewhere (`plan_extension` ->
+   `allocate_new`) and commits them, so the step computes only the prompt's
+   tail after its last full block (at least its last token), and later
+   requests hit them (`jaxpaged.sim.pulled_kv`). That step samples the first
+   token the client sees, and the decode instance generates the rest.
 
 So a request's TTFT is its prefill-side queueing and prefill, the transfer
 (with its wait for the link), the decode-side queueing and that first decode
@@ -33,12 +37,12 @@ to the client. Multiturn turns arrive after the previous turn finished, as in
 `jaxpaged.sim.driver`.
 
 Decode (and colocated) instances whose running sequences are all plain
-decodes, and (decode instances) with no pulled request waiting to be
-admitted, take their steps in jumps (`Engine.fast_forward`), up to the next
-thing due anywhere in the loop: the next arrival or transfer, or the clock of
-the next instance to step, so nothing is routed or submitted in between and
-the outcome is the same as stepping one at a time (the KV events of a jump are
-published at its end, before anything reads them).
+decodes, and (decode instances) with no request waiting to be admitted,
+take their steps in jumps (`Engine.fast_forward`), up to the next thing due
+anywhere in the loop: the next arrival or transfer, or the clock of the next
+instance to step, so nothing is routed or submitted in between and the outcome
+is the same as stepping one at a time (the KV events of a jump are published at
+its end, before anything reads them).
 """
 
 from __future__ import annotations
@@ -50,13 +54,14 @@ import time
 
 import numpy as np
 
+from jaxpaged.cache.kv_groups import kv_cache_layout
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.router import RequestHasher, Router, make_policy
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.driver import RequestRecord, make_sim_engine
 from jaxpaged.sim.gc_tuning import collect_cycles_rarely
 from jaxpaged.sim.kv_link import KVLink, LinkSchedule
-from jaxpaged.sim.pulled_kv import PulledKVRunner
+from jaxpaged.sim.pulled_kv import NO_DATA_BLOCK_SHAPE, PulledKVRunner
 from jaxpaged.sim.runner import SimulatedRunner
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, Attainment, attainment
@@ -103,10 +108,10 @@ class PoolRecord:
     """What the simulation keeps of one finished request (simulated seconds).
 
     `num_cached_tokens` is the prefix hit where the request was decoded (or
-    run, colocated); `prefill_cached_tokens` the prefill instance's hit (None
-    when colocated). `pulled_tokens` / `transfer_bytes` are what crossed the
-    link; `transfer_wait_s` the time it waited for the link, `transfer_s` the
-    time on it; `prefill_done` the time (from the request's arrival) its
+    run, colocated), not counting the blocks it pulled; `prefill_cached_tokens`
+    the prefill instance's hit (None when colocated). `pulled_tokens` /
+    `transfer_bytes` are what crossed the link; `transfer_wait_s` the time it
+    waited for the link, `transfer_s` the time on it; `prefill_done` the time (from the request's arrival) its
     prefill instance sampled its token.
     """
 
@@ -248,12 +253,14 @@ def _gaps(token_times: list[float]) -> tuple[float | None, float | None]:
 
 
 def decode_engine_config(deployment: Deployment):
-    """A decode instance's engine settings: a token budget that holds any whole prompt plus a decode per
-    sequence, so a pulled prompt's remaining tail is computed in the step that admits it."""
+    """A decode instance's engine settings: a host tier of one pool's worth, where pulled blocks land (a real
+    decode engine's default; `PulledKVRunner`'s blocks are one byte each), and a token budget that holds any
+    whole prompt plus a decode per sequence, so a prompt whose blocks were lost is computed in one step."""
     config = deployment.engine_config()
     longest = min(deployment.model_config.max_position_embeddings, config.num_blocks * deployment.block_size)
     return dataclasses.replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens,
-                                                                  longest + config.max_num_seqs))
+                                                                  longest + config.max_num_seqs),
+                               host_cache_bytes=config.num_blocks * int(np.prod(NO_DATA_BLOCK_SHAPE)))
 
 
 @collect_cycles_rarely()
@@ -275,8 +282,9 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
         back = _Pool("decode", pools.decode, deployment, decode_engine_config(deployment), policy,
                      pools.prefill, PulledKVRunner)
     bs = deployment.block_size
-    bytes_per_token = deployment.block_bytes() / bs
+    block_bytes = deployment.block_bytes()
     kv_shards = deployment.model_config.kv_shards(deployment.tensor_parallel_size)
+    num_groups = kv_cache_layout(deployment.model_config.layer_windows).num_groups
     links = LinkSchedule()
 
     later_turns: dict[str, dict[int, WorkloadRequest]] = {}
@@ -296,6 +304,7 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
     prompts: dict[str, tuple[WorkloadRequest, list[int]]] = {}
     handed_off: dict[str, dict] = {}  # request id -> what its prefill and transfer left for its record
     records: list[PoolRecord] = []
+    recomputed = 0  # full-block prompt tokens decode instances computed
 
     def submit(instance: _Instance, now: float, r: WorkloadRequest, prompt: list[int], max_tokens: int) -> None:
         instance.clock.advance_to(now)  # an idle instance's device waited until now
@@ -308,27 +317,31 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
     def hand_off(now: float, source: _Instance, r: WorkloadRequest, prompt: list[int], out) -> None:
         """The prefill finished at `now`: pick the decode instance and book the transfer of what it lacks."""
         target = back.route(now, prompt, r.cache_salt)
-        hit = target.engine.cached_prefix_tokens(prompt, r.cache_salt)
-        full = (len(prompt) - 1) // bs * bs  # the last token is always computed where it is decoded
-        pulled = max(full - hit, 0)
-        num_bytes = pulled * bytes_per_token
+        missing = target.engine.missing_prompt_blocks(prompt, r.cache_salt)  # what the real connector pulls
+        num_bytes = len(missing.keys) * block_bytes
         start, end = links.reserve(("prefill", source.index), ("decode", target.index), now,
                                    link.transfer_seconds(num_bytes, kv_shards))
         handed_off[r.request_id] = dict(
             prefill_instance=source.index, prefill_cached_tokens=out.num_cached_tokens,
-            prefill_done=now - r.arrival_time, pulled_tokens=pulled, transfer_bytes=num_bytes,
-            transfer_wait_s=start - now, transfer_s=end - start, num_preemptions=out.metrics.num_preemptions)
+            prefill_done=now - r.arrival_time, pulled_tokens=len(missing.keys) * bs // num_groups,
+            transfer_bytes=num_bytes, transfer_wait_s=start - now, transfer_s=end - start,
+            num_preemptions=out.metrics.num_preemptions)
         nonlocal order
         order += 1
-        heapq.heappush(due, (end, order, _HANDOFF, (r, prompt, target, hit, max(full, hit))))
+        heapq.heappush(due, (end, order, _HANDOFF, (r, prompt, target, missing)))
 
     def finish(instance: _Instance, now: float, out) -> None:
+        nonlocal recomputed
         r, prompt = prompts.pop(out.request_id)
         m = out.metrics
         extra = handed_off.pop(r.request_id, {})
         preemptions = m.num_preemptions + extra.pop("num_preemptions", 0)
+        cached = out.num_cached_tokens  # at admission: device hits and host-tier restores, pulled blocks included
+        if back is not None:  # what the decode instance had or pulled and still computed: evicted meanwhile
+            recomputed += max((len(prompt) - 1) // bs * bs - cached, 0)
+            cached = max(cached - extra["pulled_tokens"], 0)
         records.append(PoolRecord(r.request_id, m.arrival_time, m.ttft, m.e2e_latency, m.tpot, *_gaps(m.token_times),
-                                  len(prompt), out.num_cached_tokens, preemptions, instance.index, **extra))
+                                  len(prompt), cached, preemptions, instance.index, **extra))
         if r.conversation_id is not None:
             history.record(r, prompt, out.outputs[0].token_ids)
             nxt = later_turns.get(r.conversation_id, {}).pop(r.turn + 1, None)
@@ -347,16 +360,17 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
                 submit(front.route(now, prompt, r.cache_salt), now, r, prompt,
                        1 if back is not None else r.max_tokens)
             else:
-                r, prompt, target, start, end = payload
-                target.runner.expect_pull(r.request_id, start, end)
+                r, prompt, target, missing = payload
+                target.engine.land_blocks(missing, [(key, None) for key in missing.keys])  # no data: simulated
                 submit(target, now, r, prompt, r.max_tokens)
             continue
         _, _, instance = heapq.heappop(busy)
         engine = instance.engine
         num_steps = 0
-        # a jump admits waiting requests at the cost model's full price: not while a pulled prompt waits
+        # a jump admits waiting requests at the cost model's full price: not while a pulled prompt waits (its blocks
+        # are restored at admission)
         if (decode_fast_forward and instance.pool.role != "prefill" and not instance.skip_fast_forward
-                and not (instance.pool is back and instance.runner.num_pending_pulls)):
+                and not (instance.pool is back and engine.load().num_waiting)):
             until = min(due[0][0] if due else math.inf, busy[0][0] if busy else math.inf)
             num_steps, finished = engine.fast_forward(until=until, stop_after=has_next_turn)
             if 0 < num_steps < _FAST_FORWARD_MIN_STEPS:
@@ -382,5 +396,4 @@ def simulate_pools(deployment: Deployment, pools: Pools, requests: list[Workload
             instance.busy = False
     first = min((rec.arrival_time for rec in records), default=0.0)
     last = max((rec.arrival_time + rec.e2e_latency for rec in records), default=0.0)
-    recomputed = sum(i.runner.recomputed_tokens for i in back.instances) if back is not None else 0
     return PoolsResult(pools, records, last - first, time.perf_counter() - wall_start, recomputed)

@@ -8,11 +8,13 @@ engine's block server answers pulls on its own thread.
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 
 from jaxpaged.bench.online.server_process import free_port
 from jaxpaged.engine import Engine, EngineConfig
 from jaxpaged.model import init_model
+from jaxpaged.offload.transfer import transfer_traces
 from jaxpaged.sampling_params import SamplingParams
 
 BS = 4
@@ -90,6 +92,19 @@ def test_greedy_tokens_equal_colocated_and_only_missing_blocks_are_pulled(prefil
     assert got["b"].num_cached_tokens == 5 * BS and got["c"].num_cached_tokens == 2 * BS
     decode.kv.check_invariants()
     assert decode.kv.stats.num_used_blocks == 0
+
+
+def test_block_moves_of_every_count_one_request_needs_were_compiled_at_start(prefill, decode):
+    """Each engine compiled its block moves before its first request (the hop above compiled nothing new
+    either: its greedy tokens are the colocated engine's): a prefill engine's outbox gather and a decode
+    engine's scatter of any count of blocks up to one request's compile nothing now."""
+    max_blocks = -(-decode.max_model_len // BS)  # one KV cache group
+    traces = transfer_traces()
+    block = np.zeros(decode.runner.kv_block_shape, decode.runner.kv_dtype)
+    for count in range(1, max_blocks + 1):
+        assert len(prefill.runner.read_blocks([0] * count)) == count
+        decode.runner.write_blocks([decode.runner.num_blocks] * count, [block] * count)  # out of range: dropped
+    assert transfer_traces() == traces
 
 
 def test_cache_salt_isolation_holds_across_the_hop(prefill, decode, reference):
@@ -181,11 +196,12 @@ def test_a_sliding_window_model_moves_each_groups_blocks(tiny_config):
     prefill.shutdown()
 
 
-def test_decode_pulls_from_the_engine_its_request_names_not_its_peers_in_order(tiny_model, prefill, reference):
-    """The first peer never answers: asking it would fail the pull after the timeout (counted in `failed`)."""
+def test_decode_pulls_from_the_engine_its_request_names_else_asks_every_peer_at_once(tiny_model, prefill, reference):
+    """The first peer never answers: waiting for it would fail the pull after the timeout (counted in
+    `failed`)."""
     dead = f"tcp://127.0.0.1:{free_port()}"
     decode = Engine(_config(kv_role="decode", kv_peers=f"{dead},{prefill.kv_connector.address}",
-                            kv_transfer_timeout_s=0.5), model=tiny_model)
+                            kv_transfer_timeout_s=5.0), model=tiny_model)
     prompt = list(range(110, 110 + 3 * BS + 1))
     _run(prefill, [("n", prompt, None)], params=PREFILL_ONLY)
     named = dataclasses.replace(GREEDY, kv_source=prefill.kv_connector.address)
@@ -193,4 +209,11 @@ def test_decode_pulls_from_the_engine_its_request_names_not_its_peers_in_order(t
     stats = decode.kv_connector.stats
     assert stats.failed == 0 and stats.blocks_received == 3 and got["n"].num_cached_tokens == 3 * BS
     assert _tokens(got, "n") == _tokens(_run(reference, [("n", prompt, None)]), "n")
+    # no kv_source: every peer is asked at once and the prefill engine's complete answer is taken without
+    # waiting for the dead peer (asked first in turn, its timeout would have counted one failed pull)
+    prompt = list(range(130, 130 + 3 * BS + 1))
+    _run(prefill, [("u", prompt, None)], params=PREFILL_ONLY)
+    got = _run(decode, [("u", prompt, None)])
+    assert stats.failed == 0 and stats.blocks_received == 6 and got["u"].num_cached_tokens == 3 * BS
+    assert _tokens(got, "u") == _tokens(_run(reference, [("u", prompt, None)]), "u")
     decode.shutdown()

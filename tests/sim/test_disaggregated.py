@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import random
 
 import pytest
 
@@ -10,7 +11,6 @@ from jaxpaged.sim.cluster import simulate_cluster
 from jaxpaged.sim.disaggregated import Pools, simulate_pools
 from jaxpaged.sim.driver import make_sim_engine, simulate
 from jaxpaged.sim.kv_link import KVLink, LinkSchedule
-from jaxpaged.sim.pulled_kv import uncovered_chunks
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO, attainment
 from jaxpaged.sim.traces import load_trace, trace_workload
@@ -97,6 +97,43 @@ def test_decode_side_pulls_only_the_blocks_it_does_not_cache():
     assert result.decode_recomputed_tokens == 0
 
 
+def test_pulls_follow_the_connectors_rule_against_a_plain_model_of_what_the_decode_side_holds():
+    """Requests one after another, prompts drawn from a few shared prefixes: each pulls exactly its full
+    blocks (all but the last token's) that no earlier prompt left on the decode side (the pool holds them all
+    here), and its local hit is the rest; nothing crosses twice."""
+    rng = random.Random(3)
+    prefixes = [[rng.randrange(1, 200) for _ in range(3 * BS)] for _ in range(3)]
+    prompts = [rng.choice(prefixes)[:rng.randrange(BS, 3 * BS + 1)] + [rng.randrange(1, 200)
+                                                                      for _ in range(rng.randrange(1, 2 * BS))]
+               for _ in range(12)]
+    requests = [WorkloadRequest(f"r{i:02d}", p, 2, arrival_time=10.0 * i) for i, p in enumerate(prompts)]
+    result = simulate_pools(TINY, Pools(prefill=1, decode=1), requests, link=LINK)
+    held: set[tuple[int, ...]] = set()  # a block is its whole prefix (the chain its hash commits to)
+    for record, prompt in zip(sorted(result.records, key=lambda r: r.request_id), prompts):
+        restorable = [tuple(prompt[:(j + 1) * BS]) for j in range((len(prompt) - 1) // BS)]
+        missing = [block for block in restorable if block not in held]
+        assert record.pulled_tokens == len(missing) * BS
+        assert record.num_cached_tokens == (len(restorable) - len(missing)) * BS
+        held.update(tuple(prompt[:(j + 1) * BS]) for j in range(len(prompt) // BS))  # computed, then cached
+    assert result.decode_recomputed_tokens == 0
+
+
+def test_a_prefix_pushed_to_the_decode_sides_host_tier_is_not_pulled_again():
+    """A pool of 12 blocks: the second prompt evicts the first one's blocks from the decode device into its
+    host tier (a pool's worth, as a real decode engine's); the first prompt again pulls nothing and is restored."""
+    small = dataclasses.replace(TINY, kv_cache_bytes=12 * BS * 256)
+    first = list(range(1, 8 * BS + 2))  # 8 full blocks and one token
+    other = list(range(100, 100 + 8 * BS + 1))
+    requests = [WorkloadRequest("a", first, 2), WorkloadRequest("b", other, 2, arrival_time=10.0),
+                WorkloadRequest("c", first, 2, arrival_time=20.0)]
+    result = simulate_pools(small, Pools(prefill=1, decode=1), requests, link=LINK)
+    a, b, c = sorted(result.records, key=lambda r: r.request_id)
+    assert a.pulled_tokens == b.pulled_tokens == 8 * BS
+    assert c.pulled_tokens == 0 and c.transfer_bytes == 0 and c.num_cached_tokens == 8 * BS
+    assert c.ttft < a.ttft  # no transfer: the blocks came back from the host tier
+    assert result.decode_recomputed_tokens == 0
+
+
 @pytest.mark.parametrize("tbt_stat", ["mean", "p90", "max"])
 def test_slo_attainment_and_goodput_match_a_recount_of_the_records(tbt_stat):
     result = simulate_pools(TINY, Pools(prefill=1, decode=2), _requests("chatbot", 40, rate=300.0), link=LINK)
@@ -170,17 +207,6 @@ def test_disaggregated_multiturn_finishes_every_turn():
     later = [r for r in result.records if not r.request_id.endswith("-t0")]
     assert sum(r.num_cached_tokens for r in later) > 0  # later turns find their history on the decode side
     assert all(math.isfinite(r.ttft) and r.ttft >= r.prefill_done + r.transfer_s for r in result.records)
-
-
-def test_uncovered_chunks_against_a_set_of_positions():
-    for start in range(0, 6):
-        for n in range(1, 6):
-            for a in range(0, 8):
-                for b in range(a, 9):
-                    pieces = uncovered_chunks(n, start, (a, b))
-                    expected = [p for p in range(start, start + n) if not a <= p < b]
-                    assert [p for k, s in pieces for p in range(s, s + k)] == expected
-                    assert all(k > 0 for k, _ in pieces)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -11,8 +11,8 @@ the start) with long prompts arriving while they run (short outputs). Per
 class: TTFT and TPOT p50/p99 and the decodes' worst inter-token gap (the stall
 a long prompt causes a colocated engine).
 
-Warm-up: the workload on other prompts, repeated (up to ``MAX_WARMUP_RUNS``)
-until a run compiles no new step shape; the step shapes the engines still
+Warm-up: the workload on other prompts, repeated (up to ``max_warmup_runs``,
+``MAX_WARMUP_RUNS`` by default) until a run compiles no new step shape; the step shapes the engines still
 compile during the timed run are counted (``compiles``): a TTFT that includes
 a compile says so. A disaggregated engine sees other step shapes than a
 colocated one (its requests arrive one by one, each after its pull), which
@@ -95,7 +95,7 @@ def _serve_args(model: str, kv_budget_tokens: int, max_model_len: int) -> list[s
 
 
 def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
-                   max_model_len: int, transport: str | None = None) -> dict:
+                   max_model_len: int, transport: str | None = None, max_warmup_runs: int = MAX_WARMUP_RUNS) -> dict:
     """Start ``name``'s processes, run the workload on other prompts (warm-up), then timed, and stop them."""
     requests, offsets = workload.requests()
     base = _serve_args(model, kv_budget_tokens, max_model_len)
@@ -117,7 +117,7 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
                                      stderr=subprocess.DEVNULL)
             url = f"http://127.0.0.1:{port}"
             _wait_healthy(url)
-        warmup_runs = _warm_up(url, model, workload, servers)
+        warmup_runs = _warm_up(url, model, workload, servers, max_warmup_runs)
         compiled = _step_shapes(servers)
         results, duration = run_requests(url, model, requests, offsets)
         compiles = _step_shapes(servers) - compiled
@@ -131,12 +131,16 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
             "long": class_metrics(results, "long-"), "decode": class_metrics(results, "decode-")}
 
 
-def _warm_up(url: str, model: str, workload: DisaggWorkload, servers: Sequence[ServerProcess]) -> int:
-    """The workload on other prompts until a run compiles no new step shape (at most MAX_WARMUP_RUNS runs)."""
-    for run in range(1, MAX_WARMUP_RUNS + 1):
+def _warm_up(url: str, model: str, workload: DisaggWorkload, servers: Sequence[ServerProcess],
+             max_runs: int) -> int:
+    """The workload on other prompts until a run compiles no new step shape (at most ``max_runs`` runs)."""
+    for run in range(1, max_runs + 1):
         before = _step_shapes(servers)
         warmup, warmup_offsets = dataclasses.replace(workload, seed=workload.seed + 1000 * run).requests()
         run_requests(url, model, warmup, warmup_offsets)
+        if not _step_shapes(servers):  # every engine logs each shape it compiles or loads: none means no log
+            raise RuntimeError("the servers logged no step shape: their engine cores' INFO logs are missing, "
+                               "so compiles cannot be counted")
         if _step_shapes(servers) == before:
             break
     return run

@@ -16,7 +16,8 @@ import dataclasses
 import os
 import platform
 
-from jaxpaged.bench.online.disagg import DisaggWorkload, disagg_table, measure_transport, run_deployment
+from jaxpaged.bench.online.disagg import (MAX_WARMUP_RUNS, DisaggWorkload, disagg_table, measure_transport,
+                                          run_deployment)
 from jaxpaged.bench.options import option
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.pretrained import default_model_path
@@ -30,6 +31,8 @@ class DisaggBenchOptions:
     transports: tuple[str, ...] = option(("zmq", "jax"), "transports to measure (zmq, jax)", choices=["zmq", "jax"])
     transport_blocks: int = option(256, "blocks in the bandwidth pull", at_least=1)
     repeats: int = option(20, "pulls per transport measurement (medians)", at_least=1)
+    max_warmup_runs: int = option(MAX_WARMUP_RUNS, "warm-up runs at most per deployment (each until a run "
+                                  "compiles no new step shape)", at_least=1)
     skip_serving: bool = option(False, "measure the transports only")
     skip_transports: bool = option(False, "measure the deployments only")
 
@@ -48,7 +51,8 @@ def main(argv):
     o, workload, model = COMMAND.options(), COMMAND.options(DisaggWorkload), COMMAND.engine_value("model")
     serving = []
     if not o.skip_serving:
-        common = dict(kv_budget_tokens=o.kv_budget_tokens, max_model_len=COMMAND.engine_value("max_model_len"))
+        common = dict(kv_budget_tokens=o.kv_budget_tokens, max_model_len=COMMAND.engine_value("max_model_len"),
+                      max_warmup_runs=o.max_warmup_runs)
         serving.append(run_deployment("colocated", model, workload, **common))
         for transport in o.transports:
             serving.append(run_deployment(f"1 prefill + 1 decode ({transport})", model, workload,

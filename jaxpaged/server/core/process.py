@@ -66,7 +66,8 @@ def build_engine(spec: CoreSpec) -> Engine:
 
 def run_core(spec: CoreSpec, address: str) -> None:
     """Process entry point: build the engine, bind `address`, serve until SIGTERM or a failure."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s core %(levelname)s %(message)s")
+    # force: an import before this one (orbax, through absl) may have configured the root logger at WARNING
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s core %(levelname)s %(message)s", force=True)
     from jaxpaged.metrics import attach_metrics
     multi_process = spec.distributed is not None and distributed.initialize(*spec.distributed)
     engine = build_engine(spec)
