@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from jaxpaged import compile_cache  # noqa: E402
 from jaxpaged.config import load_config  # noqa: E402
 from jaxpaged.model import init_model  # noqa: E402
-from tests.module_order import longest_first  # noqa: E402
+from tests.module_order import longest_first, make_scheduler  # noqa: E402
 from tests.suite_cache import SUITE_CACHE  # noqa: E402
 
 os.environ[compile_cache.ENV_DIR] = str(SUITE_CACHE)
@@ -39,6 +39,12 @@ def pytest_configure(config):
     # xdist's controller would re-sort modules by their number of tests; keep the collected order instead
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Modules sharing minutes of session fixtures go to one worker (tests/module_order.py)."""
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -13,6 +13,10 @@ full run before them, longest first; a full quiet run should refine it. A
 module not listed keeps xdist's own rule (more tests first), after the listed
 ones. Re-measure with `pytest -n 2 --dist loadfile --durations=0` when a module
 grows past the last listed one.
+
+`SAME_WORKER` puts modules that share expensive session fixtures into one
+work unit (`make_scheduler`, xdist's `pytest_xdist_make_scheduler` hook in
+tests/conftest.py), so one worker builds those fixtures once.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from __future__ import annotations
 import collections
 
 LONGEST_MODULES = [
-    "tests/kernels/test_ragged_paged_attention_mgpu.py",
     "tests/pretrained/test_smollm2.py",
     "tests/pretrained/test_real_model_references.py",
+    "tests/parallel/test_tensor_parallel.py",
+    "tests/kernels/test_ragged_paged_attention_mgpu.py",
     "tests/structured/test_structured_server.py",
     "tests/server/test_request_limits.py",
     "tests/kernels/test_chunked_xla_attention.py",
@@ -31,10 +36,33 @@ LONGEST_MODULES = [
     "tests/kv_transfer/test_disagg_replicas.py",
     "tests/kernels/test_ragged_paged_attention.py",
     "tests/server/test_openai_server.py",
-    "tests/parallel/test_tensor_parallel.py",
     "tests/server/test_http_fuzz.py",
     "tests/parallel/test_multihost.py",
 ]
+
+
+# Modules that share session fixtures worth minutes: one work unit, so one worker loads them once. The two
+# pretrained modules share a live server on the real model, transformers' model of it and its tokenizer
+# (tests/pretrained/conftest.py); split over two workers, each loaded all three.
+SAME_WORKER = {
+    "tests/pretrained/test_smollm2.py": "tests/pretrained",
+    "tests/pretrained/test_real_model_references.py": "tests/pretrained",
+}
+
+
+def make_scheduler(config, log):
+    """xdist's `--dist loadfile` scheduler with the `SAME_WORKER` modules in one work unit; None (xdist's own
+    scheduler) for any other distribution mode."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SAME_WORKER.get(module, module)
+
+    return SharedFixtureScheduling(config, log)
 
 
 def longest_first(items: list) -> list:
