@@ -58,18 +58,24 @@ def run_policy(deployment: Deployment, load: TenantLoad, policy: str) -> dict:
 
 def run_policy_cpu(model: str, load: TenantLoad, policy: str, **engine_options) -> dict:
     """The same on this machine's CPU with a real model, in real time (arrivals when the wall clock reaches
-    them; a step in progress delays them, as a server's would). Run the load once before, unmeasured, so no
-    compile falls inside the measured run."""
+    them; a step in progress delays them, as a server's would). The same engine first serves the load once on
+    other prompts, unmeasured, so that every step shape the measured run reaches is compiled (or loaded from
+    the compile cache) and traced in this engine before the clock starts; then its prefix cache is emptied."""
     from jaxpaged.engine import Engine, EngineConfig
     engine = Engine(EngineConfig(model=model, scheduling_policy=policy, **engine_options))
+    vocab = engine.model_config.vocab_size
     start = engine.clock()
-    return serve_load(engine, lambda: engine.clock() - start, load, engine.model_config.vocab_size,
-                      time_offset=start)
+    serve_load(engine, lambda: engine.clock() - start, dataclasses.replace(load, seed=load.seed + 1), vocab,
+               time_offset=start, request_prefix="warm-")
+    engine.reset_prefix_cache()
+    start = engine.clock()
+    return serve_load(engine, lambda: engine.clock() - start, load, vocab, time_offset=start)
 
 
-def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float = 0.0, *, advance_to=None) -> dict:
+def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float = 0.0, *, advance_to=None,
+               request_prefix: str = "") -> dict:
     """Step ``engine`` through ``load``'s arrivals on ``clock``; idle, it jumps to the next arrival with
-    ``advance_to`` (a simulated clock's) or else waits for it."""
+    ``advance_to`` (a simulated clock's) or else waits for it. Request ids start with ``request_prefix``."""
     import time
     params = SamplingParams(temperature=0, max_tokens=load.output_len, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.FINAL_ONLY)
@@ -79,7 +85,7 @@ def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float =
     while pending or engine.has_unfinished_requests():
         while pending and pending[-1][0] <= clock():
             arrival, tenant = pending.pop()
-            rid = f"{tenant}-{len(tenant_of)}"
+            rid = f"{request_prefix}{tenant}-{len(tenant_of)}"
             tenant_of[rid] = tenant
             prompt = rng.integers(1, vocab, load.prompt_len).tolist()  # distinct prompts: no prefix hits
             engine.add_request(rid, prompt, params, arrival_time=arrival + time_offset, tenant=tenant,
@@ -105,8 +111,8 @@ def serve_load(engine, clock, load: TenantLoad, vocab: int, time_offset: float =
 def run_tenants(deployment: Deployment, load: TenantLoad, *, cpu_model: str | None = None) -> dict[str, dict]:
     """The light tenant alone, then both tenants under each scheduling policy, on the same arrivals.
 
-    With ``cpu_model`` every run is on this machine's CPU in real time, after two unmeasured runs that
-    compile every shape the runs reach (cached per process); else on the simulated device.
+    With ``cpu_model`` every run is on this machine's CPU in real time, each on an engine warmed by an
+    unmeasured run of its load (`run_policy_cpu`); else on the simulated device.
     """
     def run(load: TenantLoad, policy: str) -> dict:
         if cpu_model is None:
@@ -115,9 +121,6 @@ def run_tenants(deployment: Deployment, load: TenantLoad, *, cpu_model: str | No
                               max_model_len=load.prompt_len + load.output_len + 16)
 
     alone = dataclasses.replace(load, heavy_factor=0.0)
-    if cpu_model is not None:
-        for warm in (load, alone):
-            run(warm, "fcfs")
     rows = {"fcfs, light alone": run(alone, "fcfs")}
     return rows | {policy: run(load, policy) for policy in SCHEDULING_POLICIES}
 
