@@ -121,7 +121,7 @@ class EngineConfig:
     cpu_compiler_options: str = knob(cpu_step.AUTO, "XLA:CPU's dot path for the step, on the CPU platform only: "
                                      "auto (by weight dtype and step size, what was measured faster; none "
                                      "today), off (jaxlib's default, YNNPACK), or a preset for every step: "
-                                     "onednn, eigen, ynn_eltwise (jaxpaged/runner/cpu_step.py)",
+                                     "eigen, ynn_eltwise (jaxpaged/runner/cpu_step.py)",
                                      choices=cpu_step.CHOICES)
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "

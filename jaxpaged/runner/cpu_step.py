@@ -12,20 +12,23 @@ jaxlib's default already runs dots through YNNPACK fusions
 (`xla_cpu_experimental_ynn_fusion_type`); the other library paths (oneDNN,
 XNNPACK) only take a dot once YNNPACK's fusions are off. The presets:
 
-- ``"onednn"``: YNNPACK's fusions off, every dot a oneDNN matmul custom call;
 - ``"eigen"``: YNNPACK's fusions off, XLA's own dot emitter (Eigen);
 - ``"ynn_eltwise"``: YNNPACK also fuses the elementwise work around a dot.
+
+oneDNN (YNNPACK's fusions off, `xla_cpu_use_onednn` and
+`xla_cpu_experimental_onednn_custom_call`) was measured and is not a preset:
+with it on every step, an engine test's step crashed XLA:CPU (a segmentation
+fault in `tests/engine/test_engine_parity.py`), and this jaxlib cannot
+serialise its executables for the persistent compile cache (`std::bad_alloc`).
 
 `EngineConfig.cpu_compiler_options` picks one for every step, ``"off"``
 (jaxlib's default path for every step) or ``"auto"``: `AUTO_PRESETS`, per
 dtype and only for steps of at most so many tokens, where a preset made the
-whole step faster and can be kept. None is set today: ``"onednn"`` made a
-float32 one-token step 0.65x as long (oneDNN takes the tied LM head's
-matrix-vector product, which XLA runs as a plain loop) but 3-7% slower at 64
-rows and 1.1-1.2x slower in bfloat16, and this jaxlib cannot serialise an
-executable holding oneDNN custom calls (`std::bad_alloc`), so such a step is
-never written to the persistent compile cache: every start compiles it again,
-with a warning. The options are part of the cache's key (JAX hashes them with
+whole step faster and can be kept. None is set today: the presets were
+slower on the whole step, and oneDNN, which made a float32 one-token step
+0.65x as long (it takes the tied LM head's matrix-vector product, which XLA
+runs as a plain loop), was 3-7% slower at 64 rows, 1.1-1.2x slower in
+bfloat16, not cacheable and not safe (above). The options are part of the cache's key (JAX hashes them with
 the module), so steps compiled with and without them never share an entry.
 
 **Decode rows.** XLA:CPU lowers a one-row dot to a matrix-vector product
@@ -46,7 +49,6 @@ AUTO = "auto"
 OFF = "off"
 _YNN_FUSIONS = "xla_cpu_experimental_ynn_fusion_type"
 PRESETS: dict[str, dict[str, object]] = {
-    "onednn": {_YNN_FUSIONS: "", "xla_cpu_use_onednn": True, "xla_cpu_experimental_onednn_custom_call": True},
     "eigen": {_YNN_FUSIONS: ""},
     "ynn_eltwise": {_YNN_FUSIONS: "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE"},
 }
