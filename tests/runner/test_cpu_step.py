@@ -1,5 +1,5 @@
 """The step's CPU settings (`jaxpaged.runner.cpu_step`): compile options that reach the compiled step, and
-bfloat16 decode steps padded to two rows with the same results as one."""
+decode steps padded to two rows with the results of one."""
 
 import jax
 import numpy as np
