@@ -21,6 +21,7 @@ from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cache.hashing import HASH_ALGOS
 from jaxpaged.config import DEFAULT_BLOCK_SIZE, DTYPE_ALIASES, SUPPORTED_DTYPES, ModelConfig
 from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN
+from jaxpaged.runner import cpu_step
 from jaxpaged.scheduler import PREEMPTION_MODES
 from jaxpaged.scheduler.policy import SCHEDULING_POLICIES
 from jaxpaged.spec_decode.config import SpeculativeConfig
@@ -117,6 +118,11 @@ class EngineConfig:
                                               "prompt is computed here; prefill/both (jax transport): blocks "
                                               "offered to a puller and not pulled by then are dropped")
     kv_serve_delay_s: float = knob(0.0, "tests only: delay before each KV pull is answered")
+    cpu_compiler_options: str = knob(cpu_step.AUTO, "XLA:CPU's dot path for the step, on the CPU platform only: "
+                                     "auto (by weight dtype and step size, what was measured faster; none "
+                                     "today), off (jaxlib's default, YNNPACK), or a preset for every step: "
+                                     "eigen, ynn_eltwise (jaxpaged/runner/cpu_step.py)",
+                                     choices=cpu_step.CHOICES)
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "
                                          "directory: $JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or "

@@ -11,7 +11,10 @@ compiled a new step each time its longest context crossed 64, 128 and 256
 tokens (block size 16). Steps that prefill keep the narrow minimum: their
 attention's key chunk follows the table width, and a 64-token prefill with a
 32-block table ran 8-15% slower. Padding decode rows further (to merge the
-mixed steps of a first batch) cost 3-70% per step and was left out.
+mixed steps of a first batch) cost 3-70% per step and was left out, except
+where one row is XLA:CPU's slow path: a CPU runner pads its decode rows to at
+least 2 (`min_decode_rows`, chosen by the runner: `jaxpaged.runner.cpu_step`),
+which made a batch-1 pass 0.60x as long in bfloat16 and 0.88x in float32.
 """
 
 from __future__ import annotations
@@ -50,16 +53,18 @@ class StepBuckets:
 
 
 def step_buckets(num_decodes: int, num_prefills: int, prefill_tokens: int, max_chunk: int,
-                 max_blocks: int, *, verify_only: bool = False) -> StepBuckets:
+                 max_blocks: int, *, verify_only: bool = False, min_decode_rows: int = 1) -> StepBuckets:
     """Pad a step's sizes to powers of two (with the minimums above), so it compiles a bounded number of times.
 
     `verify_only`: every multi-token row verifies drafts (the smaller `MIN_VERIFY_TOKENS` minimum).
+    `min_decode_rows`: the fewest decode rows a step with any decode pads to (the runner's choice for its
+    platform and dtype, `jaxpaged.runner.cpu_step.min_decode_rows`; 1 leaves the power of two alone).
     """
     min_tokens = MIN_VERIFY_TOKENS if verify_only else MIN_PREFILL_TOKENS
     t_pre = pow2_bucket(prefill_tokens, min_tokens)
     min_blocks = MIN_BLOCKS_PER_SEQ if prefill_tokens else MIN_DECODE_BLOCKS_PER_SEQ
     return StepBuckets(
-        num_decode_rows=pow2_bucket(num_decodes),
+        num_decode_rows=pow2_bucket(num_decodes, min_decode_rows),
         num_prefill_rows=pow2_bucket(num_prefills),
         num_prefill_tokens=t_pre,
         max_prefill_query_len=min(pow2_bucket(max_chunk, min_tokens), t_pre),

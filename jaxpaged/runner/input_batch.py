@@ -28,8 +28,11 @@ MIN_TABLE_COLUMNS = 16
 class InputBatch:
     """Host arrays with one row per resident sequence; `prepare` lays out a step from them."""
 
-    def __init__(self, block_size: int, num_rows: int = MIN_ROWS, windows: tuple[int | None, ...] = (None,)):
+    def __init__(self, block_size: int, num_rows: int = MIN_ROWS, windows: tuple[int | None, ...] = (None,), *,
+                 min_decode_rows: int = 1):
         """Rows and block-table columns start at the given sizes and double when full.
+
+        `min_decode_rows`: the fewest decode rows a step pads to (`step_buckets`; the runner's choice).
 
         `windows` are the KV cache groups' windows (None: full attention). With
         several groups a row holds the manager's flat table (entry `j * G + g`
@@ -38,6 +41,7 @@ class InputBatch:
         """
         self.block_size = block_size
         self.windows = tuple(windows)
+        self.min_decode_rows = min_decode_rows
         rows = next_power_of_two(max(num_rows, MIN_ROWS))
         self.block_table = np.zeros((rows, MIN_TABLE_COLUMNS), np.int32)
         self.num_prompt_tokens = np.zeros(rows, np.int32)
@@ -137,7 +141,8 @@ class InputBatch:
         max_blocks = cdiv(int(context.max()), bs)
         buckets = step_buckets(len(decode), len(prefill), int(prefill_counts.sum()),
                                int(prefill_counts.max()) if len(prefill) else 0, max_blocks,
-                               verify_only=len(out.verify_spans) == len(prefill))
+                               verify_only=len(out.verify_spans) == len(prefill),
+                               min_decode_rows=self.min_decode_rows)
         self._ensure_columns(buckets.blocks_per_seq * len(self.windows))
         step = empty_step_input(buckets, num_seqs)
 

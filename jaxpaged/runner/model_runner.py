@@ -43,6 +43,7 @@ from jaxpaged.model import DecoderModel
 from jaxpaged.offload.transfer import finish_gather, padded_counts, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
+from jaxpaged.runner import cpu_step
 from jaxpaged.runner.input_batch import InputBatch
 from jaxpaged.runner.logit_controls import LogitControls, apply_logit_controls, empty_controls
 from jaxpaged.runner.protocol import RunnerCapabilities
@@ -206,11 +207,13 @@ class ModelRunner:
         kv_scales: tuple[np.ndarray, np.ndarray] | None = None,
         max_num_seqs: int = 64,
         tensor_parallel_size: int = 1,
+        cpu_compiler_options: str = cpu_step.AUTO,
     ):
         """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows).
 
         `tensor_parallel_size` > 1 splits the weights and the pool over that many
         devices (ValueError if the model's heads do not split that way).
+        `cpu_compiler_options`: XLA:CPU's dot path for the step (`jaxpaged.runner.cpu_step`; CPU only).
         """
         self.config: ModelConfig = model.config
         self.block_size = block_size
@@ -230,29 +233,49 @@ class ModelRunner:
         # a block id holds one pool tensor per layer of its KV cache group (all layers without groups)
         self.kv_block_shape = (2, self.kv_layout.num_tensors, self.config.num_kv_heads, block_size,
                                self.config.head_dim)
-        self.input_batch = InputBatch(block_size, max_num_seqs, self.kv_layout.windows)
+        # on CPU the weights' dtype picks the dot path and the fewest decode rows (`cpu_step`); elsewhere neither
+        cpu_step.check_setting(cpu_compiler_options)
+        self._cpu_compiler_options = cpu_compiler_options
+        self._platform, self._weight_dtype = jax.default_backend(), model.embed_tokens.embedding[...].dtype
+        self.min_decode_rows = cpu_step.min_decode_rows(self._platform, self._weight_dtype)
+        self.input_batch = InputBatch(block_size, max_num_seqs, self.kv_layout.windows,
+                                      min_decode_rows=self.min_decode_rows)
         self._last_tokens = self._put(np.zeros(self.input_batch.capacity, np.int32))
         self._trace_count = 0
-        shardings = {}
+        self._shardings = {}
         if self.tp is not None:
             replicated = self.tp.replicated
-            pool_shardings = self._pool_shardings()
             param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
-            shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
-                             out_shardings=(replicated, pool_shardings, replicated))
-        # static arguments are positional (4 to 7): jit takes no keyword arguments with in_shardings
-        self._step = jax.jit(self._step_fn, donate_argnums=(1, 2), static_argnums=(4, 5, 6, 7), **shardings)
-        # the same step in two halves, for token masks the host fills while the forward pass runs
-        forward_shardings = {}
-        if self.tp is not None:
-            forward_shardings = dict(in_shardings=(param_shardings, pool_shardings, replicated, replicated),
-                                     out_shardings=(replicated, pool_shardings, replicated))
-        self._forward = jax.jit(self._forward_fn, donate_argnums=(1,), static_argnums=(4, 5, 6, 7),
-                                **forward_shardings)
+            self._shardings = dict(in_shardings=(param_shardings, self._pool_shardings(), replicated, replicated),
+                                   out_shardings=(replicated, self._pool_shardings(), replicated))
+        self._step_jits: dict[tuple, tuple] = {}  # by compile options: (whole step, forward half)
         self._sample = jax.jit(self._sample_fn, donate_argnums=(0,))
         self._resolve_tokens = jax.jit(_step_tokens)  # the draft model's copy of a step's input tokens
         self._draft: StepFollower | None = None
         self._return_hidden_states = False  # read when a step is traced: set before the first step
+
+    def compiler_options(self, step: StepInput) -> dict[str, object]:
+        """The XLA compile options of `step`'s shape (`jaxpaged.runner.cpu_step`; empty off the CPU platform)."""
+        return cpu_step.step_compiler_options(self._cpu_compiler_options, self._platform, self._weight_dtype,
+                                              len(step.token_ids))
+
+    def _jitted(self, step: StepInput) -> tuple:
+        """The jitted (whole step, forward half) for `step`'s compile options, built on first use.
+
+        The pool (and for the whole step `last_tokens`) is donated; static arguments are positional (4 to
+        7): jit takes no keyword arguments with in_shardings. The forward half serves token masks the host
+        fills while the forward pass runs.
+        """
+        options = self.compiler_options(step)
+        key = tuple(sorted(options.items()))
+        if key not in self._step_jits:
+            if options:
+                logger.info("step compile options: %s", cpu_step.describe(options))
+            jit = functools.partial(jax.jit, static_argnums=(4, 5, 6, 7), compiler_options=options or None,
+                                    **self._shardings)
+            self._step_jits[key] = (jit(self._step_fn, donate_argnums=(1, 2)),
+                                    jit(self._forward_fn, donate_argnums=(1,)))
+        return self._step_jits[key]
 
     def attach_draft(self, draft: StepFollower | None) -> None:
         """Keep `draft`'s own pool in step with this one (None: detach): after each step's forward pass it
@@ -383,7 +406,8 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget every row of the persistent batch (the pool and compiled steps are kept)."""
-        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity, self.kv_layout.windows)
+        self.input_batch = InputBatch(self.block_size, self.input_batch.capacity, self.kv_layout.windows,
+                                      min_decode_rows=self.min_decode_rows)
 
     def prepare_step(self, scheduler_output: SchedulerOutput) -> StepInput | None:
         """Update the persistent batch, make the copy-on-write copies, and lay out the step (None: empty)."""
@@ -402,7 +426,7 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("dispatch_step"):
             inputs = self._put(inputs)
             draft_tokens = self._draft_tokens(inputs)  # before the step donates `last_tokens`
-            out, self._pool, self._last_tokens = self._step(
+            out, self._pool, self._last_tokens = self._jitted(step)[0](
                 self.params, self._pool, self._last_tokens, inputs, step.layout, return_logits, num_top_logprobs,
                 step.num_prompt_top_logprobs)
         self._draft_catch_up(draft_tokens, inputs, step.layout)
@@ -415,7 +439,7 @@ class ModelRunner:
         with jax.profiler.TraceAnnotation("dispatch_forward"):
             inputs = self._put(inputs)
             draft_tokens = self._draft_tokens(inputs)
-            out, self._pool, logits = self._forward(
+            out, self._pool, logits = self._jitted(step)[1](
                 self.params, self._pool, self._last_tokens, inputs, step.layout, False, num_top_logprobs,
                 step.num_prompt_top_logprobs)
         self._draft_catch_up(draft_tokens, inputs, step.layout)
@@ -446,8 +470,9 @@ class ModelRunner:
 
     def lower(self, step: StepInput, *, return_logits: bool = False, num_top_logprobs: int = 0):
         """The jitted step lowered for `step`'s shapes (`.compile().as_text()` shows the optimised HLO)."""
-        return self._step.lower(self.params, self._pool, self._last_tokens, self._put(self._device_inputs(step)),
-                                step.layout, return_logits, num_top_logprobs, step.num_prompt_top_logprobs)
+        inputs = self._put(self._device_inputs(step))
+        return self._jitted(step)[0].lower(self.params, self._pool, self._last_tokens, inputs, step.layout,
+                                           return_logits, num_top_logprobs, step.num_prompt_top_logprobs)
 
     def _fit_last_tokens(self) -> None:
         """Grow the device copy of each row's last sample with the persistent batch (old rows kept)."""

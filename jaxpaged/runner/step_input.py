@@ -130,8 +130,11 @@ def empty_step_input(buckets: StepBuckets, num_seqs: int) -> StepInput:
     )
 
 
-def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int, num_groups: int = 1) -> StepInput:
+def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int, num_groups: int = 1, *,
+                     min_decode_rows: int = 1) -> StepInput:
     """Lay out one step's sequences into bucketed arrays, one sequence at a time.
+
+    `min_decode_rows`: as `step_buckets`' (a CPU runner's padding for its dtype: `ModelRunner.min_decode_rows`).
 
     With `num_groups` KV cache groups each `block_table` is the flat interleaved table
     (entry `j * G + g` is group `g`'s `j`-th block) and the step gets `[G, T]` slots
@@ -139,7 +142,8 @@ def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int, num_groups: 
     """
     if num_groups > 1:
         per_group = [build_step_input([dataclasses.replace(s, block_table=list(s.block_table)[g::num_groups])
-                                       for s in seqs], block_size) for g in range(num_groups)]
+                                       for s in seqs], block_size, min_decode_rows=min_decode_rows)
+                     for g in range(num_groups)]
         step = per_group[0]
         step.slot_mapping = np.stack([p.slot_mapping for p in per_group])
         step.block_tables = np.stack([p.block_tables for p in per_group])
@@ -159,7 +163,8 @@ def build_step_input(seqs: Sequence[ScheduledSeq], block_size: int, num_groups: 
         len(decode), len(prefill),
         prefill_tokens=sum(len(seqs[i].token_ids) for i in prefill),
         max_chunk=max((len(seqs[i].token_ids) for i in prefill), default=0),
-        max_blocks=max(cdiv(s.num_computed_tokens + len(s.token_ids), block_size) for s in seqs))
+        max_blocks=max(cdiv(s.num_computed_tokens + len(s.token_ids), block_size) for s in seqs),
+        min_decode_rows=min_decode_rows)
     out = empty_step_input(buckets, len(seqs))
     n_dec = buckets.num_decode_rows
     rows = [(row, i, row) for row, i in enumerate(decode)]

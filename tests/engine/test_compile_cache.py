@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 
 from jaxpaged import compile_cache
 from jaxpaged.engine import Engine, EngineConfig
+from jaxpaged.runner import cpu_step
 from jaxpaged.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,28 +66,30 @@ def _add_kernel(amount: float):
 
 
 def _programs():
-    """Same shapes, different programs: a donated and a plain copy of one function, two Pallas kernels."""
+    """Same shapes, different programs: a donated and a plain copy of one function, the plain one compiled
+    with a step's XLA:CPU options (`cpu_compiler_options`), two Pallas kernels."""
     return {"plain": jax.jit(lambda x: x * 3.0), "donated": jax.jit(lambda x: x * 3.0, donate_argnums=0),
+            "options": jax.jit(lambda x: x * 3.0, compiler_options=cpu_step.PRESETS["eigen"]),
             "kernel+1": jax.jit(_add_kernel(1.0)), "kernel+2": jax.jit(_add_kernel(2.0))}
 
 
-def test_keys_tell_donation_and_pallas_kernels_apart(own_cache):
+def test_keys_tell_donation_compile_options_and_pallas_kernels_apart(own_cache):
     compile_cache.configure(str(own_cache))
-    want = {"plain": 3.0, "donated": 3.0, "kernel+1": 2.0, "kernel+2": 3.0}
+    want = {"plain": 3.0, "donated": 3.0, "options": 3.0, "kernel+1": 2.0, "kernel+2": 3.0}
     first = {name: float(f(jnp.ones(8))[0]) for name, f in _programs().items()}
     written = _entries(own_cache)
     assert first == want
-    assert len([e for e in written if e.startswith("jit__lambda")]) == 4  # one entry per program
+    assert len([e for e in written if e.startswith("jit__lambda")]) == 5  # one entry per program
 
     lookups, hits = compile_cache.cache_counts()
     again = {name: float(f(jnp.ones(8))[0]) for name, f in _programs().items()}  # new jits: from disk
     assert again == want  # a stale entry would have served the other kernel's or copy's executable
-    assert compile_cache.cache_counts() == (lookups + 4, hits + 4)
+    assert compile_cache.cache_counts() == (lookups + 5, hits + 5)
     assert _entries(own_cache) == written
 
     compile_cache.configure("")  # off: nothing looked up, nothing written
     assert float(jax.jit(lambda x: x * 5.0)(jnp.ones(8))[0]) == 5.0
-    assert compile_cache.cache_counts() == (lookups + 4, hits + 4) and _entries(own_cache) == written
+    assert compile_cache.cache_counts() == (lookups + 5, hits + 5) and _entries(own_cache) == written
 
 
 _WORKER = """

@@ -50,15 +50,16 @@ def _reference(out, kv) -> list[ScheduledSeq]:
     return batch
 
 
+@pytest.mark.parametrize("min_decode_rows", [1, 2], ids=["rows>=1", "rows>=2"])  # 2: a CPU bfloat16 runner's
 @pytest.mark.parametrize("async_steps", [False, True], ids=["sync", "async"])
-def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps):
+def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps, min_decode_rows):
     rng = np.random.default_rng(3)
     kv = KVCacheManager(40, BS)
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=40), kv)
     for request in _requests(rng):
         scheduler.add_request(request)
-    rows = InputBatch(BS, num_rows=2)  # tiny at first: rows and table columns must grow
-    in_flight, steps, devices = None, 0, 0
+    rows = InputBatch(BS, num_rows=2, min_decode_rows=min_decode_rows)  # tiny at first: rows and columns grow
+    in_flight, steps, devices, one_decode = None, 0, 0, 0
     while scheduler.running or scheduler.waiting or in_flight:
         if in_flight is not None and not async_steps:
             scheduler.update_from_output(*in_flight)
@@ -67,7 +68,7 @@ def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps):
         rows.apply(out)
         if out.seqs:
             step = rows.prepare(out)
-            expected = build_step_input(_reference(out, kv), BS)
+            expected = build_step_input(_reference(out, kv), BS, min_decode_rows=min_decode_rows)
             device = expected.token_ids == TOKEN_ON_DEVICE
             devices += int(device.sum())
             np.testing.assert_array_equal(step.token_src_rows >= 0, device)
@@ -79,12 +80,15 @@ def test_persistent_batch_equals_a_fresh_layout_every_step(async_steps):
             rows_of_seqs = [rows.row_of(seq_id) for seq_id in out.seq_ids]
             np.testing.assert_array_equal(step.sample_rows[step.order], rows_of_seqs)
             steps += 1
+            decodes = sum(n == 1 for n in out.num_tokens)
+            one_decode += decodes == 1 and step.layout.num_decode_seqs == min_decode_rows
         result = ModelOutput(token_ids=rng.integers(0, 200, out.num_seqs), logprobs=np.zeros(out.num_seqs))
         if in_flight is not None:
             scheduler.update_from_output(*in_flight)
         in_flight = (out, result, 0.0) if out.seqs else None
         kv.check_invariants()
     assert steps > 20 and scheduler.num_preemptions > 0 and kv.stats.num_cow_copies > 0
+    assert one_decode > 0  # a step with one decode, padded to the minimum
     rows.apply(scheduler.schedule())  # rows of the last finished sequences are freed by the next schedule
     assert rows.num_rows_in_use == 0
     assert (devices > 0) == async_steps  # only asynchronous steps take inputs from the device
