@@ -16,6 +16,7 @@ from jaxpaged.sim.scenario import Deployment
 BAD_VALUE = {
     "model": 3,
     "block_size": 0,
+    "cpu_compiler_options": "onednn",  # not a preset: it crashed and cannot enter the compile cache
     "num_blocks": -1,
     "kv_cache_bytes": 0,
     "enable_prefix_caching": "yes",
