@@ -25,8 +25,9 @@ BACKENDS = ("auto", "cpu", "xla", "xla_reference", "pallas", "pallas_mosaic")
 class AttentionBackend:
     """Which attention implementation a step uses (hashable: it is a static jit argument).
 
-    `cpu` runs decode rows through a C++ kernel called over the XLA FFI, which reads
-    the K/V blocks in place (jaxpaged/attention/cpu_decode.py), and prefill rows like `xla`;
+    `cpu` runs every row (decode rows and prefill chunks, in one call) through a C++
+    kernel called over the XLA FFI, which reads the K/V blocks in place
+    (jaxpaged/attention/cpu_decode.py);
     `xla` is the chunked online-softmax attention in plain XLA;
     `xla_reference` is the pure-JAX reference it is tested against (it gathers
     every sequence's whole context: slow on long contexts, kept for comparisons);
@@ -108,7 +109,7 @@ def paged_attention(
     sm_scale: float | None = None,
     soft_cap: float | None = None,
 ) -> Float[Array, "T Hq D"]:
-    """Attention for every row of a step: decode group and prefill group, each in one call.
+    """Attention for every row of a step: decode group and prefill group, each in one call (`cpu`: one for both).
 
     `sliding_window` (static) limits each query to its last W keys (None: full attention).
     `sm_scale` (static) multiplies the scores: the model's own (Gemma's
@@ -116,17 +117,20 @@ def paged_attention(
     `soft_cap` (static) caps the scaled scores at `c * tanh(s / c)` (None: no cap).
     """
     kernel = _kernel(backend)
-    decode_kernel = cpu_decode.cpu_paged_decode if backend.name == "cpu" else kernel
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     options = {"k_scale": k_scale, "v_scale": v_scale} if k_pages.dtype == jnp.float8_e4m3fn else {}
     if sliding_window is not None:
         options["sliding_window"] = sliding_window
     if soft_cap is not None:
         options["soft_cap"] = float(soft_cap)
+    if backend.name == "cpu":  # one call: the kernel takes decode rows and prefill chunks alike
+        return kernel(q, k_pages, v_pages, batch.block_tables, batch.context_lens, batch.query_start,
+                      batch.query_lens, max_query_len=max(layout.max_prefill_query_len, 1),
+                      sm_scale=sm_scale, **options)
     n_dec = layout.num_decode_seqs
     outputs = []
     if n_dec:
-        outputs.append(decode_kernel(
+        outputs.append(kernel(
             q[:n_dec], k_pages, v_pages, batch.block_tables[:n_dec], batch.context_lens[:n_dec],
             batch.query_start[:n_dec], batch.query_lens[:n_dec],
             max_query_len=1, sm_scale=sm_scale, **options))
@@ -181,7 +185,9 @@ def write_and_attend(
 
 
 def _kernel(backend: AttentionBackend):
-    if backend.name in ("xla", "cpu"):  # cpu: the prefill rows (its decode rows: cpu_decode)
+    if backend.name == "cpu":
+        return cpu_decode.cpu_paged_attention
+    if backend.name == "xla":
         return functools.partial(chunked_paged_attention, kv_chunk=backend.kv_chunk, query_tile=backend.query_tile)
     if backend.name == "xla_reference":
         return ragged_paged_attention_reference

@@ -237,6 +237,195 @@ void AttendOne(int64_t seq, int64_t kv_head, const Shapes& shape, const Options&
   }
 }
 
+// Query positions of one prefill work item: its rows (positions x group heads) share each K/V
+// block's conversion and transposition.
+constexpr int64_t kQueryTile = 16;
+// Keys scored together: one AVX-512 register of float32 scores.
+constexpr int64_t kKeyLanes = 16;
+
+// One K/V block as float32, keys `begin .. end` of it: K transposed (`[dim][block_size]`, so a
+// query row's scores for 16 keys are 16-wide multiply-adds) and V as rows (`[block_size][dim]`).
+struct BlockTile {
+  int64_t keys_stride;  // the block size rounded up to whole 16-key groups (the padding stays zero)
+  std::vector<float> keys_t, values;
+  BlockTile(int64_t dim, int64_t block_size)
+      : keys_stride((block_size + kKeyLanes - 1) / kKeyLanes * kKeyLanes),
+        keys_t(dim * keys_stride, 0.0f), values(block_size * dim) {}
+};
+
+// Converts keys `begin .. end` of the block at element `offset` of `pool` into `tile` (K transposed).
+void LoadBlock(const Pool& k_pool, const Pool& v_pool, int64_t kv_head, int64_t offset, int64_t begin,
+               int64_t end, int64_t dim, int64_t bsz, BlockTile& tile) {
+  auto load = [&](const Pool& pool, int64_t t, float* row) {
+    const int64_t at = offset + t * dim;
+    switch (pool.dtype) {
+      case ffi::DataType::F32:
+        std::memcpy(row, static_cast<const float*>(pool.data) + at, sizeof(float) * dim);
+        break;
+      case ffi::DataType::BF16:
+        for (int64_t d = 0; d < dim; ++d) row[d] = Bf16ToFloat(static_cast<const uint16_t*>(pool.data)[at + d]);
+        break;
+      default:
+        DequantiseFp8(pool, at, dim, pool.scale[kv_head], row);
+    }
+  };
+  std::vector<float> key(dim);
+  for (int64_t t = begin; t < end; ++t) {
+    load(k_pool, t, key.data());
+    for (int64_t d = 0; d < dim; ++d) tile.keys_t[d * tile.keys_stride + t] = key[d];
+    load(v_pool, t, tile.values.data() + t * dim);
+  }
+}
+
+// Rows scored together against each 16 keys: their 4 x 16 partial sums stay in vector registers
+// while the keys' transposed column is loaded once for all of them.
+constexpr int64_t kRowsPerPass = 4;
+
+// Scores of query rows `r0 .. r0 + 4` (already scaled; the query buffer is padded to whole passes)
+// against keys `begin .. end` of a transposed block, into `scores` (`[rows][keys_stride]`). Keys a
+// row may not see are scored too and left out by FoldRow.
+void ScoreRows(const float* queries, int64_t dim, int64_t keys_stride, int64_t r0, const BlockTile& tile,
+               int64_t begin, int64_t end, float soft_cap, float* scores) {
+  const float* q0 = queries + r0 * dim;
+  const float* q1 = q0 + dim;
+  const float* q2 = q1 + dim;
+  const float* q3 = q2 + dim;
+  for (int64_t t0 = begin - begin % kKeyLanes; t0 < end; t0 += kKeyLanes) {
+    float l0[kKeyLanes] = {}, l1[kKeyLanes] = {}, l2[kKeyLanes] = {}, l3[kKeyLanes] = {};
+    for (int64_t d = 0; d < dim; ++d) {
+      const float* kd = tile.keys_t.data() + d * keys_stride + t0;
+      const float a0 = q0[d], a1 = q1[d], a2 = q2[d], a3 = q3[d];
+#pragma omp simd
+      for (int64_t j = 0; j < kKeyLanes; ++j) {
+        l0[j] += a0 * kd[j];
+        l1[j] += a1 * kd[j];
+        l2[j] += a2 * kd[j];
+        l3[j] += a3 * kd[j];
+      }
+    }
+    float* lanes[kRowsPerPass] = {l0, l1, l2, l3};
+    for (int64_t r = 0; r < kRowsPerPass; ++r) {
+      float* row = scores + (r0 + r) * keys_stride + t0;
+#pragma omp simd
+      for (int64_t j = 0; j < kKeyLanes; ++j) {
+        row[j] = soft_cap > 0.0f ? soft_cap * std::tanh(lanes[r][j] / soft_cap) : lanes[r][j];
+      }
+    }
+  }
+}
+
+// Folds keys `begin .. end` of `tile` into row `r`'s online softmax (`dim` known at compile time
+// when `Dim` is nonzero, as in AttendRows); `scores` is the row's, overwritten by its weights.
+template <int Dim>
+void FoldRow(float* scores, const BlockTile& tile, int64_t begin, int64_t end, int64_t r, int64_t dim_arg,
+             GroupState& state) {
+  const int64_t dim = Dim ? Dim : dim_arg;
+  float block_max = kNoScore;
+  for (int64_t t = begin; t < end; ++t) block_max = std::max(block_max, scores[t]);
+  const float new_max = std::max(state.running_max[r], block_max);
+  const float rescale = std::exp(state.running_max[r] - new_max);
+  float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+  for (int64_t t = begin; t < end; ++t) {
+    scores[t] = std::exp(scores[t] - new_max);
+    block_sum += scores[t];
+  }
+  float* acc = state.acc.data() + r * dim;
+  float out[Dim ? Dim : 1];
+  float* row = Dim ? out : acc;
+#pragma omp simd
+  for (int64_t d = 0; d < dim; ++d) row[d] = acc[d] * rescale;
+  for (int64_t t = begin; t < end; ++t) {
+    const float p = scores[t];
+    const float* vt = tile.values.data() + t * dim;
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) row[d] += p * vt[d];
+  }
+  if (Dim) std::memcpy(acc, out, sizeof(float) * dim);
+  state.denom[r] = state.denom[r] * rescale + block_sum;
+  state.running_max[r] = new_max;
+}
+
+void FoldRowAnyDim(float* scores, const BlockTile& tile, int64_t begin, int64_t end, int64_t r,
+                   GroupState& state) {
+  switch (state.dim) {
+    case 64: return FoldRow<64>(scores, tile, begin, end, r, 64, state);
+    case 128: return FoldRow<128>(scores, tile, begin, end, r, 128, state);
+    case 256: return FoldRow<256>(scores, tile, begin, end, r, 256, state);
+    default: return FoldRow<0>(scores, tile, begin, end, r, state.dim, state);
+  }
+}
+
+// Attention of query positions `first .. first + count` of sequence `seq` (a prefill chunk's
+// tile) for the query heads of KV head `kv_head`: each K/V block is converted once for the
+// tile's rows, and a row visits only the keys its position and window allow.
+void AttendTile(int64_t seq, int64_t kv_head, int64_t first, int64_t count, const Shapes& shape,
+                const Options& opt, const void* q, ffi::DataType q_dtype, const Pool& k_pool, const Pool& v_pool,
+                const int32_t* block_tables, const int32_t* context_lens, const int32_t* query_start,
+                const int32_t* query_lens, void* out) {
+  const int64_t group = shape.num_q_heads / shape.num_kv_heads;
+  const int64_t dim = shape.head_dim, bsz = shape.block_size;
+  const int64_t base_pos = context_lens[seq] - query_lens[seq];  // position of the chunk's first query
+  const int64_t rows = count * group;
+  const int64_t padded_rows = (rows + kRowsPerPass - 1) / kRowsPerPass * kRowsPerPass;
+  GroupState state(padded_rows, dim, bsz);  // the padding rows' queries stay zero
+  auto q_at = [&](int64_t i, int64_t g) {  // element offset of query i's head g
+    return ((query_start[seq] + first + i) * shape.num_q_heads + kv_head * group + g) * dim;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t at = q_at(i, g);
+      float* row = state.queries.data() + (i * group + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        row[d] = (q_dtype == ffi::DataType::F32 ? static_cast<const float*>(q)[at + d]
+                                                : Bf16ToFloat(static_cast<const uint16_t*>(q)[at + d])) *
+                 opt.sm_scale;
+      }
+    }
+  }
+  auto lowest_key = [&](int64_t pos) {
+    return opt.sliding_window > 0 ? std::max<int64_t>(0, pos - opt.sliding_window + 1) : int64_t{0};
+  };
+  const int64_t first_pos = base_pos + first, last_pos = first_pos + count - 1;
+  const int64_t lo_key = lowest_key(first_pos);
+  BlockTile tile(dim, bsz);
+  const int64_t stride = tile.keys_stride;
+  std::vector<float> scores(padded_rows * stride);
+  const int32_t* table = block_tables + seq * shape.blocks_per_seq;
+  for (int64_t logical = lo_key / bsz; logical <= last_pos / bsz; ++logical) {
+    const int64_t block_start = logical * bsz;
+    const int64_t begin = std::max(lo_key - block_start, int64_t{0});
+    const int64_t end = std::min(last_pos - block_start + 1, bsz);
+    const int64_t offset = (kv_head * shape.num_blocks + table[logical]) * bsz * dim;
+    LoadBlock(k_pool, v_pool, kv_head, offset, begin, end, dim, bsz, tile);
+    // rows whose position is before this block see none of it: queries from `live` on do
+    const int64_t live = std::max<int64_t>(0, block_start - first_pos) * group;
+    for (int64_t r0 = live - live % kRowsPerPass; r0 < rows; r0 += kRowsPerPass) {
+      ScoreRows(state.queries.data(), dim, stride, r0, tile, begin, end, opt.soft_cap, scores.data());
+    }
+    for (int64_t r = live; r < rows; ++r) {
+      const int64_t pos = first_pos + r / group;
+      const int64_t row_begin = std::max(lowest_key(pos) - block_start, begin);
+      const int64_t row_end = std::min(pos - block_start + 1, end);
+      if (row_begin < row_end) FoldRowAnyDim(scores.data() + r * stride, tile, row_begin, row_end, r, state);
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = i * group + g, at = q_at(i, g);
+      const float inv = state.denom[r] > 0.0f ? 1.0f / state.denom[r] : 0.0f;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float value = state.acc[r * dim + d] * inv;
+        if (q_dtype == ffi::DataType::F32) {
+          static_cast<float*>(out)[at + d] = value;
+        } else {
+          static_cast<uint16_t*>(out)[at + d] = FloatToBf16(value);
+        }
+      }
+    }
+  }
+}
+
 // Items claimed from a shared counter by the calling thread and by pool workers; the caller
 // returns once every item is done (workers that start late find none left and only touch this).
 struct WorkQueue {
@@ -296,14 +485,27 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   void* out_data = out->untyped_data();
   std::memset(out_data, 0, out->size_bytes());
 
-  std::vector<int64_t> seqs;  // sequences with a decode row this step
+  struct Tile {
+    int64_t seq, first, count;  // query positions first .. first + count of the sequence's chunk
+  };
+  std::vector<Tile> tiles;  // a decode row is a tile of one query
   for (int64_t s = 0; s < shape.num_seqs; ++s) {
-    if (lens[s] == 1 && contexts[s] > 0) seqs.push_back(s);
+    if (contexts[s] <= 0) continue;
+    for (int64_t first = 0; first < lens[s]; first += kQueryTile) {
+      tiles.push_back({s, first, std::min<int64_t>(kQueryTile, lens[s] - first)});
+    }
   }
-  const int64_t total = static_cast<int64_t>(seqs.size()) * shape.num_kv_heads;
-  auto work = [&, seqs_data = seqs.data()](int64_t item) {
-    AttendOne(seqs_data[item / shape.num_kv_heads], item % shape.num_kv_heads, shape, options, q_data,
-              q_dtype, k_pool, v_pool, tables, contexts, starts, out_data);
+  const int64_t total = static_cast<int64_t>(tiles.size()) * shape.num_kv_heads;
+  auto work = [&, tiles_data = tiles.data()](int64_t item) {
+    const Tile& tile = tiles_data[item / shape.num_kv_heads];
+    const int64_t kv_head = item % shape.num_kv_heads;
+    if (lens[tile.seq] == 1) {
+      AttendOne(tile.seq, kv_head, shape, options, q_data, q_dtype, k_pool, v_pool, tables, contexts, starts,
+                out_data);
+    } else {
+      AttendTile(tile.seq, kv_head, tile.first, tile.count, shape, options, q_data, q_dtype, k_pool, v_pool,
+                 tables, contexts, starts, lens, out_data);
+    }
   };
   auto queue = std::make_shared<WorkQueue>();
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), total) - 1;

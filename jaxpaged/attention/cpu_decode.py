@@ -108,7 +108,7 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def cpu_paged_decode(
+def cpu_paged_attention(
     q: Float[Array, "T Hq D"],
     k_pages: Float[Array, "Hkv N B D"],
     v_pages: Float[Array, "Hkv N B D"],
@@ -124,14 +124,15 @@ def cpu_paged_decode(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> Float[Array, "T Hq D"]:
-    """Decode attention (one query per sequence) with `ragged_paged_attention_reference`'s arguments and result.
+    """Ragged paged attention with `ragged_paged_attention_reference`'s arguments and result.
 
-    Only `max_query_len == 1` is taken (the decode group of a step); `available()` must be True.
+    Decode rows (one query) and prefill chunks (several) alike; `max_query_len` is
+    not needed by the kernel (it reads each sequence's `query_lens`) and is
+    taken for the common signature. `available()` must be True.
     """
-    if max_query_len != 1:
-        raise ValueError(f"the CPU decode kernel takes one query per sequence, got max_query_len={max_query_len}")
+    del max_query_len
     if _registered() is None:
-        raise RuntimeError("the CPU decode attention kernel is not available on this machine (no C++ compiler?)")
+        raise RuntimeError("the CPU attention kernel is not available on this machine (no C++ compiler?)")
     num_kv_heads = k_pages.shape[0]
     ones = jnp.ones((num_kv_heads,), jnp.float32)
     k_scale = ones if k_scale is None else k_scale.astype(jnp.float32)
