@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from jaxpaged.bench.online.server_process import free_port
+from jaxpaged.bench.online.server_process import SERVE_COMMAND, ServerProcess
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
 
@@ -138,33 +137,21 @@ def vllm_first_generate(python: str, case: StartupCase, cache_dir: str) -> dict:
 def _serve_command(root: Path) -> list[str]:
     """How `root`'s tree starts its server: `jaxpaged serve`, or the script a tree before the CLI had."""
     legacy = root / "scripts" / "serve.py"
-    return [sys.executable, str(legacy)] if legacy.exists() else [sys.executable, "-m", "jaxpaged", "serve"]
+    return [sys.executable, str(legacy)] if legacy.exists() else [*SERVE_COMMAND]
 
 
 def first_token(root: Path, case: StartupCase, cache_dir: str | None, *, timeout_s: float = 1800) -> dict:
     """Launch the tree's server, wait for `GET /health`, stream one completion; seconds from launch."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.mkdtemp(prefix="jaxpaged-startup-")) / "server.log"
+    server = ServerProcess([f"--model={case.model}"], command=_serve_command(root), cwd=root,
+                           env=_env(root, cache_dir), inherit_env=False, startup_timeout_s=timeout_s)
     body = {"model": case.model, "prompt": list(range(1, case.serve_prompt_len + 1)), "temperature": 0,
             "max_tokens": case.serve_output_len, "stream": True}
     start = time.perf_counter()
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen([*_serve_command(root), f"--model={case.model}",
-                                 "--host=127.0.0.1", f"--port={port}"], cwd=root, env=_env(root, cache_dir),
-                                stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        while True:
-            if time.perf_counter() - start > timeout_s or proc.poll() is not None:
-                raise RuntimeError(f"the server did not come up:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5.0, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        server.start()
         up = time.perf_counter()
-        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as response:
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=timeout_s,
+                          trust_env=False) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"]:
@@ -172,13 +159,8 @@ def first_token(root: Path, case: StartupCase, cache_dir: str | None, *, timeout
         first = time.perf_counter()
         return {"total_s": first - start, "healthy_s": up - start, "first_token_after_request_s": first - up}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(log.parent, ignore_errors=True)
+        server.stop(60)
+        shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
 
 def has_compile_cache(root: Path) -> bool:

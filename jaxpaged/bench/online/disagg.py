@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -39,11 +37,12 @@ import numpy as np
 from jaxpaged.bench.online.datasets import BenchRequest, random_requests
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import request_tpot
-from jaxpaged.bench.online.server_process import ROOT, ServerProcess, free_port
+from jaxpaged.bench.online.server_process import ServerProcess, free_port
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
 MAX_WARMUP_RUNS = 4
+PROXY_COMMAND = (sys.executable, "-m", "jaxpaged", "proxy")
 STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it compiles (or loads from the cache)
 
 
@@ -110,21 +109,16 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
                                                  f"--kv_transport={transport}"]).start())
             servers.append(ServerProcess(base + ["--kv_role=decode", f"--kv_peers={kv_address}",
                                                  f"--kv_transport={transport}"]).start())
-            port = free_port()
-            proxy = subprocess.Popen([sys.executable, "-m", "jaxpaged", "proxy", f"--port={port}",
-                                      f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
-                                     cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url)
+            proxy = ServerProcess([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
+                                  command=PROXY_COMMAND, startup_timeout_s=60).start()
+            url = proxy.base_url
         warmup_runs = _warm_up(url, model, workload, servers, max_warmup_runs)
         compiled = _step_shapes(servers)
         results, duration = run_requests(url, model, requests, offsets)
         compiles = _step_shapes(servers) - compiled
     finally:
         if proxy is not None:
-            proxy.terminate()
-            proxy.wait(30)
+            proxy.stop()
         for server in reversed(servers):
             server.stop()
     return {"deployment": name, "duration_s": duration, "warmup_runs": warmup_runs, "compiles": compiles,
@@ -149,19 +143,6 @@ def _warm_up(url: str, model: str, workload: DisaggWorkload, servers: Sequence[S
 def _step_shapes(servers: Sequence[ServerProcess]) -> int:
     """Step shapes the servers' engines have compiled so far (counted in their logs)."""
     return sum(server.log_path.read_text(errors="replace").count(STEP_SHAPE_LOG) for server in servers)
-
-
-def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
-    import httpx
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
 
 
 # ---------------------------------------------------------------- transports
