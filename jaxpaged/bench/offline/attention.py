@@ -9,8 +9,6 @@ import dataclasses
 import functools
 import json
 import platform
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -19,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.attention import AttentionBackend
-from jaxpaged.bench.offline.timing import median_step_seconds
+from jaxpaged.bench.offline.timing import median_seconds, median_step_seconds, seconds_of
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
@@ -73,18 +71,11 @@ def peak_bandwidth(device) -> float | None:
 
 
 def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
-    """Median wall time of `fn(*args)` over `repeats` calls, after `warmup` calls."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first_call_s = time.perf_counter() - start
-    for _ in range(max(warmup - 1, 0)):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "first_call_s": first_call_s}
+    """Median wall time of `fn(*args)` over `repeats` calls, after `warmup` calls (the first one timed apart)."""
+    def call():
+        return jax.block_until_ready(fn(*args))
+    first_call_s = seconds_of(call)()
+    return {"median_s": median_seconds(call, repeats, warmup=max(warmup - 1, 0)), "first_call_s": first_call_s}
 
 
 def make_paged_inputs(cfg: AttentionBenchConfig, num_seqs: int, context_len: int, query_len: int, key: jax.Array,
