@@ -10,6 +10,7 @@ return a `Figure`; nothing else in the package saves one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,18 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
         raise ValueError(f"every row needs {len(header)} cells and align {len(header)} letters")
     lines = [markdown_row(header), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     return "\n".join(lines + [markdown_row(row) for row in rows])
+
+
+def metrics_table(columns: Mapping[str, Mapping[str, Any]], rows: Sequence[tuple[str, str, str]],
+                  extra_rows: Sequence[Sequence[Any]] = ()) -> str:
+    """A metric-by-column Markdown table: ``rows`` are (label, key, format) looked up in each of ``columns``
+    (header -> its values); a missing, None or NaN value shows as "-", and a row of nothing but "-" is left out."""
+    def cell(values: Mapping[str, Any], key: str, fmt: str) -> str:
+        value = values.get(key)
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+    table = [[label, *(cell(values, key, fmt) for values in columns.values())] for label, key, fmt in rows]
+    return markdown_table(["metric", *columns], [*(r for r in table if any(c != "-" for c in r[1:])), *extra_rows])
 
 
 def markdown_row(cells: Sequence[Any]) -> str:

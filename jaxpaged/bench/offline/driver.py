@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.report import markdown_table as render_table
+from jaxpaged.report import metrics_table
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
@@ -196,10 +197,7 @@ _ROWS = (
 
 def markdown_table(summaries: Mapping[str, Mapping[str, float]], ratios: Mapping[str, float] | None = None) -> str:
     """A metrics-by-mode Markdown table, then a table of ratios between modes."""
-    modes = list(summaries)
-    table = render_table(["metric", *modes], [[label, *(fmt.format(summaries[m][key]) for m in modes)]
-                                              for label, key, fmt in _ROWS])
-    return table + ("\n\n" + ratio_table(ratios) if ratios else "")
+    return metrics_table(summaries, _ROWS) + ("\n\n" + ratio_table(ratios) if ratios else "")
 
 
 def ratio_table(ratios: Mapping[str, float], extra_rows: Sequence[Sequence[str]] = ()) -> str:

@@ -47,7 +47,7 @@ from jaxpaged.config import list_configs, load_config
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import DecoderModel
-from jaxpaged.report import markdown_table
+from jaxpaged.report import metrics_table
 from jaxpaged.sampling_params import SamplingParams
 
 
@@ -300,10 +300,7 @@ _ROWS = (
 
 def throughput_table(result: Mapping) -> str:
     """A metrics-by-backend Markdown table of the medians, then the ratios and greedy agreement if present."""
-    medians = result["median"]
-    names = list(medians)
-    table = markdown_table(["metric", *names], [[label, *(fmt.format(medians[n][key]) for n in names)]
-                                                for label, key, fmt in _ROWS if key in medians[names[0]]])
+    table = metrics_table(result["median"], _ROWS)
     if "ratios" in result:
         agreement = [[f"prompts with identical outputs, jaxpaged and {peer}", f"{share:.0%}"]
                      for peer, share in result["token_agreement"].items()]

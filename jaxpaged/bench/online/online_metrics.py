@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.online.online_client import RequestResult
-from jaxpaged.report import markdown_table
+from jaxpaged.report import metrics_table
 
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
@@ -141,14 +141,6 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 ) + tuple((f"{_LABELS[m]} {s} (ms)", f"{m}_{s}_ms", "{:.1f}") for m in LATENCY_METRICS for s in _STATS)
 
 
-def _cell(fmt: str, value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
 def online_markdown_table(columns: Mapping[str, Mapping[str, float]]) -> str:
     """A metric-by-run Markdown table; rows no column has (e.g. goodput without SLOs) are left out."""
-    names = list(columns)
-    rows = [[label, *(_cell(fmt, columns[n].get(key)) for n in names)] for label, key, fmt in ROWS]
-    return markdown_table(["metric", *names], [row for row in rows if any(c != "-" for c in row[1:])])
+    return metrics_table(columns, ROWS)
