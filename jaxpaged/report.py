@@ -9,9 +9,11 @@ return a `Figure`; nothing else in the package saves one.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
+import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,12 +66,20 @@ def markdown_row(cells: Sequence[Any]) -> str:
     return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
+def measured_on() -> dict[str, Any]:
+    """Where and when a result is written: the UTC time, the processor and host, CPUs, the load average."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.processor() or platform.machine(), "host": platform.node(),
+            "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+
+
 def write_outputs(result: Mapping, table: str | None, json_out: str | None, md_out: str | None) -> None:
-    """Write ``result`` (plus `memory_environment`) as JSON to ``json_out`` and ``table`` as Markdown to ``md_out``.
+    """Write ``result`` (plus `measured_on` and `memory_environment`) as JSON to ``json_out`` and ``table`` as
+    Markdown to ``md_out``.
 
     None skips either.
     """
-    result = {"memory_environment": memory_environment()} | dict(result)
+    result = {"measured_on": measured_on(), "memory_environment": memory_environment()} | dict(result)
     for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, None if table is None else table + "\n")):
         if path and text is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)

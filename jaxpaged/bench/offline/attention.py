@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import platform
 import warnings
 from collections.abc import Callable
 
@@ -267,13 +266,12 @@ def decode_targets(rows: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    """What the report was measured on: the first device, JAX's backend and version, the host, its peak bandwidth."""
+    """What the report was measured on: the first device, JAX's backend and version, its peak bandwidth."""
     device = jax.devices()[0]
     return {
         "device": device.device_kind,
         "backend": jax.default_backend(),
         "jax": jax.__version__,
-        "host": platform.node(),
         "peak_hbm_bytes_per_s": peak_bandwidth(device),
     }
 

@@ -27,11 +27,9 @@ all of them alike; medians over repeats are reported.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -44,7 +42,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from jaxpaged.bench.online.server_process import SERVE_COMMAND, ServerProcess
+from jaxpaged.bench.online.server_process import ROOT, SERVE_COMMAND, ServerProcess
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
 
@@ -296,29 +294,19 @@ def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
                            for model, rs in rows.items() for r in rs], align="lllr")
 
 
-THIS_TREE = Path(__file__).resolve().parents[3]  # the source tree this module is in
-
-
 def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kinds: Sequence[str] = KINDS,
                  cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, num_prompts: int = 16,
                  output_len: int = 32, vllm_python: str | None = None) -> tuple[dict, str]:
     """Every start of every model, this tree alternating with ``baseline_root`` when given: the result and table."""
-    started = _now()
-    versions = {"this": THIS_TREE} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
+    versions = {"this": ROOT} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
     cases = [StartupCase(model, num_prompts=num_prompts, output_len=output_len) for model in models]
     result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats,
                      vllm_python=vllm_python)
-    result |= {"date": started, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
+    result["versions"] = {k: str(v) for k, v in versions.items()}
     return result, startup_table(result, "before" if baseline_root else None)
 
 
 def padding_report(models: Sequence[str]) -> tuple[dict, str]:
     """Each model's step time at sizes padded further (`padding_costs`): the result and table."""
-    started = _now()
     rows = {model: padding_costs(model) for model in models}
-    return {"padding_costs": rows, "date": started}, padding_table(rows)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return {"padding_costs": rows}, padding_table(rows)

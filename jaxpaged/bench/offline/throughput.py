@@ -384,7 +384,7 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
     result names the date and the load average before and after (the machine
     may be shared).
     """
-    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_average_start": os.getloadavg()}
+    load_average_start = os.getloadavg()  # the end's is in the written result's measured_on
     checkpoint = hf_checkpoint(model, checkpoint_dir, seed=spec.seed)
     from jaxpaged.checkpoint import read_hf_config
     prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
@@ -409,5 +409,5 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
                      floor.decode_flops_per_s / 1e9, floor.decode_rows,
                      floor.onednn_prefill_flops_per_s, floor.onednn_decode_flops_per_s)
     result = throughput_result(runs, prompts, floor)
-    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | dict(settings)
+    meta = {"load_average_start": load_average_start, "checkpoint": str(checkpoint)} | dict(settings)
     return meta | result, throughput_table(result)

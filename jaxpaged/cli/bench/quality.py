@@ -14,8 +14,6 @@ jaxpaged/bench/offline/quality.py; the figures: docs/benchmarks/quality.md.
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import time
 
 import jax
@@ -60,9 +58,7 @@ def main(argv):
     longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + o.max_tokens)
     max_len = -(-longest // block_size) * block_size
     bench = QualityBench(model, block_size, max_len, calibration_ids=prompts[0], long_calibration_ids=passages[0])
-    result = {"model": model, "block_size": block_size, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "jax": jax.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result = {"model": model, "block_size": block_size, "jax": jax.__version__}
     tables, start = [], time.perf_counter()
     if "perplexity" in o.parts:
         result["perplexity"] = perplexity_rows(bench, perplexity_variants(o.window), passages)
