@@ -1,27 +1,9 @@
-"""Start-up time: a fresh process's first `generate`, and a server's start to its first streamed token.
+"""Start-up time (`jaxpaged bench startup`): a fresh process's first `generate`, and a server's start to its
+first streamed token, each a new Python process of a source tree, with the compile cache off, cold or warm.
 
-Every measurement is a new Python process, as a user's start is: for `generate`,
-`python -c` imports jaxpaged, builds `LLM(model)` and runs one `generate` over
-a fixed prompt set (random lengths, greedy, a fixed output length); for `serve`,
-`jaxpaged serve` (`scripts/serve.py` in a tree from before the command line) is
-launched and one streaming completion is sent (retried
-until the server answers) and timed to its first token.
-
-Each code version is a source tree (`root`: this checkout, or a worktree at an
-older commit) run with the same interpreter. Cache states:
-
-- `off`: no persistent compile cache (`$JAXPAGED_CACHE_DIR=""`; a tree from
-  before the cache existed has none anyway);
-- `cold`: an empty cache directory (the first start on a machine);
-- `warm`: the directory the `cold` run just filled (every later start).
-
-With a vLLM install (`vllm_python`), vLLM's `LLM()` and first `generate` of
-the same prompts run the same way (`vllm_worker.py` in a fresh process), cold
-with empty vLLM and torch-inductor caches and warm with the ones it filled.
-
-Versions alternate inside each repeat so that load on a shared machine falls on
-all of them alike; medians over repeats are reported.
-`run_startups` and `padding_report` are the command's runs, dated with the machine they ran on.
+`run_startups` alternates the versions (this tree, a baseline worktree, vLLM with ``vllm_python``)
+inside every repeat and reports medians; `padding_report` times one schedule at further padded step
+sizes. What each start measures and the figures: docs/benchmarks/startup.md.
 """
 
 from __future__ import annotations
@@ -47,7 +29,7 @@ from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
 
 
-CACHE_STATES = ("off", "cold", "warm")
+CACHE_STATES = ("off", "cold", "warm")  # no persistent compile cache; an empty one; what `cold` just filled
 KINDS = ("generate", "serve")
 
 # runs against any version's public API (LLM, SamplingParams; `Engine.num_compiles`, None in trees older

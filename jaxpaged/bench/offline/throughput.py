@@ -1,29 +1,11 @@
-"""``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged and Hugging Face transformers.
+"""``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged, transformers and vLLM, side by side.
 
-A fixed prompt set, all at once, timed end to end. Both backends read the same
-Hugging Face checkpoint directory (a shipped config is saved as one first, with
-random weights from a seed) and get the same prompts, and every prompt
-generates exactly `output_len` tokens (EOS ignored). Throughput is requests,
-output tokens and prompt + output tokens per second of the measured pass; what
-comes before it is reported apart: for jaxpaged a first `LLM.generate` over the
-same prompts (it compiles every step shape), then the prefix cache is emptied
-so the measured call reuses nothing from it; for transformers a short warm-up
-`generate` (jaxpaged/bench/offline/hf_backend.py). `run_throughput` measures the
-backends ``repeats`` times interleaved; `throughput_table` renders the result.
-
-The GEMM floor of a pass is its time if nothing but its weight GEMMs took any:
-each row costs the same weight-GEMM FLOPs in any engine
-(`matmul_floor.weight_flops_per_row`), counted at the FLOP/s this machine
-reaches on the model's own weight GEMMs (prompt rows at a prefill-sized GEMM's
-rate, generated rows at a decode-sized one's). `elapsed / floor` is how far a
-pass is from its weight GEMMs; `hf elapsed / jaxpaged floor` is the largest
-jaxpaged/hf ratio this machine allows on the workload. Rows counted: the prompt
-tokens a backend computes (jaxpaged skips prefix-cache hits), every generated
-token except each request's last, and one LM-head row per generated token.
-Attention FLOPs are left out, so the floor is a lower bound. Where torch is
-installed the same floor is also counted at the FLOP/s torch's oneDNN GEMMs
-reach on the same weights (vLLM's CPU GEMMs): `vllm elapsed / jaxpaged floor
-at oneDNN's rate` is the largest ratio an engine with oneDNN's GEMMs could reach.
+`run_throughput` builds and warms up each backend on the same checkpoint and
+prompts, measures their passes interleaved, and `throughput_table` renders the
+medians and ratios. What a pass times, what is reported apart and the
+weight-GEMM floor (`GemmFloor`) are described in the command's help and
+docs/benchmarks/throughput.md; the floor at oneDNN's FLOP/s in
+docs/benchmarks/cpu-performance.md.
 """
 
 from __future__ import annotations
@@ -214,7 +196,12 @@ class GemmFloor:
 
     def seconds(self, summary: Mapping[str, float], *, onednn: bool = False) -> float:
         """The floor of one pass, from its `summarize` dict (needs prompt_tokens_computed, output_tokens,
-        num_requests); at oneDNN's measured FLOP/s with `onednn`."""
+        num_requests); at oneDNN's measured FLOP/s with `onednn`.
+
+        Rows: the prompt tokens computed (prefix-cache hits skipped) at the prefill rate; every generated
+        token but each request's last, plus one LM-head row per generated token, at the decode rate.
+        Attention FLOPs are left out, so the floor is a lower bound.
+        """
         prefill_rate, decode_rate = ((self.onednn_prefill_flops_per_s, self.onednn_decode_flops_per_s) if onednn
                                      else (self.prefill_flops_per_s, self.decode_flops_per_s))
         fed_back = summary["output_tokens"] - summary["num_requests"]

@@ -1,27 +1,11 @@
 """``jaxpaged bench disagg``: colocated against one prefill + one decode process, and the transports' costs.
 
-Serving part: one workload, run against each deployment in turn in one run:
-
-* ``colocated``: one ``jaxpaged serve``;
-* ``disagg-<transport>``: ``jaxpaged serve --kv_role=prefill``, ``jaxpaged serve
-  --kv_role=decode`` and ``jaxpaged proxy`` in front (clients see one endpoint).
-
-The workload mixes running decodes (short prompts, long outputs, all sent at
-the start) with long prompts arriving while they run (short outputs). Per
-class: TTFT and TPOT p50/p99 and the decodes' worst inter-token gap (the stall
-a long prompt causes a colocated engine).
-
-Warm-up: the workload on other prompts, repeated (up to ``max_warmup_runs``,
-``MAX_WARMUP_RUNS`` by default) until a run compiles no new step shape; the step shapes the engines still
-compile during the timed run are counted (``compiles``): a TTFT that includes
-a compile says so. A disaggregated engine sees other step shapes than a
-colocated one (its requests arrive one by one, each after its pull), which
-the first profile of this benchmark mistook for the hop's cost.
-
-Transport part: a block server in another process with an outbox of random
-blocks of the model's block shape; this process pulls 1 block (per-request
-overhead) and ``--transport_blocks`` blocks (bandwidth) ``--repeats`` times
-through each transport, checking every batch's digest as the engine does.
+`run_deployment` serves one `DisaggWorkload` (running decodes, long prompts arriving while they run) by
+one ``jaxpaged serve`` or by a prefill and a decode server behind ``jaxpaged proxy``, after warm-up runs
+on other prompts until no new step shape compiles (the shapes still compiled while timed are counted:
+a disaggregated engine sees other shapes than a colocated one); `class_metrics` gives TTFT, TPOT and
+the worst gap per request class. `measure_transport` times pulls between two processes
+(docs/benchmarks/disaggregation.md).
 """
 
 from __future__ import annotations

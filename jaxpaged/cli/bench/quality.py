@@ -7,8 +7,8 @@ under float32, bfloat16 weights + KV, fp8 KV (unit, per-tensor and per-head
 calibrated scales, calibrated on a short and on a long text), the contiguous layout and a hybrid (sliding-window) layout;
 then greedy chat answers of the bf16-weight engine with fp8 KV against bf16 KV
 over the shipped chat prompts (data/quality/chat_prompts.jsonl): identical
-answers, and teacher-forced top-1 agreement. What each figure means:
-jaxpaged/bench/offline/quality.py; the figures: docs/benchmarks/quality.md.
+answers, and teacher-forced top-1 agreement. What each figure means, and the figures:
+docs/benchmarks/quality.md.
 """
 
 from __future__ import annotations
