@@ -13,8 +13,10 @@ compiles (reported separately).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -152,9 +154,13 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
     return summary
 
 
-def median_summary(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per-key median over repeated runs of one mode."""
-    return {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
+def median_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per-key median of the numbers over repeated runs of one mode, NaNs left out (NaN where all are)."""
+    def median(values) -> float:
+        finite = [v for v in values if not math.isnan(v)]
+        return float(np.median(finite)) if finite else float("nan")
+    return {key: median([run[key] for run in runs]) for key, value in runs[0].items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 # metrics compared between modes as plain ratios a/b

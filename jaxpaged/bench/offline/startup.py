@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from jaxpaged.bench.offline.driver import median_summary
 from jaxpaged.bench.online.server_process import ROOT, SERVE_COMMAND, ServerProcess
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
@@ -182,10 +183,7 @@ def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds
                         log(f"repeat {r + 1}/{repeats} {key}: {runs[key][-1]['total_s']:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    medians = {key: {name: statistics.median(run[name] for run in rs)
-                     for name, value in rs[0].items() if isinstance(value, (int, float)) and value is not None}
-               for key, rs in runs.items()}
-    return {"runs": runs, "median": medians}
+    return {"runs": runs, "median": {key: median_summary(rs) for key, rs in runs.items()}}
 
 
 def startup_table(result: dict, baseline: str | None = None) -> str:

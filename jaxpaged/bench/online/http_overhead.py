@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 import numpy as np
 
-from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.driver import median_summary, run_workload
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.bench.online.datasets import BenchRequest
@@ -120,12 +120,6 @@ def offline_results(engine, requests: Sequence[BenchRequest], offsets: Sequence[
     return [by_id[r.request_id] for r in requests], record.end - record.start
 
 
-def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per-key median over repeated runs (NaN where every run has NaN)."""
-    return {key: float(np.nanmedian([run[key] for run in runs])) if any(np.isfinite([run[key] for run in runs]))
-            else float("nan") for key in runs[0]}
-
-
 def http_cost(offline: Mapping[str, float], http: Mapping[str, float]) -> dict[str, float]:
     """``http - offline`` for every latency (ms) and ``http / offline`` for every throughput."""
     cost = {}
@@ -161,5 +155,5 @@ def compare_offline_http(run_offline: Callable[[], tuple[list[RequestResult], fl
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     runs = alternate({"offline": run_offline, "http": run_http}, repeats, warmup=warmup_runs)
     runs = {side: [summarize(*run) for run in side_runs] for side, side_runs in runs.items()}
-    medians = {side: median_metrics(r) for side, r in runs.items()}
+    medians = {side: median_summary(r) for side, r in runs.items()}
     return {"runs": runs, "median": medians, "http_cost": http_cost(medians["offline"], medians["http"])}
