@@ -361,15 +361,13 @@ def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]
     return backends
 
 
-def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, spec: PromptSpec,
-                   settings: Mapping = ()) -> tuple[dict, str]:
-    """Measure every backend ``run.repeats`` times on ``spec``'s prompts: the result (``settings`` merged in) and
-    its table.
+def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, spec: PromptSpec) -> tuple[dict, str]:
+    """Measure every backend ``run.repeats`` times on ``spec``'s prompts: the result and its table.
 
     ``model`` is a Hugging Face checkpoint directory or a shipped config saved
     once under ``checkpoint_dir`` (random weights from ``spec.seed``). The
-    result names the date and the load average before and after (the machine
-    may be shared).
+    result names the load average before the run (the written JSON's
+    ``measured_on`` the one after: the machine may be shared).
     """
     load_average_start = os.getloadavg()  # the end's is in the written result's measured_on
     checkpoint = hf_checkpoint(model, checkpoint_dir, seed=spec.seed)
@@ -396,5 +394,5 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
                      floor.decode_flops_per_s / 1e9, floor.decode_rows,
                      floor.onednn_prefill_flops_per_s, floor.onednn_decode_flops_per_s)
     result = throughput_result(runs, prompts, floor)
-    meta = {"load_average_start": load_average_start, "checkpoint": str(checkpoint)} | dict(settings)
+    meta = {"load_average_start": load_average_start, "checkpoint": str(checkpoint)}
     return meta | result, throughput_table(result)

@@ -61,6 +61,5 @@ def main(argv):
     transports = [] if o.skip_transports else [
         measure_transport(t, shape, str(dtype), num_blocks=o.transport_blocks, repeats=o.repeats)
         for t in o.transports]
-    result = {"model": model, "workload": dataclasses.asdict(workload),
-              "serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": str(dtype)}
+    result = {"serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": str(dtype)}
     COMMAND.out.write(result, disagg_table(serving, transports))

@@ -58,7 +58,7 @@ def main(argv):
     longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + o.max_tokens)
     max_len = -(-longest // block_size) * block_size
     bench = QualityBench(model, block_size, max_len, calibration_ids=prompts[0], long_calibration_ids=passages[0])
-    result = {"model": model, "block_size": block_size, "jax": jax.__version__}
+    result = {"jax": jax.__version__}
     tables, start = [], time.perf_counter()
     if "perplexity" in o.parts:
         result["perplexity"] = perplexity_rows(bench, perplexity_variants(o.window), passages)

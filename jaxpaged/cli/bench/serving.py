@@ -70,6 +70,5 @@ def main(argv):
     result = serve_modes(load_model(engine["model"]), setup, requests, modes=list(options.modes),
                          repeats=options.repeats, metrics_port=options.metrics_port,
                          log_interval_s=options.log_interval_s, progress=options.progress, model_name=engine["model"])
-    meta = {"model": engine["model"], "workload": workload.trace or options.workload, "num_requests": len(requests),
-            "request_rate": workload.request_rate, "setup": dataclasses.asdict(setup), "repeats": options.repeats}
+    meta = {"num_requests": len(requests), "setup": dataclasses.asdict(setup)}
     COMMAND.out.write(meta | result, serving_tables(result))

@@ -85,10 +85,8 @@ def main(argv):
           f"K/V link {o.kv_link_gb_s:g} GB/s per device")
     sweep = split_sweep(base, requests_at, layouts, link=link, slos=slos, policy=o.policy)
     print("\n" + sweep.slo_table())
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_instances": n, "trace": o.trace,
-                       "trace_limit": o.trace_limit, "kv_link_gb_s": o.kv_link_gb_s,
-                       "kv_link_latency_ms": o.kv_link_latency_ms, "policy": o.policy,
-                       "slos": [dataclasses.asdict(s) for s in slos], "runs": sweep.runs},
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "slos": [dataclasses.asdict(s) for s in slos],
+                       "runs": sweep.runs},
                       sweep.table() + "\n\n" + sweep.slo_table(), echo=False,
                       plots=sweep.plots(f"{base.model}, {n} x {base.tensor_parallel_size} {base.profile}", n,
                                         o.plot_prefix))

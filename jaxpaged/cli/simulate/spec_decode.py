@@ -54,6 +54,5 @@ def main(argv):
     taus = {name: float(tau) for name, _, tau in (item.partition(":") for item in o.acceptance_lengths)}
     for name, tau in taus.items():
         rows += [(name, p) for p in project_speedup(cost, list(o.batch_sizes), context=o.context, k=k, tau=tau)]
-    COMMAND.out.write({"model": model, "profile": o.profile, "context": o.context, "num_speculative_tokens": k,
-                       "acceptance_rates": {n: acceptance_rate(t, k) for n, t in taus.items()},
+    COMMAND.out.write({"acceptance_rates": {n: acceptance_rate(t, k) for n, t in taus.items()},
                        "rows": [{"workload": n, **dataclasses.asdict(p)} for n, p in rows]}, projection_table(rows))
