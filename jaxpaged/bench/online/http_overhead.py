@@ -30,19 +30,9 @@ from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import ROWS, compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
-
-
-def http_overhead_setup(requests: Sequence[BenchRequest], *, block_size: int, kv_budget_tokens: int,
-                        max_model_len: int | None, max_num_seqs: int, max_num_batched_tokens: int) -> ServingSetup:
-    """The engine both sides run: ``kv_budget_tokens`` in blocks, and (unset) the longest request, in whole blocks."""
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    return ServingSetup(num_blocks=kv_budget_tokens // block_size, block_size=block_size,
-                        max_model_len=max_model_len or cdiv(longest, block_size) * block_size,
-                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def serve_args(model: str, setup: ServingSetup, extra: Sequence[str] = ()) -> list[str]:
