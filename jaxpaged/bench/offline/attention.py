@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.attention import AttentionBackend
+from jaxpaged.bench.offline.step_timing import hand_built_steps
 from jaxpaged.bench.offline.timing import median_seconds, median_step_seconds, seconds_of
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
@@ -24,7 +25,6 @@ from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
-from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from pallas_kernels import ragged_paged_attention_mgpu as mgpu
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
@@ -335,15 +335,7 @@ def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
                                                   1, repeats),
         f"{batch} x {context} ctx, {cfg.num_q_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}")
 
-    rng = np.random.default_rng(0)
-    prefill_blocks, decode_blocks = cdiv(max(lens), bs), cdiv(context + 1, bs)
-    num_blocks = prefill_blocks + batch * decode_blocks
-    perm = rng.permutation(num_blocks)
-    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[:prefill_blocks])], bs)
-                for n in lens}
-    decode_tables = perm[prefill_blocks:].reshape(batch, decode_blocks)
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, decode_tables[i])
-                               for i in range(batch)], bs)
+    decode, prefills, num_blocks = hand_built_steps(batch, context, lens, 256, bs, np.random.default_rng(0))
     model = init_model(config)
     runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
                for b in CPU_BACKENDS}
