@@ -22,7 +22,7 @@ import httpx
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.online.datasets import BenchRequest
-from jaxpaged.bench.online.online_client import RequestResult, run_requests
+from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
 from jaxpaged.report import metrics_table
@@ -64,7 +64,7 @@ def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], of
     summaries = {}
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
-        model = httpx.get(base + "/v1/models", timeout=60, trust_env=False).json()["data"][0]["id"]
+        model = fetch_model_name(base)
         for policy in policies if num_warmup else ():
             prepare(base, policy)
             run_requests(base, model, requests[:num_warmup], offsets[:num_warmup], max_concurrency=max_concurrency)
