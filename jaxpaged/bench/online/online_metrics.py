@@ -5,11 +5,9 @@ last end):
 
 - request / output / total token throughput: completed requests, generated
   tokens, and prompt plus generated tokens, per second of the run;
-- TTFT: send to first content chunk; E2EL: send to last content chunk;
-- TPOT: ``(E2EL - TTFT) / (output_tokens - 1)`` per request with more than one
-  output token;
-- ITL: every gap between consecutive content chunks, pooled over requests (a
-  chunk may carry several tokens, so ITL and TPOT differ when it does);
+- TTFT, E2EL (a request's ``latency``) and ITL as each `RequestResult` records them, ITL pooled over
+  requests (a chunk may carry several tokens, so ITL and TPOT differ when it does);
+- TPOT: ``(E2EL - TTFT) / (output_tokens - 1)`` per request with more than one output token;
 - goodput: requests per second that met every given SLO (in ms, on TTFT, TPOT
   or E2EL; a one-token request's TPOT counts as 0).
 
