@@ -1,18 +1,10 @@
 """``jaxpaged bench http-overhead``: one request set offline (engine in-process) and over HTTP, side by side.
 
-`serve_args` gives ``jaxpaged serve`` the offline engine's settings (model,
-block size, KV budget, limits; prefix caching on); `offline_vs_http` warms both
-sides up, then alternates timed runs, each side resetting its prefix cache
-first, and reports medians (`compare_offline_http`) and the
-offline engine's compiles per run.
-
-Offline, `offline_results` drives an `Engine` through the requests at their
-arrival offsets (jaxpaged/bench/offline/driver.py) and turns each finished
-request's engine timings into the `RequestResult` the HTTP client records:
-TTFT from the scheduled arrival to the first token, ITL between consecutive
-tokens, end-to-end latency to the last token. The difference between the two
-sides is what the HTTP layer (request parsing, the engine loop's queue,
-streamed DELTA outputs and detokenization, SSE, the client) costs.
+How a run goes is the command's help. Offline, `offline_results` drives an `Engine` through the requests at
+their arrival offsets and turns each finished request's engine timings into the `RequestResult` the HTTP
+client records (TTFT from the scheduled arrival, ITL between tokens, latency to the last token), so the
+difference between the sides is what the HTTP layer (request parsing, the engine loop's queue, streamed
+DELTA outputs and detokenization, SSE, the client) costs.
 """
 
 from __future__ import annotations
