@@ -9,8 +9,11 @@ return a `Figure`; nothing else in the package saves one.
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
+import platform
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,17 +49,37 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: 
     return "\n".join(lines + [markdown_row(row) for row in rows])
 
 
+def metrics_table(columns: Mapping[str, Mapping[str, Any]], rows: Sequence[tuple[str, str, str]],
+                  extra_rows: Sequence[Sequence[Any]] = ()) -> str:
+    """A metric-by-column Markdown table: ``rows`` are (label, key, format) looked up in each of ``columns``
+    (header -> its values); a missing, None or NaN value shows as "-", and a row of nothing but "-" is left out."""
+    def cell(values: Mapping[str, Any], key: str, fmt: str) -> str:
+        value = values.get(key)
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+    table = [[label, *(cell(values, key, fmt) for values in columns.values())] for label, key, fmt in rows]
+    return markdown_table(["metric", *columns], [*(r for r in table if any(c != "-" for c in r[1:])), *extra_rows])
+
+
 def markdown_row(cells: Sequence[Any]) -> str:
     """One row of a `markdown_table` (a command streaming rows as they are measured prints these)."""
     return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
+def measured_on() -> dict[str, Any]:
+    """Where and when a result is written: the UTC time, the processor and host, CPUs, the load average."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": platform.processor() or platform.machine(), "host": platform.node(),
+            "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+
+
 def write_outputs(result: Mapping, table: str | None, json_out: str | None, md_out: str | None) -> None:
-    """Write ``result`` (plus `memory_environment`) as JSON to ``json_out`` and ``table`` as Markdown to ``md_out``.
+    """Write ``result`` (plus `measured_on` and `memory_environment`) as JSON to ``json_out`` and ``table`` as
+    Markdown to ``md_out``.
 
     None skips either.
     """
-    result = {"memory_environment": memory_environment()} | dict(result)
+    result = {"measured_on": measured_on(), "memory_environment": memory_environment()} | dict(result)
     for path, text in ((json_out, json.dumps(result, indent=2)), (md_out, None if table is None else table + "\n")):
         if path and text is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)

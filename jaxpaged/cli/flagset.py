@@ -143,11 +143,6 @@ class FlagSet:
                 f"finite numbers >= {number_at_least}")
         self.register_validator(name, ok, message=f"--{name} must be a comma-separated list of {what}")
 
-    def one_of(self, name: str, choices) -> None:
-        """String flag ``name`` must be one of ``choices`` (or unset)."""
-        self.register_validator(name, lambda v: v is None or v in choices,
-                                message=f"--{name} must be one of {sorted(choices)}")
-
     def model_name(self, name: str = "model") -> None:
         """``--model`` must name a shipped config, a config JSON file, a checkpoint directory or a GGUF file."""
         from jaxpaged.config import list_configs

@@ -59,10 +59,7 @@ def run_http(command: CommandFlags, workload: str, *, extra_args: Sequence[str] 
     run = run_http_benchmark(driver.base_url, model, requests, offsets, goodput_slos=slos,
                              max_concurrency=driver.max_concurrency, ignore_eos=driver.ignore_eos,
                              timeout_s=driver.request_timeout_s, progress=progress)
-    result = {"backend": "http", "base_url": driver.base_url, "model": model,
-              "dataset_name": "trace" if wl.trace else dataset.dataset_name, "trace": wl.trace,
-              "workload": workload if dataset.dataset_name == "workload" else None, "num_requests": len(requests),
-              "request_rate": wl.request_rate, "burstiness": driver.burstiness,
-              "max_concurrency": driver.max_concurrency, "goodput_slos_ms": slos} | run.report()
+    result = {"model": model, "dataset_name": "trace" if wl.trace else dataset.dataset_name,
+              "num_requests": len(requests), "goodput_slos_ms": slos} | run.report()
     command.out.write(result, run.table())
     return result

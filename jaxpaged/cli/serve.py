@@ -242,12 +242,7 @@ def serve_engine_core_process() -> int:
 def serve_data_parallel() -> None:
     """--data_parallel_size replicas on a local Ray Serve cluster, until SIGTERM / Ctrl-C."""
     from jaxpaged.server.replicas.app import build_replica_app, serve_replicas_forever
-    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
-    api = build_replica_app(engine_config(), num_replicas=DP.value, served_model_name=SERVED_NAME.value or MODEL.value,
-                            policy=POLICY.value, max_waiting_requests=MAX_WAITING.value,
-                            enable_debug_endpoints=DEBUG.value, replica_env=replica_env,
-                            max_request_body_bytes=MAX_BODY.value, engine_core=ENGINE_CORE.value,
-                            chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
+    api = build_replica_app(engine_config(), num_replicas=DP.value, engine_core=ENGINE_CORE.value, **replica_options())
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
 
 
@@ -257,10 +252,15 @@ def serve_disaggregated() -> None:
     from jaxpaged.server.replicas.disagg import build_disagg_app
     if not (PREFILL_REPLICAS.value and DECODE_REPLICAS.value):
         raise app.UsageError("--prefill_replicas and --decode_replicas go together (both at least 1)")
-    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
     api = build_disagg_app(engine_config(), num_prefill=PREFILL_REPLICAS.value, num_decode=DECODE_REPLICAS.value,
-                           served_model_name=SERVED_NAME.value or MODEL.value, policy=POLICY.value,
-                           max_waiting_requests=MAX_WAITING.value, enable_debug_endpoints=DEBUG.value,
-                           replica_env=replica_env, max_request_body_bytes=MAX_BODY.value,
-                           chat_template=CHAT_TEMPLATE.value, keys=tenant_keys())
+                           **replica_options())
     serve_replicas_forever(api, host=HOST.value, port=PORT.value)
+
+
+def replica_options() -> dict:
+    """What every replica deployment takes from the flags (the replicas keep this process's ``XLA_FLAGS``)."""
+    replica_env = {"XLA_FLAGS": os.environ["XLA_FLAGS"]} if "XLA_FLAGS" in os.environ else None
+    return {"served_model_name": SERVED_NAME.value or MODEL.value, "policy": POLICY.value,
+            "max_waiting_requests": MAX_WAITING.value, "enable_debug_endpoints": DEBUG.value,
+            "replica_env": replica_env, "max_request_body_bytes": MAX_BODY.value,
+            "chat_template": CHAT_TEMPLATE.value, "keys": tenant_keys()}

@@ -18,6 +18,7 @@ from jaxpaged.sim.disaggregated import Pools, PoolsResult, simulate_pools
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.slo import SLO
+from jaxpaged.sim.traces import load_trace, trace_workload
 from jaxpaged.sim.workloads import WorkloadRequest
 
 HEADER = ["time scale", "offered (req/s)", "pools", "throughput (req/s)", "p50 TTFT (s)", "p99 TTFT (s)",
@@ -109,6 +110,14 @@ class SplitSweep:
                 values.append(run["by_slo"][name]["slo_attainment"])
             plots[f"{prefix}_attainment_slo{i}.png"] = lambda c=curves, t=f"{where}: {name}": plot_attainment(c, title=t)
         return plots
+
+
+def trace_at_loads(deployment: Deployment, path: str, *, limit: int,
+                   time_scales: Sequence[float]) -> dict[float, list[WorkloadRequest]]:
+    """The trace's first ``limit`` requests at each time scale's arrivals, prompts cut to what one instance holds."""
+    max_len = min(deployment.model_config.max_position_embeddings, deployment.num_blocks() * deployment.block_size)
+    trace = load_trace(path, limit=limit)
+    return {scale: trace_workload(trace, time_scale=scale, max_model_len=max_len) for scale in time_scales}
 
 
 def split_sweep(deployment: Deployment, requests_at: dict[float, list[WorkloadRequest]], pools: Sequence[Pools], *,

@@ -21,9 +21,11 @@ tokens per sequence make it compute-bound (large batches), which is where
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from jaxpaged.config import load_config
 from jaxpaged.sim.cost_model import CostModel
+from jaxpaged.sim.profiles import get_profile
 
 
 def mean_acceptance_length(alpha: float, k: int) -> float:
@@ -75,6 +77,17 @@ def project_speedup(cost: CostModel, batch_sizes: Sequence[int], *, context: int
         verify = verify_step_time(cost, b, context, k)
         points.append(SpeculationPoint(b, decode, verify, tau, tau * decode / verify))
     return points
+
+
+def project_workloads(model: str, profile: str, taus: Mapping[str, float], batch_sizes: Sequence[int], *,
+                      context: int, k: int) -> tuple[dict, str]:
+    """`project_speedup` of ``model`` on ``profile`` at each workload's mean acceptance length ``taus[name]``:
+    the result (each workload's per-draft acceptance rate, the rows) and its table."""
+    cost = CostModel(load_config(model), get_profile(profile))
+    rows = [(name, p) for name, tau in taus.items()
+            for p in project_speedup(cost, batch_sizes, context=context, k=k, tau=tau)]
+    return ({"acceptance_rates": {name: acceptance_rate(tau, k) for name, tau in taus.items()},
+             "rows": [{"workload": name, **dataclasses.asdict(p)} for name, p in rows]}, projection_table(rows))
 
 
 def projection_table(rows: Sequence[tuple[str, SpeculationPoint]]) -> str:

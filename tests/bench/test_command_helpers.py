@@ -1,7 +1,7 @@
 """Small pieces the commands hand to servers: the replicas' environment, the http-overhead server's flags."""
 
-from jaxpaged.bench.online.datasets import BenchRequest
-from jaxpaged.bench.online.http_overhead import http_overhead_setup, serve_args
+from jaxpaged.bench.offline.serving_workload import ServingWorkload
+from jaxpaged.bench.online.http_overhead import serve_args
 from jaxpaged.bench.online.replicas import replica_env
 
 
@@ -15,12 +15,11 @@ def test_replica_env_keeps_the_callers_xla_flags_first_and_shares_the_compile_ca
 
 
 def test_the_http_overhead_server_gets_the_offline_engines_settings():
-    requests = [BenchRequest("a", [1] * 30, 30, 5), BenchRequest("b", [1] * 10, 10, 40)]
-    setup = http_overhead_setup(requests, block_size=16, kv_budget_tokens=1000, max_model_len=None, max_num_seqs=8,
-                                max_num_batched_tokens=256)
+    engine = {"model": "tiny", "block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+              "compile_cache_dir": ""}
+    setup = ServingWorkload(kv_budget_tokens=1000).setup(engine, longest_context=50)
     assert (setup.num_blocks, setup.max_model_len) == (62, 64)  # 1000 // 16 blocks; 50 tokens -> 4 blocks
     assert serve_args("tiny", setup, ["--x=1"]) == [
         "--model=tiny", "--block_size=16", "--kv_budget_tokens=992", "--max_model_len=64", "--max_num_seqs=8",
         "--max_num_batched_tokens=256", "--x=1"]
-    assert http_overhead_setup(requests, block_size=16, kv_budget_tokens=1000, max_model_len=100, max_num_seqs=8,
-                               max_num_batched_tokens=256).max_model_len == 100
+    assert ServingWorkload(kv_budget_tokens=1000, max_model_len=100).setup(engine, 50).max_model_len == 100

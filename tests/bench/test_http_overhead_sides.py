@@ -5,8 +5,8 @@ import math
 import pytest
 
 from jaxpaged.bench.online.datasets import BenchRequest, random_requests
-from jaxpaged.bench.online.http_overhead import (compare_offline_http, comparison_table, http_cost, median_metrics,
-                                           offline_results)
+from jaxpaged.bench.offline.driver import median_summary
+from jaxpaged.bench.online.http_overhead import compare_offline_http, comparison_table, http_cost, offline_results
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.engine import Engine, EngineConfig
 
@@ -49,10 +49,10 @@ def test_http_cost_and_table():
     assert not any("goodput" in line for line in lines)
 
 
-def test_median_metrics_and_interleaved_runs():
-    assert median_metrics([{"a": 1.0, "b": math.nan}, {"a": 5.0, "b": math.nan}, {"a": 2.0, "b": 3.0}]) == {
+def test_median_summary_and_interleaved_runs():
+    assert median_summary([{"a": 1.0, "b": math.nan}, {"a": 5.0, "b": math.nan}, {"a": 2.0, "b": 3.0}]) == {
         "a": 2.0, "b": 3.0}
-    assert math.isnan(median_metrics([{"a": math.nan}])["a"])
+    assert math.isnan(median_summary([{"a": math.nan}])["a"])
     calls = []
 
     def side(name, value):

@@ -45,7 +45,8 @@ def test_output_flags_write_each_output_only_where_its_flag_points(tmp_path, cap
     plots = {"p.png": lambda: drawn.append("p.png") or Figure(figsize=(1, 1))}
     fs.parse(["prog", f"--md_out={tmp_path}/t.md"])
     assert out.write({"x": 1}, "| t |", plots=plots) == [] and drawn == []  # --plot_dir='' draws nothing
-    assert json.loads((tmp_path / "default.json").read_text())["x"] == 1
+    written = json.loads((tmp_path / "default.json").read_text())
+    assert written["x"] == 1 and written["flags"]["md_out"] == f"{tmp_path}/t.md"  # the flags it ran with
     assert (tmp_path / "t.md").read_text() == "| t |\n" and capsys.readouterr().out.startswith("| t |")
     fs.parse(["prog", "--json_out=", f"--plot_dir={tmp_path}/plots"])
     (tmp_path / "default.json").unlink()

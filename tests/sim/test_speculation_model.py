@@ -7,7 +7,7 @@ from jaxpaged.config import load_config
 from jaxpaged.sim.cost_model import CostModel
 from jaxpaged.sim.profiles import get_profile
 from jaxpaged.sim.speculation import (acceptance_rate, mean_acceptance_length, project_speedup,
-                                      verify_step_time)
+                                      project_workloads, verify_step_time)
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +42,13 @@ def test_speedup_is_tau_when_memory_bound_and_falls_with_batch(cost):
     assert points[0].speedup == pytest.approx(3.0, rel=0.01)  # batch 1 on an H200: weight reads dominate
     speedups = [p.speedup for p in points]
     assert all(a >= b for a, b in zip(speedups, speedups[1:])) and speedups[-1] < 3.0 * 0.6
+
+
+def test_each_workload_is_projected_at_its_own_acceptance_length(cost):
+    result, table = project_workloads("llama3-8b", "h200-141gb", {"a": 3.0, "b": 1.5}, [1, 64], context=1024, k=4)
+    for name, tau in (("a", 3.0), ("b", 1.5)):
+        rows = [r for r in result["rows"] if r["workload"] == name]
+        points = project_speedup(cost, [1, 64], context=1024, k=4, tau=tau)
+        assert [r["speedup"] for r in rows] == [p.speedup for p in points]
+        assert mean_acceptance_length(result["acceptance_rates"][name], 4) == pytest.approx(tau)
+    assert table.count("\n| a |") == 2 and table.count("\n| b |") == 2

@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import platform
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -19,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.attention import AttentionBackend
-from jaxpaged.bench.offline.timing import median_step_seconds
+from jaxpaged.bench.offline.step_timing import hand_built_steps
+from jaxpaged.bench.offline.timing import median_seconds, median_step_seconds, seconds_of
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
 from jaxpaged.engine.config import EngineConfig
@@ -27,7 +25,6 @@ from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
-from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 from pallas_kernels import ragged_paged_attention_mgpu as mgpu
 from pallas_kernels.chunked_xla import chunked_paged_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
@@ -64,6 +61,7 @@ PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_dense": 1 / 1.15}
 
 CPU_BACKENDS = ("xla_reference", "xla")
+PAGED_ARGS = ("q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens")
 
 
 def peak_bandwidth(device) -> float | None:
@@ -72,19 +70,21 @@ def peak_bandwidth(device) -> float | None:
     return next((peak for name, peak in PEAK_HBM_BYTES_PER_S.items() if name in kind), None)
 
 
-def time_call(fn: Callable, args: tuple, repeats: int, warmup: int) -> dict:
-    """Median wall time of `fn(*args)` over `repeats` calls, after `warmup` calls."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first_call_s = time.perf_counter() - start
-    for _ in range(max(warmup - 1, 0)):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "first_call_s": first_call_s}
+def time_against(fn: Callable, args: tuple, expected: jax.Array, repeats: int, warmup: int) -> dict:
+    """Median wall time of `fn(*args)` over `repeats` calls after `warmup` calls (the first one timed apart), and
+    its largest difference from `expected` (the XLA gather reference's output)."""
+    def call():
+        return jax.block_until_ready(fn(*args))
+    first_call_s = seconds_of(call)()
+    return {"median_s": median_seconds(call, repeats, warmup=max(warmup - 1, 0)), "first_call_s": first_call_s,
+            "max_abs_err_vs_xla": float(jnp.max(jnp.abs(call().astype(jnp.float32) - expected.astype(jnp.float32))))}
+
+
+def paged_call(inputs: dict, query_len: int) -> tuple[tuple, dict]:
+    """The positional arguments and the keywords every ragged paged attention takes on `make_paged_inputs`."""
+    return tuple(inputs[name] for name in PAGED_ARGS), {
+        "max_query_len": query_len, "sm_scale": inputs["q"].shape[-1] ** -0.5,
+        "k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
 
 
 def make_paged_inputs(cfg: AttentionBenchConfig, num_seqs: int, context_len: int, query_len: int, key: jax.Array,
@@ -168,29 +168,25 @@ def bundled_paged_attention() -> tuple[Callable | None, str]:
 def benchmark_phase(cfg: AttentionBenchConfig, phase: str, num_seqs: int, query_len: int, key: jax.Array) -> list[dict]:
     """Time every available implementation on one decode or prefill workload."""
     inputs = make_paged_inputs(cfg, num_seqs, cfg.context_len, query_len, key)
-    sm_scale = cfg.head_dim**-0.5
-    scales = {"k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
-    paged_args = tuple(inputs[name] for name in (
-        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
+    paged_args, static = paged_call(inputs, query_len)
+    sm_scale = static["sm_scale"]
     kv_bytes = 2 * num_seqs * cfg.context_len * cfg.num_kv_heads * cfg.head_dim * inputs["k_pages"].dtype.itemsize
-    static = {"max_query_len": query_len, "sm_scale": sm_scale}
 
     candidates: dict[str, tuple[Callable | None, tuple, str]] = {}
     on_cpu = jax.default_backend() == "cpu"
     if on_cpu and not cfg.backend_interpret:
         candidates["pallas"] = (None, (), "skipped on CPU (pass --backend_interpret)")
     else:
-        pallas = jax.jit(functools.partial(ragged_paged_attention, **static, **scales,
-                                           interpret=cfg.backend_interpret))
+        pallas = jax.jit(functools.partial(ragged_paged_attention, **static, interpret=cfg.backend_interpret))
         candidates["pallas"] = (pallas, paged_args, "interpret mode" if cfg.backend_interpret else "")
-    candidates["pallas_mosaic"] = mosaic_candidate(cfg, inputs, paged_args, static | scales)
-    reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static, **scales))
+    candidates["pallas_mosaic"] = mosaic_candidate(cfg, inputs, paged_args, static)
+    reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static))
     candidates["xla_gather"] = (reference, paged_args, "")
-    chunked = jax.jit(functools.partial(chunked_paged_attention, **static, **scales))
-    candidates["xla_chunked"] = (chunked, paged_args, "")
+    candidates["xla_chunked"] = (jax.jit(functools.partial(chunked_paged_attention, **static)), paged_args, "")
     k_dense = to_contiguous(inputs["k_pages"], inputs["block_tables"])
     v_dense = to_contiguous(inputs["v_pages"], inputs["block_tables"])
-    dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, **scales)
+    dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, k_scale=static["k_scale"],
+                              v_scale=static["v_scale"])
     candidates["dense"] = (dense, (inputs["q"], k_dense, v_dense, inputs["context_lens"]), "contiguous cache")
     if phase == "decode":
         candidates["jax_bundled"] = bundled_candidate(inputs, sm_scale)
@@ -204,9 +200,7 @@ def benchmark_phase(cfg: AttentionBenchConfig, phase: str, num_seqs: int, query_
         row = {"phase": phase, "impl": name, "note": note, "kv_bytes": kv_bytes}
         if fn is not None:
             try:
-                row.update(time_call(fn, args, cfg.repeats, cfg.warmup))
-                row["max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(
-                    fn(*args).astype(jnp.float32) - expected.astype(jnp.float32))))
+                row.update(time_against(fn, args, expected, cfg.repeats, cfg.warmup))
             except Exception as error:  # noqa: BLE001 - report a failing baseline, keep measuring
                 row["note"] = f"failed: {error!r}"[:300]
         if "median_s" in row:
@@ -276,26 +270,27 @@ def decode_targets(rows: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    """What the report was measured on: the first device, JAX's backend and version, the host, its peak bandwidth."""
+    """What the report was measured on: the first device, JAX's backend and version, its peak bandwidth."""
     device = jax.devices()[0]
     return {
         "device": device.device_kind,
         "backend": jax.default_backend(),
         "jax": jax.__version__,
-        "host": platform.node(),
         "peak_hbm_bytes_per_s": peak_bandwidth(device),
     }
+
+
+def heading(title: str, report: dict) -> list[str]:
+    """A report's first lines: the title with the device and JAX version, then its configuration."""
+    machine = report["machine"]
+    return [f"# {title} — {machine['device']} (JAX {machine['jax']})", "",
+            "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), ""]
 
 
 def markdown(report: dict) -> str:
     """The results as a Markdown table, with the machine and configuration above it."""
     fmt = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
-    lines = [
-        f"# Paged attention benchmark — {report['machine']['device']} (JAX {report['machine']['jax']})",
-        "",
-        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()),
-        "",
-    ]
+    lines = heading("Paged attention benchmark", report)
     rows = []
     for r in report["results"]:
         median_ms = r["median_s"] * 1e3 if "median_s" in r else None
@@ -310,18 +305,13 @@ def markdown(report: dict) -> str:
 
 def time_attention(inputs: dict, query_len: int, repeats: int) -> dict[str, float]:
     """Median ms of each CPU backend's attention on one workload, and its max error vs the reference."""
-    args = tuple(inputs[name] for name in (
-        "q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens"))
-    static = {"max_query_len": query_len, "sm_scale": args[0].shape[-1] ** -0.5,
-              "k_scale": inputs["k_scale"], "v_scale": inputs["v_scale"]}
+    args, static = paged_call(inputs, query_len)
     fns = {"xla_reference": ragged_paged_attention_reference, "xla": chunked_paged_attention}
-    times, outs = {}, {}
-    for name, fn in fns.items():
-        jitted = jax.jit(functools.partial(fn, **static))
-        times[name] = time_call(jitted, args, repeats, warmup=1)["median_s"] * 1e3
-        outs[name] = jitted(*args).astype(jnp.float32)
-    times["max_abs_err"] = float(jnp.max(jnp.abs(outs["xla"] - outs["xla_reference"])))
-    return times
+    jitted = {name: jax.jit(functools.partial(fn, **static)) for name, fn in fns.items()}
+    expected = jitted["xla_reference"](*args)
+    rows = {name: time_against(fn, args, expected, repeats, warmup=1) for name, fn in jitted.items()}
+    return {name: row["median_s"] * 1e3 for name, row in rows.items()} | {
+        "max_abs_err": rows["xla"]["max_abs_err_vs_xla"]}
 
 
 def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
@@ -346,15 +336,7 @@ def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
                                                   1, repeats),
         f"{batch} x {context} ctx, {cfg.num_q_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}")
 
-    rng = np.random.default_rng(0)
-    prefill_blocks, decode_blocks = cdiv(max(lens), bs), cdiv(context + 1, bs)
-    num_blocks = prefill_blocks + batch * decode_blocks
-    perm = rng.permutation(num_blocks)
-    prefills = {n: build_step_input([ScheduledSeq(list(rng.integers(0, 256, n)), 0, perm[:prefill_blocks])], bs)
-                for n in lens}
-    decode_tables = perm[prefill_blocks:].reshape(batch, decode_blocks)
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, 256))], context, decode_tables[i])
-                               for i in range(batch)], bs)
+    decode, prefills, num_blocks = hand_built_steps(batch, context, lens, 256, bs, np.random.default_rng(0))
     model = init_model(config)
     runners = {b: ModelRunner(model, num_blocks=num_blocks, block_size=bs, backend=AttentionBackend(b))
                for b in CPU_BACKENDS}
@@ -374,10 +356,7 @@ def cpu_sweep(cfg: AttentionBenchConfig) -> list[dict]:
 
 def sweep_markdown(report: dict) -> str:
     """The sweep as a Markdown table, plus each backend's long-over-short prefill throughput."""
-    lines = [
-        f"# CPU attention backends — {report['machine']['device']} (JAX {report['machine']['jax']})", "",
-        "Config: " + ", ".join(f"{k}={v}" for k, v in report["config"].items()), "",
-    ]
+    lines = heading("CPU attention backends", report)
     rows = [[r["section"], r["tokens"], r["shape"], f"{r['xla_reference']:.1f}", f"{r['xla']:.1f}",
              f"{r['speedup']:.1f}x",
              f"{r['xla_reference_tokens_per_s']:.0f}", f"{r['xla_tokens_per_s']:.0f}",

@@ -11,13 +11,12 @@ import numpy as np
 
 from jaxpaged.bench.offline.matmul_floor import matmul_flops, time_matmul_floor
 from jaxpaged.bench.offline.step_profile import profile_step
+from jaxpaged.bench.offline.step_timing import hand_built_steps
 from jaxpaged.bench.offline.timing import median_step_seconds
 from jaxpaged.checkpoint import model_config
-from jaxpaged.mathutils import cdiv
 from jaxpaged.model import init_model
 from jaxpaged.report import markdown_table
 from jaxpaged.runner import ModelRunner
-from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
 
 
 def measure(config_name: str, decode_batch: int, decode_context: int, prefill_lens: list[int],
@@ -27,30 +26,20 @@ def measure(config_name: str, decode_batch: int, decode_context: int, prefill_le
     if max(prefill_lens + [decode_context + 1]) > config.max_position_embeddings:
         raise ValueError(f"lengths must fit max_position_embeddings={config.max_position_embeddings}")
     model = init_model(config)
-    blocks_per_seq = cdiv(max(prefill_lens + [decode_context + 1]), block_size)
-    num_blocks = blocks_per_seq * (decode_batch + 1)
+    decode, prefills, num_blocks = hand_built_steps(decode_batch, decode_context, sorted(prefill_lens),
+                                                    config.vocab_size, block_size, np.random.default_rng(0))
     runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=decode_batch)
-    rng = np.random.default_rng(0)
-    tables = rng.permutation(num_blocks).reshape(-1, blocks_per_seq)
-    vocab = config.vocab_size
-
-    decode_blocks = cdiv(decode_context + 1, block_size)  # what the engine would give each sequence
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], decode_context,
-                                            tables[i + 1][:decode_blocks]) for i in range(decode_batch)], block_size)
     # One decode step and one floor run per round, alternating, so a burst of load on this shared machine
     # slows both sides of a round's ratio rather than one side of the whole comparison.
     rounds = [(median_step_seconds(runner, decode, 1), time_matmul_floor(model, decode_batch, 1))
               for _ in range(repeats)]
     decode_s, floor_s = (float(np.median(times)) for times in zip(*rounds))
     ratio = float(np.median([step / floor for step, floor in rounds]))
-    prefill, step = {}, None
-    for length in sorted(prefill_lens):
-        step = build_step_input([ScheduledSeq(list(rng.integers(0, vocab, length)), 0, tables[0])], block_size)
-        prefill[length] = length / median_step_seconds(runner, step, repeats)
+    prefill = {n: n / median_step_seconds(runner, step, repeats) for n, step in prefills.items()}
     shortest, longest = min(prefill), max(prefill)
     parts = {}
     if breakdown:
-        parts = {"decode": profile_step(runner, decode), f"prefill {longest}": profile_step(runner, step)}
+        parts = {"decode": profile_step(runner, decode), f"prefill {longest}": profile_step(runner, prefills[longest])}
         parts = {kind: {part: s * 1e3 for part, s in times.items()} for kind, times in parts.items()}
     return {
         "model": config.name, "block_size": block_size,

@@ -13,13 +13,16 @@ compiles (reported separately).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from jaxpaged.outputs import RequestOutput, RequestOutputKind
 from jaxpaged.report import markdown_table as render_table
+from jaxpaged.report import metrics_table
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
@@ -151,9 +154,13 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
     return summary
 
 
-def median_summary(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per-key median over repeated runs of one mode."""
-    return {key: float(np.median([run[key] for run in runs])) for key in runs[0]}
+def median_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per-key median of the numbers over repeated runs of one mode, NaNs left out (NaN where all are)."""
+    def median(values) -> float:
+        finite = [v for v in values if not math.isnan(v)]
+        return float(np.median(finite)) if finite else float("nan")
+    return {key: median([run[key] for run in runs]) for key, value in runs[0].items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 # metrics compared between modes as plain ratios a/b
@@ -196,10 +203,7 @@ _ROWS = (
 
 def markdown_table(summaries: Mapping[str, Mapping[str, float]], ratios: Mapping[str, float] | None = None) -> str:
     """A metrics-by-mode Markdown table, then a table of ratios between modes."""
-    modes = list(summaries)
-    table = render_table(["metric", *modes], [[label, *(fmt.format(summaries[m][key]) for m in modes)]
-                                              for label, key, fmt in _ROWS])
-    return table + ("\n\n" + ratio_table(ratios) if ratios else "")
+    return metrics_table(summaries, _ROWS) + ("\n\n" + ratio_table(ratios) if ratios else "")
 
 
 def ratio_table(ratios: Mapping[str, float], extra_rows: Sequence[Sequence[str]] = ()) -> str:

@@ -1,30 +1,9 @@
-"""Host overhead of `Engine.step` at GPU batch sizes, and whether it hides under the device step.
+"""Host overhead of `Engine.step` at GPU batch sizes over a stand-in device (`jaxpaged bench host-overhead`).
 
-A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) stands in for a
-GPU: it lays out every step with the real code and queues the step's
-predicted time on a device modelled as a FIFO of deadlines (reading a step's
-tokens sleeps until it ends). The engine, scheduler, cache manager and
-output processor are the real ones.
-
-`measure_host_overhead` serves `num_seqs` decoding sequences of ~`context_len`
-tokens and times, per step, the engine's parts (schedule, input layout,
-update from the step's results, output processing) and the whole step minus
-the time spent waiting for the device (and predicting its time). With
-`sleep=False` the device takes no time, so the step time is all host time;
-with `sleep=True` the device-busy fraction (the share of the measured wall
-time the device spent in steps) shows how much of the host work is
-hidden, with asynchronous scheduling on or off. With `engine_core=True` the
-engine is set up as the engine core process runs it (`jaxpaged.server.core`:
-wire-form outputs, Prometheus stat logger) and each step's outputs are also
-packed and encoded as the message the core sends (`wire_ms`, part of
-`host_ms`). With `structured=True` every sequence is constrained by a grammar
-(JSON lines of an object schema, `STRUCTURED_GRAMMAR`) over a synthetic
-byte-level BPE vocabulary of the model's size: the host then also fills each
-step's token masks and advances the matchers, and the stand-in device draws
-each row's token at random among those its mask allows.
-
-``jaxpaged bench host-overhead``: `sweep_host_overhead` repeats every configuration,
-interleaved so machine load drifts over all of them alike; `host_overhead_tables` reports the medians.
+A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) lays out every step with the real code and
+queues its predicted time on a device modelled as a FIFO of deadlines; the engine, scheduler, cache
+manager and output processor are the real ones. `sweep_host_overhead` repeats every configuration,
+interleaved, and `host_overhead_tables` reports the medians (docs/benchmarks/host-overhead.md).
 """
 
 from __future__ import annotations
@@ -88,7 +67,15 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
                           async_scheduling: bool = True, sleep: bool = True,
                           output_kind: RequestOutputKind = RequestOutputKind.DELTA, detokenize: bool = False,
                           seed: int = 0, engine_core: bool = False, structured: bool = False) -> HostOverhead:
-    """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in."""
+    """Serve `num_seqs` decodes of ~`context_len` tokens; time `steps` steps after the prompts are in.
+
+    Per step: the engine's parts (schedule, input layout, update, outputs) and the whole step minus the
+    wait for the device. `sleep=False`: the device takes no time (all host time); `sleep=True`: the
+    device-busy fraction shows how much host work hides under the steps. `engine_core`: the engine set up
+    as the core process runs it, each step's outputs also packed and encoded (`wire_ms`, part of
+    `host_ms`). `structured`: every sequence under `STRUCTURED_GRAMMAR` over a synthetic BPE vocabulary
+    of the model's size (masks filled, matchers advanced; the stand-in draws among allowed tokens).
+    """
     config = model_config(model)
     block_size = DEFAULT_BLOCK_SIZE
     budget = 16384  # prompts go in fast; the measured steps are pure decodes whatever the budget

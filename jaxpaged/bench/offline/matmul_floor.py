@@ -16,13 +16,13 @@ with oneDNN's GEMMs, beside XLA's.
 from __future__ import annotations
 
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from jaxpaged.bench.offline.timing import median_seconds
 from jaxpaged.model import DecoderModel
 
 
@@ -75,13 +75,7 @@ def time_matmul_floor(model: DecoderModel, rows: int, repeats: int = 10) -> floa
     layers = model_weight_matrices(model)
     x = floor_input(model, rows)
     gemms = jax.jit(_weight_gemms)
-    jax.block_until_ready(gemms(x, layers))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(gemms(x, layers))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(lambda: jax.block_until_ready(gemms(x, layers)), repeats)
 
 
 def _torch_chain(x, layers):
@@ -130,14 +124,9 @@ def torch_gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5
     x = _to_torch(floor_input(model, rows))
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # every core, as vLLM's CPU build is given them here
-    times = []
     try:
         with torch.inference_mode():
-            _torch_chain(x, layers)
-            for _ in range(repeats):
-                start = time.perf_counter()
-                _torch_chain(x, layers)
-                times.append(time.perf_counter() - start)
+            seconds = median_seconds(lambda: _torch_chain(x, layers), repeats)
     finally:
         torch.set_num_threads(threads)
-    return matmul_flops(model, rows) / float(np.median(times))
+    return matmul_flops(model, rows) / seconds

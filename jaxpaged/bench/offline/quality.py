@@ -1,28 +1,9 @@
 """Real-text quality of the serving numerics on a pretrained model (`jaxpaged bench quality`).
 
-Two figures, both on the pretrained GGUF (SmolLM2-135M-Instruct by default):
-
-- **Perplexity** of the shipped public-domain passages (data/quality/passages.jsonl),
-  each passage one request whose prompt logprobs score every token after its
-  first, under several numerics and KV layouts: float32 weights and KV (the
-  reference), bfloat16 weights and KV, fp8 KV on float32 and bfloat16 weights
-  with three kinds of scale, the contiguous KV layout, and a hybrid layout
-  (sliding-window KV cache groups imposed on the model).
-- **FP8 agreement with bf16** over the shipped chat prompts
-  (data/quality/chat_prompts.jsonl): the bf16 engine answers greedily; the
-  bf16-weight fp8-KV engine (a) answers greedily too (answers identical token for
-  token, and the tokens before the first difference) and (b) is teacher-forced
-  on the bf16 answers (prompt logprobs with the top-1 token), which gives top-1
-  agreement at every answer position without one early difference snowballing.
-
-fp8 scales: `unit` is 1.0 everywhere (what vLLM uses when no scales are given);
-`per-tensor` is one scale per layer for K and one for V (the largest of the
-calibrated per-head scales); `per-head` is jaxpaged's calibration
-(`jaxpaged.runner.calibrate_kv_scales`: the K/V absmax of the calibration text per
-layer and KV head, times the margin, over 448). The calibration text is the
-first chat prompt, as the engine calibrates on its first prefill (a short
-prompt); `per-head-long` calibrates the same way on the first passage instead
-(in-sample for that passage's tokens).
+Perplexity of the shipped passages under each numerics and KV layout (`perplexity_variants`,
+`perplexity_rows`), and the fp8-KV engine's greedy and teacher-forced agreement with the bf16 one over
+the shipped chat prompts. The variants, the fp8 scale kinds and what each figure means:
+docs/benchmarks/quality.md.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from jaxpaged.bench.offline.serving import ServingSetup
 from jaxpaged.bench.options import option
 from jaxpaged.mathutils import cdiv
 from jaxpaged.sim.traces import load_trace, trace_workload
-from jaxpaged.sim.workloads import WORKLOADS, WorkloadRequest, assign_arrivals, make_workload, max_context_len
+from jaxpaged.sim.workloads import WORKLOADS, WorkloadRequest, assign_arrivals, make_workload
 
 # the EngineConfig fields a serving benchmark exposes as flags (compile time is excluded anyway)
 SERVING_ENGINE_FIELDS = ["model", "max_num_seqs", "max_num_batched_tokens", "compile_cache_dir", "block_size"]
@@ -75,14 +75,14 @@ class ServingWorkload:
         """The trace when there is one, else the workload ``name``."""
         return self.trace_requests() if self.trace else self.workload(name)
 
-    def setup(self, engine: Mapping[str, object], requests: list[WorkloadRequest]) -> ServingSetup:
+    def setup(self, engine: Mapping[str, object], longest_context: int) -> ServingSetup:
         """The KV budget in blocks and the engine limits (``engine``: the `EngineConfig` fields the command took).
 
-        Without ``max_model_len`` the limit is the longest context ``requests`` reach,
-        rounded up to whole blocks, so every request is admissible.
+        Without ``max_model_len`` the limit is ``longest_context`` (the longest context the
+        requests reach), rounded up to whole blocks, so every request is admissible.
         """
         block_size = engine["block_size"]
-        max_model_len = self.max_model_len or cdiv(max_context_len(requests), block_size) * block_size
+        max_model_len = self.max_model_len or cdiv(longest_context, block_size) * block_size
         limits = {k: v for k, v in engine.items() if k in {f.name for f in dataclasses.fields(ServingSetup)}}
         return ServingSetup(**(limits | {"num_blocks": self.kv_budget_tokens // block_size,
                                          "max_model_len": max_model_len}))

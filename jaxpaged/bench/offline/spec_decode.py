@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from jaxpaged.bench.offline.driver import median_summary, run_workload, summarize
+from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
 
@@ -103,22 +104,23 @@ def run_spec_decode_bench(engines: Mapping[str, object], workloads: Mapping[str,
             for mode in engines:
                 if tokens[mode] != tokens["off"]:
                     raise RuntimeError(f"{name} at batch {batch_size}: mode {mode}'s greedy tokens differ from off's")
-            runs: dict[str, list[dict]] = {mode: [] for mode in engines}
-            for _ in range(repeats):
-                for mode, engine in engines.items():
-                    engine.reset_prefix_cache()
-                    stats = engine.stats
-                    drafts, accepted = stats.spec_num_drafts, stats.spec_num_accepted_tokens
-                    record = run_workload(engine, requests)
-                    # this run's own acceptance (the record holds the engine's running totals)
-                    record.spec_num_drafts -= drafts
-                    record.spec_num_accepted_tokens -= accepted
-                    runs[mode].append(summarize(record))
+            runs = alternate({mode: lambda e=engine: _measured_run(e, requests) for mode, engine in engines.items()},
+                             repeats)
             row = SpecDecodeRow(name, batch_size, {mode: median_summary(r) for mode, r in runs.items()})
             rows.append(row)
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def _measured_run(engine, requests: Sequence[WorkloadRequest]) -> dict:
+    """One timed pass on an emptied prefix cache, with this pass's own acceptance (the engine keeps totals)."""
+    engine.reset_prefix_cache()
+    drafts, accepted = engine.stats.spec_num_drafts, engine.stats.spec_num_accepted_tokens
+    record = run_workload(engine, requests)
+    record.spec_num_drafts -= drafts
+    record.spec_num_accepted_tokens -= accepted
+    return summarize(record)
 
 
 def spec_decode_table(rows: Sequence[SpecDecodeRow]) -> str:

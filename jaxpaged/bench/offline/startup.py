@@ -1,39 +1,18 @@
-"""Start-up time: a fresh process's first `generate`, and a server's start to its first streamed token.
+"""Start-up time (`jaxpaged bench startup`): a fresh process's first `generate`, and a server's start to its
+first streamed token, each a new Python process of a source tree, with the compile cache off, cold or warm.
 
-Every measurement is a new Python process, as a user's start is: for `generate`,
-`python -c` imports jaxpaged, builds `LLM(model)` and runs one `generate` over
-a fixed prompt set (random lengths, greedy, a fixed output length); for `serve`,
-`jaxpaged serve` (`scripts/serve.py` in a tree from before the command line) is
-launched and one streaming completion is sent (retried
-until the server answers) and timed to its first token.
-
-Each code version is a source tree (`root`: this checkout, or a worktree at an
-older commit) run with the same interpreter. Cache states:
-
-- `off`: no persistent compile cache (`$JAXPAGED_CACHE_DIR=""`; a tree from
-  before the cache existed has none anyway);
-- `cold`: an empty cache directory (the first start on a machine);
-- `warm`: the directory the `cold` run just filled (every later start).
-
-With a vLLM install (`vllm_python`), vLLM's `LLM()` and first `generate` of
-the same prompts run the same way (`vllm_worker.py` in a fresh process), cold
-with empty vLLM and torch-inductor caches and warm with the ones it filled.
-
-Versions alternate inside each repeat so that load on a shared machine falls on
-all of them alike; medians over repeats are reported.
-`run_startups` and `padding_report` are the command's runs, dated with the machine they ran on.
+`run_startups` alternates the versions (this tree, a baseline worktree, vLLM with ``vllm_python``)
+inside every repeat and reports medians; `padding_report` times one schedule at further padded step
+sizes. What each start measures and the figures: docs/benchmarks/startup.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
-import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,12 +24,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from jaxpaged.bench.online.server_process import free_port
+from jaxpaged.bench.offline.driver import median_summary
+from jaxpaged.bench.online.server_process import ROOT, SERVE_COMMAND, ServerProcess
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
 
 
-CACHE_STATES = ("off", "cold", "warm")
+CACHE_STATES = ("off", "cold", "warm")  # no persistent compile cache; an empty one; what `cold` just filled
 KINDS = ("generate", "serve")
 
 # runs against any version's public API (LLM, SamplingParams; `Engine.num_compiles`, None in trees older
@@ -138,33 +118,21 @@ def vllm_first_generate(python: str, case: StartupCase, cache_dir: str) -> dict:
 def _serve_command(root: Path) -> list[str]:
     """How `root`'s tree starts its server: `jaxpaged serve`, or the script a tree before the CLI had."""
     legacy = root / "scripts" / "serve.py"
-    return [sys.executable, str(legacy)] if legacy.exists() else [sys.executable, "-m", "jaxpaged", "serve"]
+    return [sys.executable, str(legacy)] if legacy.exists() else [*SERVE_COMMAND]
 
 
 def first_token(root: Path, case: StartupCase, cache_dir: str | None, *, timeout_s: float = 1800) -> dict:
     """Launch the tree's server, wait for `GET /health`, stream one completion; seconds from launch."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.mkdtemp(prefix="jaxpaged-startup-")) / "server.log"
+    server = ServerProcess([f"--model={case.model}"], command=_serve_command(root), cwd=root,
+                           env=_env(root, cache_dir), inherit_env=False, startup_timeout_s=timeout_s)
     body = {"model": case.model, "prompt": list(range(1, case.serve_prompt_len + 1)), "temperature": 0,
             "max_tokens": case.serve_output_len, "stream": True}
     start = time.perf_counter()
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen([*_serve_command(root), f"--model={case.model}",
-                                 "--host=127.0.0.1", f"--port={port}"], cwd=root, env=_env(root, cache_dir),
-                                stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        while True:
-            if time.perf_counter() - start > timeout_s or proc.poll() is not None:
-                raise RuntimeError(f"the server did not come up:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5.0, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        server.start()
         up = time.perf_counter()
-        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s, trust_env=False) as response:
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=timeout_s,
+                          trust_env=False) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"]:
@@ -172,13 +140,8 @@ def first_token(root: Path, case: StartupCase, cache_dir: str | None, *, timeout
         first = time.perf_counter()
         return {"total_s": first - start, "healthy_s": up - start, "first_token_after_request_s": first - up}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(log.parent, ignore_errors=True)
+        server.stop(60)
+        shutil.rmtree(server.log_path.parent, ignore_errors=True)
 
 
 def has_compile_cache(root: Path) -> bool:
@@ -220,10 +183,7 @@ def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds
                         log(f"repeat {r + 1}/{repeats} {key}: {runs[key][-1]['total_s']:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    medians = {key: {name: statistics.median(run[name] for run in rs)
-                     for name, value in rs[0].items() if isinstance(value, (int, float)) and value is not None}
-               for key, rs in runs.items()}
-    return {"runs": runs, "median": medians}
+    return {"runs": runs, "median": {key: median_summary(rs) for key, rs in runs.items()}}
 
 
 def startup_table(result: dict, baseline: str | None = None) -> str:
@@ -314,29 +274,19 @@ def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
                            for model, rs in rows.items() for r in rs], align="lllr")
 
 
-THIS_TREE = Path(__file__).resolve().parents[3]  # the source tree this module is in
-
-
 def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kinds: Sequence[str] = KINDS,
                  cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, num_prompts: int = 16,
                  output_len: int = 32, vllm_python: str | None = None) -> tuple[dict, str]:
     """Every start of every model, this tree alternating with ``baseline_root`` when given: the result and table."""
-    started = _now()
-    versions = {"this": THIS_TREE} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
+    versions = {"this": ROOT} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
     cases = [StartupCase(model, num_prompts=num_prompts, output_len=output_len) for model in models]
     result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats,
                      vllm_python=vllm_python)
-    result |= {"date": started, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg(), "versions": {k: str(v) for k, v in versions.items()}}
+    result["versions"] = {k: str(v) for k, v in versions.items()}
     return result, startup_table(result, "before" if baseline_root else None)
 
 
 def padding_report(models: Sequence[str]) -> tuple[dict, str]:
     """Each model's step time at sizes padded further (`padding_costs`): the result and table."""
-    started = _now()
     rows = {model: padding_costs(model) for model in models}
-    return {"padding_costs": rows, "date": started}, padding_table(rows)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return {"padding_costs": rows}, padding_table(rows)

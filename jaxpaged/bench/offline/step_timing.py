@@ -1,13 +1,14 @@
-"""One prefill step and one decode step of a model's random weights, built by hand and timed.
+"""Prefill and decode steps of a model's random weights, built by hand and timed.
 
-`StepShape` is the pair's sizes, the options of ``jaxpaged bench step``,
-``bench logit-controls`` and ``bench tensor-parallel``; `step_pair` builds the
-two `StepInput`s; `time_prefill_and_decode` is ``bench step`` itself.
+`hand_built_steps` lays out a decode step and one-sequence prefills over shuffled blocks (``bench step``,
+``logit-controls``, ``tensor-parallel``, ``cpu-efficiency``, ``attention --cpu_sweep``); `StepShape` is the
+sizes of the first three, `step_pair` its two steps; `time_prefill_and_decode` is ``bench step`` itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,23 +28,33 @@ class StepShape:
     decode_batch: int = option(32, "sequences in the decode step", at_least=1)
     decode_context: int = option(512, "context length of each decoding sequence", at_least=1)
 
-    def blocks_per_seq(self, block_size: int) -> int:
-        """Blocks of one sequence's table: room for the prefill or a decode row's context and its new token."""
-        return cdiv(max(self.prefill_len, self.decode_context + 1), block_size)
+
+def hand_built_steps(decode_batch: int, decode_context: int, prefill_lens: Sequence[int], vocab: int,
+                     block_size: int, rng: np.random.Generator) -> tuple[StepInput, dict[int, StepInput], int]:
+    """A decode step of ``decode_batch`` rows at ``decode_context`` and a one-sequence prefill of each length in
+    ``prefill_lens``, random token ids below ``vocab``, over shuffled blocks; and the number of blocks they need.
+
+    A decode row's table holds its context's and its new token's blocks, what the engine would give it; the
+    prefills share one table as wide as the longest sequence of the set.
+    """
+    decode_blocks = cdiv(decode_context + 1, block_size)
+    prefill_blocks = max(cdiv(max(prefill_lens), block_size), decode_blocks)
+    num_blocks = prefill_blocks + decode_batch * decode_blocks
+    blocks = rng.permutation(num_blocks)
+    tables = blocks[prefill_blocks:].reshape(decode_batch, decode_blocks)
+    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], decode_context, tables[i])
+                               for i in range(decode_batch)], block_size)
+    prefills = {n: build_step_input([ScheduledSeq(rng.integers(0, vocab, n).tolist(), 0, blocks[:prefill_blocks])],
+                                    block_size) for n in prefill_lens}
+    return decode, prefills, num_blocks
 
 
 def step_pair(shape: StepShape, vocab: int, block_size: int,
               rng: np.random.Generator) -> tuple[StepInput, StepInput, int]:
-    """``shape``'s decode step and prefill, random token ids below ``vocab``, over shuffled blocks; and the
-    number of blocks they need."""
-    per_seq = shape.blocks_per_seq(block_size)
-    num_blocks = per_seq * (shape.decode_batch + 1)
-    tables = rng.permutation(num_blocks).reshape(-1, per_seq)
-    decode = build_step_input([ScheduledSeq([int(rng.integers(0, vocab))], shape.decode_context, tables[i + 1])
-                               for i in range(shape.decode_batch)], block_size)
-    prefill = build_step_input([ScheduledSeq(rng.integers(0, vocab, shape.prefill_len).tolist(), 0, tables[0])],
-                               block_size)
-    return decode, prefill, num_blocks
+    """``shape``'s decode step and prefill (`hand_built_steps`), and the number of blocks they need."""
+    decode, prefills, num_blocks = hand_built_steps(shape.decode_batch, shape.decode_context, [shape.prefill_len],
+                                                    vocab, block_size, rng)
+    return decode, prefills[shape.prefill_len], num_blocks
 
 
 def time_prefill_and_decode(config: ModelConfig, shape: StepShape, *, block_size: int, repeats: int) -> dict:

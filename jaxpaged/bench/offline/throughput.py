@@ -1,29 +1,11 @@
-"""``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged and Hugging Face transformers.
+"""``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged, transformers and vLLM, side by side.
 
-A fixed prompt set, all at once, timed end to end. Both backends read the same
-Hugging Face checkpoint directory (a shipped config is saved as one first, with
-random weights from a seed) and get the same prompts, and every prompt
-generates exactly `output_len` tokens (EOS ignored). Throughput is requests,
-output tokens and prompt + output tokens per second of the measured pass; what
-comes before it is reported apart: for jaxpaged a first `LLM.generate` over the
-same prompts (it compiles every step shape), then the prefix cache is emptied
-so the measured call reuses nothing from it; for transformers a short warm-up
-`generate` (jaxpaged/bench/offline/hf_backend.py). `run_throughput` measures the
-backends ``repeats`` times interleaved; `throughput_table` renders the result.
-
-The GEMM floor of a pass is its time if nothing but its weight GEMMs took any:
-each row costs the same weight-GEMM FLOPs in any engine
-(`matmul_floor.weight_flops_per_row`), counted at the FLOP/s this machine
-reaches on the model's own weight GEMMs (prompt rows at a prefill-sized GEMM's
-rate, generated rows at a decode-sized one's). `elapsed / floor` is how far a
-pass is from its weight GEMMs; `hf elapsed / jaxpaged floor` is the largest
-jaxpaged/hf ratio this machine allows on the workload. Rows counted: the prompt
-tokens a backend computes (jaxpaged skips prefix-cache hits), every generated
-token except each request's last, and one LM-head row per generated token.
-Attention FLOPs are left out, so the floor is a lower bound. Where torch is
-installed the same floor is also counted at the FLOP/s torch's oneDNN GEMMs
-reach on the same weights (vLLM's CPU GEMMs): `vllm elapsed / jaxpaged floor
-at oneDNN's rate` is the largest ratio an engine with oneDNN's GEMMs could reach.
+`run_throughput` builds and warms up each backend on the same checkpoint and
+prompts, measures their passes interleaved, and `throughput_table` renders the
+medians and ratios. What a pass times, what is reported apart and the
+weight-GEMM floor (`GemmFloor`) are described in the command's help and
+docs/benchmarks/throughput.md; the floor at oneDNN's FLOP/s in
+docs/benchmarks/cpu-performance.md.
 """
 
 from __future__ import annotations
@@ -47,7 +29,7 @@ from jaxpaged.config import list_configs, load_config
 from jaxpaged.llm import LLM
 from jaxpaged.mathutils import cdiv
 from jaxpaged.model import DecoderModel
-from jaxpaged.report import markdown_table
+from jaxpaged.report import metrics_table
 from jaxpaged.sampling_params import SamplingParams
 
 
@@ -214,7 +196,12 @@ class GemmFloor:
 
     def seconds(self, summary: Mapping[str, float], *, onednn: bool = False) -> float:
         """The floor of one pass, from its `summarize` dict (needs prompt_tokens_computed, output_tokens,
-        num_requests); at oneDNN's measured FLOP/s with `onednn`."""
+        num_requests); at oneDNN's measured FLOP/s with `onednn`.
+
+        Rows: the prompt tokens computed (prefix-cache hits skipped) at the prefill rate; every generated
+        token but each request's last, plus one LM-head row per generated token, at the decode rate.
+        Attention FLOPs are left out, so the floor is a lower bound.
+        """
         prefill_rate, decode_rate = ((self.onednn_prefill_flops_per_s, self.onednn_decode_flops_per_s) if onednn
                                      else (self.prefill_flops_per_s, self.decode_flops_per_s))
         fed_back = summary["output_tokens"] - summary["num_requests"]
@@ -300,10 +287,7 @@ _ROWS = (
 
 def throughput_table(result: Mapping) -> str:
     """A metrics-by-backend Markdown table of the medians, then the ratios and greedy agreement if present."""
-    medians = result["median"]
-    names = list(medians)
-    table = markdown_table(["metric", *names], [[label, *(fmt.format(medians[n][key]) for n in names)]
-                                                for label, key, fmt in _ROWS if key in medians[names[0]]])
+    table = metrics_table(result["median"], _ROWS)
     if "ratios" in result:
         agreement = [[f"prompts with identical outputs, jaxpaged and {peer}", f"{share:.0%}"]
                      for peer, share in result["token_agreement"].items()]
@@ -377,17 +361,15 @@ def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]
     return backends
 
 
-def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, spec: PromptSpec,
-                   settings: Mapping = ()) -> tuple[dict, str]:
-    """Measure every backend ``run.repeats`` times on ``spec``'s prompts: the result (``settings`` merged in) and
-    its table.
+def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, spec: PromptSpec) -> tuple[dict, str]:
+    """Measure every backend ``run.repeats`` times on ``spec``'s prompts: the result and its table.
 
     ``model`` is a Hugging Face checkpoint directory or a shipped config saved
     once under ``checkpoint_dir`` (random weights from ``spec.seed``). The
-    result names the date and the load average before and after (the machine
-    may be shared).
+    result names the load average before the run (the written JSON's
+    ``measured_on`` the one after: the machine may be shared).
     """
-    started = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_average_start": os.getloadavg()}
+    load_average_start = os.getloadavg()  # the end's is in the written result's measured_on
     checkpoint = hf_checkpoint(model, checkpoint_dir, seed=spec.seed)
     from jaxpaged.checkpoint import read_hf_config
     prompts = make_prompts(spec, read_hf_config(checkpoint).vocab_size)
@@ -412,5 +394,5 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
                      floor.decode_flops_per_s / 1e9, floor.decode_rows,
                      floor.onednn_prefill_flops_per_s, floor.onednn_decode_flops_per_s)
     result = throughput_result(runs, prompts, floor)
-    meta = started | {"load_average_end": os.getloadavg(), "checkpoint": str(checkpoint)} | dict(settings)
+    meta = {"load_average_start": load_average_start, "checkpoint": str(checkpoint)}
     return meta | result, throughput_table(result)

@@ -102,15 +102,16 @@ def seconds_of(fn: Callable[[], object]) -> Callable[[], float]:
     return timed
 
 
+def median_seconds(fn: Callable[[], object], repeats: int, *, warmup: int = 1) -> float:
+    """Median seconds of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls (the first compiles)."""
+    for _ in range(warmup):
+        fn()
+    return float(np.median([seconds_of(fn)() for _ in range(repeats)]))
+
+
 def median_step_seconds(runner: ModelRunner, step: StepInput, repeats: int) -> float:
     """Median seconds of one hand-built step, after a compile-and-warm-up run.
 
     Each run brings the sampled ids to the host: a full round trip.
     """
-    runner.execute(step)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        runner.execute(step)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(lambda: runner.execute(step), repeats)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from jaxpaged.bench.online.server_process import ServerProcess, free_port
+from jaxpaged.bench.online.server_process import ChildProcess, ServerProcess, free_port
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
@@ -86,26 +85,14 @@ def traffic(base_url: str, model: str, seconds: float) -> int:
     return n
 
 
-def start_prometheus(binary: str, target: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    """A Prometheus scraping ``target`` every second; returns the process and its URL once ready."""
+def prometheus_process(binary: str, target: str, workdir: Path) -> ChildProcess:
+    """A Prometheus scraping ``target`` every second (not started: a context manager, ready at ``/-/ready``)."""
     config = workdir / "prometheus.yml"
     config.write_text(SCRAPE_CONFIG.format(target=target))
     port = free_port()
-    with open(workdir / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited:\n{(workdir / 'prometheus.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1.0, trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("prometheus did not become ready")
+    return ChildProcess([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                         f"--web.listen-address=127.0.0.1:{port}"], f"http://127.0.0.1:{port}/-/ready", cwd=None,
+                        startup_timeout_s=30)
 
 
 def evaluate(client: httpx.Client, queries: Sequence[PanelQuery]) -> list[dict]:
@@ -141,16 +128,13 @@ def run_dashboard_check(check: DashboardCheck) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="jaxpaged-prometheus-"))
     with ServerProcess([f"--model={check.model}", f"--eviction_policy={check.eviction_policy}",
                         f"--compile_cache_dir={check.compile_cache_dir}", *SERVER_ARGS]) as server:
-        prometheus, url = start_prometheus(check.prometheus, f"{server.host}:{server.port}", workdir)
-        try:
+        with prometheus_process(check.prometheus, f"{server.host}:{server.port}", workdir) as prometheus:
             num_requests = traffic(server.base_url, check.model, check.traffic_s)
             time.sleep(3.0)  # a last scrape or two after the traffic
+            url = prometheus.ready_url.removesuffix("/-/ready")
             with httpx.Client(base_url=url, timeout=30.0, trust_env=False) as client:
                 rows = evaluate(client, dashboard_queries(check.dashboard, rate_interval=check.rate_interval))
                 version = client.get("/api/v1/status/buildinfo").json()["data"]["version"]
-        finally:
-            prometheus.terminate()
-            prometheus.wait(30)
     print(f"{num_requests} requests; Prometheus {version}; dashboard {Path(check.dashboard).name}\n")
     return {"prometheus_version": version, "num_requests": num_requests, "rate_interval": check.rate_interval,
             "queries": rows}

@@ -1,35 +1,17 @@
 """``jaxpaged bench disagg``: colocated against one prefill + one decode process, and the transports' costs.
 
-Serving part: one workload, run against each deployment in turn in one run:
-
-* ``colocated``: one ``jaxpaged serve``;
-* ``disagg-<transport>``: ``jaxpaged serve --kv_role=prefill``, ``jaxpaged serve
-  --kv_role=decode`` and ``jaxpaged proxy`` in front (clients see one endpoint).
-
-The workload mixes running decodes (short prompts, long outputs, all sent at
-the start) with long prompts arriving while they run (short outputs). Per
-class: TTFT and TPOT p50/p99 and the decodes' worst inter-token gap (the stall
-a long prompt causes a colocated engine).
-
-Warm-up: the workload on other prompts, repeated (up to ``max_warmup_runs``,
-``MAX_WARMUP_RUNS`` by default) until a run compiles no new step shape; the step shapes the engines still
-compile during the timed run are counted (``compiles``): a TTFT that includes
-a compile says so. A disaggregated engine sees other step shapes than a
-colocated one (its requests arrive one by one, each after its pull), which
-the first profile of this benchmark mistook for the hop's cost.
-
-Transport part: a block server in another process with an outbox of random
-blocks of the model's block shape; this process pulls 1 block (per-request
-overhead) and ``--transport_blocks`` blocks (bandwidth) ``--repeats`` times
-through each transport, checking every batch's digest as the engine does.
+`run_deployment` serves one `DisaggWorkload` (running decodes, long prompts arriving while they run) by
+one ``jaxpaged serve`` or by a prefill and a decode server behind ``jaxpaged proxy``, after warm-up runs
+on other prompts until no new step shape compiles (the shapes still compiled while timed are counted:
+a disaggregated engine sees other shapes than a colocated one); `class_metrics` gives TTFT, TPOT and
+the worst gap per request class. `measure_transport` times pulls between two processes
+(docs/benchmarks/disaggregation.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -39,11 +21,12 @@ import numpy as np
 from jaxpaged.bench.online.datasets import BenchRequest, random_requests
 from jaxpaged.bench.online.online_client import RequestResult, run_requests
 from jaxpaged.bench.online.online_metrics import request_tpot
-from jaxpaged.bench.online.server_process import ROOT, ServerProcess, free_port
+from jaxpaged.bench.online.server_process import ServerProcess, free_port
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
 MAX_WARMUP_RUNS = 4
+PROXY_COMMAND = (sys.executable, "-m", "jaxpaged", "proxy")
 STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it compiles (or loads from the cache)
 
 
@@ -110,21 +93,16 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
                                                  f"--kv_transport={transport}"]).start())
             servers.append(ServerProcess(base + ["--kv_role=decode", f"--kv_peers={kv_address}",
                                                  f"--kv_transport={transport}"]).start())
-            port = free_port()
-            proxy = subprocess.Popen([sys.executable, "-m", "jaxpaged", "proxy", f"--port={port}",
-                                      f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
-                                     cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url)
+            proxy = ServerProcess([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
+                                  command=PROXY_COMMAND, startup_timeout_s=60).start()
+            url = proxy.base_url
         warmup_runs = _warm_up(url, model, workload, servers, max_warmup_runs)
         compiled = _step_shapes(servers)
         results, duration = run_requests(url, model, requests, offsets)
         compiles = _step_shapes(servers) - compiled
     finally:
         if proxy is not None:
-            proxy.terminate()
-            proxy.wait(30)
+            proxy.stop()
         for server in reversed(servers):
             server.stop()
     return {"deployment": name, "duration_s": duration, "warmup_runs": warmup_runs, "compiles": compiles,
@@ -149,19 +127,6 @@ def _warm_up(url: str, model: str, workload: DisaggWorkload, servers: Sequence[S
 def _step_shapes(servers: Sequence[ServerProcess]) -> int:
     """Step shapes the servers' engines have compiled so far (counted in their logs)."""
     return sum(server.log_path.read_text(errors="replace").count(STEP_SHAPE_LOG) for server in servers)
-
-
-def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
-    import httpx
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} was not healthy within {timeout_s:.0f} s")
 
 
 # ---------------------------------------------------------------- transports

@@ -1,12 +1,8 @@
 """``jaxpaged bench engine-core``: the simulated-device server in one process, split, and with two API servers.
 
-For each configuration one ``jaxpaged serve --device=simulated`` server is
-started (`server_args`); at each concurrency that many streaming clients each
-send one random prompt (`run_one`). A run reports output tok/s, the
-device-busy fraction, TPOT / ITL, the CPU seconds per streamed token of every
-server process (read from ``/proc``) and of this load generator, and the engine
-core's own host and loop-thread CPU time per decode step (from its metrics).
-`host_overhead_rows` adds the core's host work per decode step measured alone.
+`run_configs` starts one server per configuration (`server_args`) and runs every concurrency against it
+(`run_one`); `host_overhead_rows` adds the core's host work per decode step measured alone. What each
+column means: the command's help and docs/benchmarks/engine-core.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """``jaxpaged bench http-overhead``: one request set offline (engine in-process) and over HTTP, side by side.
 
-`serve_args` gives ``jaxpaged serve`` the offline engine's settings (model,
-block size, KV budget, limits; prefix caching on); `offline_vs_http` warms both
-sides up, then alternates timed runs, each side resetting its prefix cache
-first, and reports medians (`compare_offline_http`) and the
-offline engine's compiles per run.
-
-Offline, `offline_results` drives an `Engine` through the requests at their
-arrival offsets (jaxpaged/bench/offline/driver.py) and turns each finished
-request's engine timings into the `RequestResult` the HTTP client records:
-TTFT from the scheduled arrival to the first token, ITL between consecutive
-tokens, end-to-end latency to the last token. The difference between the two
-sides is what the HTTP layer (request parsing, the engine loop's queue,
-streamed DELTA outputs and detokenization, SSE, the client) costs.
+How a run goes is the command's help. Offline, `offline_results` drives an `Engine` through the requests at
+their arrival offsets and turns each finished request's engine timings into the `RequestResult` the HTTP
+client records (TTFT from the scheduled arrival, ITL between tokens, latency to the last token), so the
+difference between the sides is what the HTTP layer (request parsing, the engine loop's queue, streamed
+DELTA outputs and detokenization, SSE, the client) costs.
 """
 
 from __future__ import annotations
@@ -23,26 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 import numpy as np
 
-from jaxpaged.bench.offline.driver import run_workload
+from jaxpaged.bench.offline.driver import median_summary, run_workload
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.bench.online.datasets import BenchRequest
 from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import ROWS, compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
-
-
-def http_overhead_setup(requests: Sequence[BenchRequest], *, block_size: int, kv_budget_tokens: int,
-                        max_model_len: int | None, max_num_seqs: int, max_num_batched_tokens: int) -> ServingSetup:
-    """The engine both sides run: ``kv_budget_tokens`` in blocks, and (unset) the longest request, in whole blocks."""
-    longest = max(r.prompt_len + r.output_len for r in requests)
-    return ServingSetup(num_blocks=kv_budget_tokens // block_size, block_size=block_size,
-                        max_model_len=max_model_len or cdiv(longest, block_size) * block_size,
-                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def serve_args(model: str, setup: ServingSetup, extra: Sequence[str] = ()) -> list[str]:
@@ -120,12 +102,6 @@ def offline_results(engine, requests: Sequence[BenchRequest], offsets: Sequence[
     return [by_id[r.request_id] for r in requests], record.end - record.start
 
 
-def median_metrics(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per-key median over repeated runs (NaN where every run has NaN)."""
-    return {key: float(np.nanmedian([run[key] for run in runs])) if any(np.isfinite([run[key] for run in runs]))
-            else float("nan") for key in runs[0]}
-
-
 def http_cost(offline: Mapping[str, float], http: Mapping[str, float]) -> dict[str, float]:
     """``http - offline`` for every latency (ms) and ``http / offline`` for every throughput."""
     cost = {}
@@ -161,5 +137,5 @@ def compare_offline_http(run_offline: Callable[[], tuple[list[RequestResult], fl
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     runs = alternate({"offline": run_offline, "http": run_http}, repeats, warmup=warmup_runs)
     runs = {side: [summarize(*run) for run in side_runs] for side, side_runs in runs.items()}
-    medians = {side: median_metrics(r) for side, r in runs.items()}
+    medians = {side: median_summary(r) for side, r in runs.items()}
     return {"runs": runs, "median": medians, "http_cost": http_cost(medians["offline"], medians["http"])}

@@ -1,14 +1,10 @@
 """The online benchmark's HTTP side: streamed OpenAI completions, timed chunk by chunk.
 
-:func:`run_requests` sends every request at its arrival offset (at most
-``max_concurrency`` in flight) to ``POST /v1/completions`` with ``stream`` and
-``stream_options.include_usage``, and records for each request what ``vllm
-bench serve`` records: the time to the first content chunk (TTFT), the gaps
-between content chunks (ITL), the time to the last content chunk (end-to-end
-latency), token counts from the final usage chunk, and success or the error
-text. Timing starts when the request is sent, after any wait for a
-concurrency slot. A stream counts as successful only if it ends with
-``data: [DONE]`` after at least one content chunk.
+:func:`run_requests` sends every request at its arrival offset (at most ``max_concurrency`` in flight) to
+``POST /v1/completions`` with ``stream`` and ``stream_options.include_usage``, and records for each what
+``vllm bench serve`` records (`RequestResult`). Timing starts when the request is sent, after any wait for
+a concurrency slot. A stream counts as successful only if it ends with ``data: [DONE]`` after at least
+one content chunk.
 """
 
 from __future__ import annotations

@@ -5,11 +5,9 @@ last end):
 
 - request / output / total token throughput: completed requests, generated
   tokens, and prompt plus generated tokens, per second of the run;
-- TTFT: send to first content chunk; E2EL: send to last content chunk;
-- TPOT: ``(E2EL - TTFT) / (output_tokens - 1)`` per request with more than one
-  output token;
-- ITL: every gap between consecutive content chunks, pooled over requests (a
-  chunk may carry several tokens, so ITL and TPOT differ when it does);
+- TTFT, E2EL (a request's ``latency``) and ITL as each `RequestResult` records them, ITL pooled over
+  requests (a chunk may carry several tokens, so ITL and TPOT differ when it does);
+- TPOT: ``(E2EL - TTFT) / (output_tokens - 1)`` per request with more than one output token;
 - goodput: requests per second that met every given SLO (in ms, on TTFT, TPOT
   or E2EL; a one-token request's TPOT counts as 0).
 
@@ -27,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from jaxpaged.bench.online.online_client import RequestResult
-from jaxpaged.report import markdown_table
+from jaxpaged.report import metrics_table
 
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
@@ -141,14 +139,6 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 ) + tuple((f"{_LABELS[m]} {s} (ms)", f"{m}_{s}_ms", "{:.1f}") for m in LATENCY_METRICS for s in _STATS)
 
 
-def _cell(fmt: str, value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
 def online_markdown_table(columns: Mapping[str, Mapping[str, float]]) -> str:
     """A metric-by-run Markdown table; rows no column has (e.g. goodput without SLOs) are left out."""
-    names = list(columns)
-    rows = [[label, *(_cell(fmt, columns[n].get(key)) for n in names)] for label, key, fmt in ROWS]
-    return markdown_table(["metric", *names], [row for row in rows if any(c != "-" for c in row[1:])])
+    return metrics_table(columns, ROWS)

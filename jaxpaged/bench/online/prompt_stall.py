@@ -1,9 +1,4 @@
-"""How long one huge prompt stalls the other streams: the longest gap between a stream's outputs.
-
-One greedy stream decodes on an `AsyncEngine` (the server's engine loop, no
-HTTP) while, 0.3 s in, another client adds a text prompt far over
-`max_model_len`; `jaxpaged bench prompt-stall` runs it.
-"""
+"""How long one huge prompt stalls the other streams (`jaxpaged bench prompt-stall`; what it measures: its help)."""
 
 from __future__ import annotations
 

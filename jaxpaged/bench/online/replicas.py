@@ -22,10 +22,10 @@ import httpx
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.online.datasets import BenchRequest
-from jaxpaged.bench.online.online_client import RequestResult, run_requests
+from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.report import markdown_table as render_table
+from jaxpaged.report import metrics_table
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
 # Each replica's XLA runs single-threaded: the replicas, not one replica's threads, share the cores.
@@ -64,7 +64,7 @@ def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], of
     summaries = {}
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
-        model = httpx.get(base + "/v1/models", timeout=60, trust_env=False).json()["data"][0]["id"]
+        model = fetch_model_name(base)
         for policy in policies if num_warmup else ():
             prepare(base, policy)
             run_requests(base, model, requests[:num_warmup], offsets[:num_warmup], max_concurrency=max_concurrency)
@@ -92,11 +92,9 @@ ROWS = (("prefix hit rate", "prefix_hit_rate", "{:.1%}"),
 
 def markdown_table(by_replicas: Mapping[int, Mapping[str, Mapping]]) -> str:
     """One column per (replica count, policy), one row per metric, plus the requests each replica got."""
-    columns = [(n, p) for n, runs in by_replicas.items() for p in runs]
-    rows = [[label, *(fmt.format(by_replicas[n][p][key]) for n, p in columns)] for label, key, fmt in ROWS]
-    rows.append(["requests per replica",
-                 *("/".join(str(c) for c in by_replicas[n][p]["requests_per_replica"]) for n, p in columns)])
-    return render_table(["metric", *(f"{n} replicas, {p}" for n, p in columns)], rows) + "\n"
+    columns = {f"{n} replicas, {p}": run for n, runs in by_replicas.items() for p, run in runs.items()}
+    per_replica = ["/".join(str(c) for c in run["requests_per_replica"]) for run in columns.values()]
+    return metrics_table(columns, ROWS, [["requests per replica", *per_replica]]) + "\n"
 
 
 def replica_env(compile_cache_dir: str | None = None, xla_flags: str | None = None) -> dict[str, str]:

@@ -1,13 +1,10 @@
-"""Start ``jaxpaged serve`` as a subprocess on a free loopback port, wait until it is healthy, stop it.
-
-Used by the offline-vs-HTTP benchmark and the end-to-end benchmark test:
+"""Start a child process (``jaxpaged serve``, its proxy, Prometheus) logging to a file, wait until it answers, stop it.
 
     with ServerProcess(["--model=tiny", "--kv_budget_tokens=1024"]) as server:
         run_requests(server.base_url, ...)
 
-The server's output goes to a log file (``log_path``); a server that exits or
-does not answer ``GET /health`` with 200 in time raises RuntimeError quoting
-the log's end.
+A child that exits, or does not answer ``GET`` on its ready URL with 200 in
+time, raises RuntimeError quoting its log's end.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: the server imports this copy of jaxpaged
-SERVE_COMMAND = [sys.executable, "-m", "jaxpaged", "serve"]
+SERVE_COMMAND = (sys.executable, "-m", "jaxpaged", "serve")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -35,38 +32,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class ServerProcess:
-    """A ``jaxpaged serve`` subprocess on 127.0.0.1; a context manager that starts and stops it."""
+class ChildProcess:
+    """``command`` as a subprocess whose output goes to ``log_path``; a context manager that starts and stops it."""
 
-    def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 startup_timeout_s: float = 300.0, host: str = "127.0.0.1") -> None:
-        """Prepare ``jaxpaged serve <args> --host=<host> --port=<free port>``; ``env`` is added to the environment."""
-        self.host = host
-        self.port = free_port(host)
-        self.base_url = f"http://{host}:{self.port}"
-        self.args = [*args, f"--host={host}", f"--port={self.port}"]
-        self.env = dict(os.environ, **(env or {}))
+    def __init__(self, command: Sequence[str], ready_url: str, *, env: Mapping[str, str] | None = None,
+                 inherit_env: bool = True, cwd: str | Path | None = ROOT, startup_timeout_s: float = 300.0) -> None:
+        """Prepare ``command``, ready once ``GET ready_url`` answers 200; ``env`` is added to this process's
+        environment (``inherit_env=False``: it is the whole environment)."""
+        self.command = list(command)
+        self.ready_url = ready_url
+        self.env = dict(os.environ, **(env or {})) if inherit_env else dict(env or {})
+        self.cwd = cwd
         self.startup_timeout_s = startup_timeout_s
-        self.log_path = Path(tempfile.mkdtemp(prefix="jaxpaged-serve-")) / "server.log"
+        self.log_path = Path(tempfile.mkdtemp(prefix="jaxpaged-child-")) / "child.log"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "ServerProcess":
-        """Launch the server and block until ``GET /health`` answers 200 (RuntimeError otherwise)."""
+    def start(self) -> ChildProcess:
+        """Launch the command and block until its ready URL answers 200 (RuntimeError otherwise)."""
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen([*SERVE_COMMAND, *self.args], cwd=ROOT, env=self.env,
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self.command, cwd=self.cwd, env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.command[0]} exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0, trust_env=False).status_code == 200:
+                if httpx.get(self.ready_url, timeout=2.0, trust_env=False).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"the server was not healthy within {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise RuntimeError(f"{self.ready_url} did not answer within {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM (graceful shutdown), then SIGKILL after ``timeout_s``; returns the exit code."""
@@ -80,11 +77,24 @@ class ServerProcess:
             return self.process.wait()
 
     def log_tail(self, num_chars: int = 3000) -> str:
-        """The last ``num_chars`` characters the server printed."""
+        """The last ``num_chars`` characters the child printed."""
         return self.log_path.read_text(errors="replace")[-num_chars:] if self.log_path.exists() else ""
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ServerProcess(ChildProcess):
+    """``jaxpaged serve <args>`` on a free port of ``host``, ready once ``GET /health`` answers 200."""
+
+    def __init__(self, args: Sequence[str], *, command: Sequence[str] = SERVE_COMMAND, host: str = "127.0.0.1",
+                 **child) -> None:
+        """Prepare ``command <args> --host=<host> --port=<free port>`` (``child``: `ChildProcess`'s keywords)."""
+        self.host = host
+        self.port = free_port(host)
+        self.base_url = f"http://{host}:{self.port}"
+        self.args = [*args, f"--host={host}", f"--port={self.port}"]
+        super().__init__([*command, *self.args], f"{self.base_url}/health", **child)

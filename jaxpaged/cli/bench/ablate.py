@@ -18,7 +18,7 @@ from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, Servi
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ def main(argv):
     workloads = {name: workload.workload(name) for name in options.workloads}
     bar = tqdm(total=len(options.block_sizes) * len(workloads), desc="runs", disable=not options.progress)
     setup = workload.setup(engine | {"block_size": max(options.block_sizes)},
-                           [r for reqs in workloads.values() for r in reqs])
+                           max(max_context_len(reqs) for reqs in workloads.values()))
     rows = sweep_block_sizes(load_model(engine["model"]), workloads, list(options.block_sizes), setup,
                              kv_budget_tokens=workload.kv_budget_tokens, mode=options.mode,
                              on_done=lambda _: bar.update())

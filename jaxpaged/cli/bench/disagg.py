@@ -13,8 +13,6 @@ docs/disaggregation.md).
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 
 from jaxpaged.bench.online.disagg import (MAX_WARMUP_RUNS, DisaggWorkload, disagg_table, measure_transport,
                                           run_deployment)
@@ -63,7 +61,5 @@ def main(argv):
     transports = [] if o.skip_transports else [
         measure_transport(t, shape, str(dtype), num_blocks=o.transport_blocks, repeats=o.repeats)
         for t in o.transports]
-    result = {"model": model, "machine": f"{platform.node()} ({os.cpu_count()} CPUs, shared)",
-              "workload": dataclasses.asdict(workload),
-              "serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": str(dtype)}
+    result = {"serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": str(dtype)}
     COMMAND.out.write(result, disagg_table(serving, transports))

@@ -23,8 +23,8 @@ from absl import app
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
-from jaxpaged.bench.online.http_overhead import comparison_table, http_overhead_setup, offline_vs_http, serve_args
-from jaxpaged.bench.online.http_run import HttpDriver, RequestSet
+from jaxpaged.bench.online.http_overhead import comparison_table, offline_vs_http, serve_args
+from jaxpaged.bench.online.http_run import HttpDriver
 from jaxpaged.bench.options import option
 from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, http_requests
 from jaxpaged.cli.options import CommandFlags
@@ -60,9 +60,7 @@ def main(argv):
     engine = COMMAND.engine.kwargs()
     cache_dir = compile_cache.configure(engine["compile_cache_dir"])
     requests, offsets = http_requests(COMMAND, options.workload)
-    setup = http_overhead_setup(requests, block_size=engine["block_size"], kv_budget_tokens=workload.kv_budget_tokens,
-                                max_model_len=workload.max_model_len, max_num_seqs=engine["max_num_seqs"],
-                                max_num_batched_tokens=engine["max_num_batched_tokens"])
+    setup = workload.setup(engine, max(r.prompt_len + r.output_len for r in requests))
     args = serve_args(engine["model"], setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))
     result = offline_vs_http(engine["model"], setup, requests, offsets, server_args=args,
@@ -71,8 +69,6 @@ def main(argv):
                              timeout_s=driver.request_timeout_s, repeats=options.repeats,
                              warmup_runs=options.warmup_runs)
     compiles = result.pop("offline_compiles_per_run")
-    meta = {"model": engine["model"], "dataset_name": COMMAND.options(RequestSet).dataset_name,
-            "num_requests": len(requests), "request_rate": workload.request_rate, "burstiness": driver.burstiness,
-            "repeats": options.repeats, "warmup_runs": options.warmup_runs, "setup": setup.__dict__,
-            "serve_args": args, "offline_compiles_per_run": compiles}
+    meta = {"num_requests": len(requests), "setup": setup.__dict__, "serve_args": args,
+            "offline_compiles_per_run": compiles}
     COMMAND.out.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))

@@ -18,7 +18,7 @@ from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, Servi
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,5 +41,5 @@ def main(argv):
     options, workload, engine = COMMAND.options(), COMMAND.options(ServingWorkload), COMMAND.engine.kwargs()
     compile_cache.configure(engine["compile_cache_dir"])
     requests = workload.workload(options.workload)
-    COMMAND.out.write(profile_serving(load_model(engine["model"]), workload.setup(engine, requests), options.mode,
+    COMMAND.out.write(profile_serving(load_model(engine["model"]), workload.setup(engine, max_context_len(requests)), options.mode,
                                       requests, options.trace_dir))

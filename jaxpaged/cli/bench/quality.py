@@ -7,15 +7,13 @@ under float32, bfloat16 weights + KV, fp8 KV (unit, per-tensor and per-head
 calibrated scales, calibrated on a short and on a long text), the contiguous layout and a hybrid (sliding-window) layout;
 then greedy chat answers of the bf16-weight engine with fp8 KV against bf16 KV
 over the shipped chat prompts (data/quality/chat_prompts.jsonl): identical
-answers, and teacher-forced top-1 agreement. What each figure means:
-jaxpaged/bench/offline/quality.py; the figures: docs/benchmarks/quality.md.
+answers, and teacher-forced top-1 agreement. What each figure means, and the figures:
+docs/benchmarks/quality.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 import time
 
 import jax
@@ -60,9 +58,7 @@ def main(argv):
     longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + o.max_tokens)
     max_len = -(-longest // block_size) * block_size
     bench = QualityBench(model, block_size, max_len, calibration_ids=prompts[0], long_calibration_ids=passages[0])
-    result = {"model": model, "block_size": block_size, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "jax": jax.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    result = {"jax": jax.__version__}
     tables, start = [], time.perf_counter()
     if "perplexity" in o.parts:
         result["perplexity"] = perplexity_rows(bench, perplexity_variants(o.window), passages)

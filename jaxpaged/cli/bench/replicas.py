@@ -64,6 +64,5 @@ def main(argv):
                                  max_model_len=o.prefix_len + o.suffix_len + o.output_len, policies=list(o.policies),
                                  max_concurrency=o.max_concurrency, compile_cache_dir=engine["compile_cache_dir"],
                                  num_warmup=o.warmup_requests)
-    settings = FLAGS.values.flag_values_dict()
-    COMMAND.out.write({"flags": settings, "results": {str(n): r for n, r in results.items()}},
+    COMMAND.out.write({"results": {str(n): r for n, r in results.items()}},
                       markdown_table(results))

@@ -32,7 +32,7 @@ from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, run_http
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.workloads import WORKLOADS
+from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +66,9 @@ def main(argv):
     engine = COMMAND.engine.kwargs()
     compile_cache.configure(engine["compile_cache_dir"])
     requests = workload.requests(options.workload)
-    setup = workload.setup(engine, requests)
+    setup = workload.setup(engine, max_context_len(requests))
     result = serve_modes(load_model(engine["model"]), setup, requests, modes=list(options.modes),
                          repeats=options.repeats, metrics_port=options.metrics_port,
                          log_interval_s=options.log_interval_s, progress=options.progress, model_name=engine["model"])
-    meta = {"model": engine["model"], "workload": workload.trace or options.workload, "num_requests": len(requests),
-            "request_rate": workload.request_rate, "setup": dataclasses.asdict(setup), "repeats": options.repeats}
+    meta = {"num_requests": len(requests), "setup": dataclasses.asdict(setup)}
     COMMAND.out.write(meta | result, serving_tables(result))

@@ -15,7 +15,6 @@ are checked equal. See `jaxpaged.bench.offline.spec_decode`.
 from __future__ import annotations
 
 import dataclasses
-import platform
 
 from jaxpaged.bench.offline.spec_decode import (chat_messages, repetition_messages, run_spec_decode_bench,
                                                 spec_decode_table)
@@ -60,7 +59,5 @@ def main(argv):
     workloads = {name: [encode(m) for m in messages[name]()] for name in o.workloads}
     rows = run_spec_decode_bench(engines, workloads, list(o.batch_sizes), output_len=o.output_len,
                                  repeats=o.repeats, on_row=lambda row: print(spec_decode_table([row])))
-    COMMAND.out.write({"model": base.model, "machine": platform.processor() or platform.machine(),
-                       "num_speculative_tokens": k, "output_len": o.output_len, "repeats": o.repeats,
-                       "default_disable_by_batch_size": SpeculativeConfig().disable_by_batch_size,
+    COMMAND.out.write({"default_disable_by_batch_size": SpeculativeConfig().disable_by_batch_size,
                        "rows": [dataclasses.asdict(r) for r in rows]}, spec_decode_table(rows))

@@ -65,12 +65,8 @@ def main(argv):
     compile_cache.configure(engine["compile_cache_dir"])  # '' = off: the engine's "auto" then keeps it off
     limits = EngineLimits(**{name: engine[name] for name in LIMITS})
     spec, run = COMMAND.options(PromptSpec), COMMAND.options(ThroughputRun, limits=limits, dtype=engine["dtype"])
-    settings = {"model": engine["model"], "backend": run.backend, **dataclasses.asdict(spec),
-                "temperature": run.temperature, "repeats": run.repeats, "dtype": run.dtype,
-                "hf_threads": run.hf_threads, "hf_batch_size": run.hf_batch_size or spec.num_prompts,
-                "jaxpaged": dataclasses.asdict(limits)}
     try:
-        result, table = run_throughput(run, engine["model"], CHECKPOINT_DIR.value, spec, settings)
+        result, table = run_throughput(run, engine["model"], CHECKPOINT_DIR.value, spec)
     except HFBackendMissing as err:
         print(f"cannot run --backend=hf: {err}", file=sys.stderr)
         sys.exit(2)

@@ -28,11 +28,11 @@ from jaxpaged.bench.options import option
 from jaxpaged.cli.deployment_flags import DeploymentFlags
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.router import POLICIES
-from jaxpaged.sim.disagg_sweep import split_sweep, splits
+from jaxpaged.sim.disagg_sweep import split_sweep, splits, trace_at_loads
 from jaxpaged.sim.kv_link import KVLink
 from jaxpaged.sim.serving_sweep import describe
 from jaxpaged.sim.slo import SLO, TBT_STATS
-from jaxpaged.sim.traces import CONVERSATION_TRACE, load_trace, trace_workload
+from jaxpaged.sim.traces import CONVERSATION_TRACE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,17 +78,14 @@ def main(argv):
         raise app.UsageError(f"{error} (--prefill_instances)") from None
     slos = [SLO(t, b / 1e3, o.tbt_stat) for t, b in itertools.product(o.ttft_slo_s, o.tbt_slo_ms)]
     link = KVLink(o.kv_link_gb_s * 1e9, o.kv_link_latency_ms / 1e3)
-    max_len = min(base.model_config.max_position_embeddings, base.num_blocks() * base.block_size)
-    trace = load_trace(o.trace, limit=o.trace_limit)
-    requests_at = {s: trace_workload(trace, time_scale=s, max_model_len=max_len) for s in o.trace_time_scales}
-    print(f"{describe(base)}; {n} instances ({n * base.tensor_parallel_size} devices); {len(trace)} trace requests; "
+    requests_at = trace_at_loads(base, o.trace, limit=o.trace_limit, time_scales=o.trace_time_scales)
+    num_requests = len(next(iter(requests_at.values())))
+    print(f"{describe(base)}; {n} instances ({n * base.tensor_parallel_size} devices); {num_requests} trace requests; "
           f"K/V link {o.kv_link_gb_s:g} GB/s per device")
     sweep = split_sweep(base, requests_at, layouts, link=link, slos=slos, policy=o.policy)
     print("\n" + sweep.slo_table())
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_instances": n, "trace": o.trace,
-                       "trace_limit": o.trace_limit, "kv_link_gb_s": o.kv_link_gb_s,
-                       "kv_link_latency_ms": o.kv_link_latency_ms, "policy": o.policy,
-                       "slos": [dataclasses.asdict(s) for s in slos], "runs": sweep.runs},
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "slos": [dataclasses.asdict(s) for s in slos],
+                       "runs": sweep.runs},
                       sweep.table() + "\n\n" + sweep.slo_table(), echo=False,
                       plots=sweep.plots(f"{base.model}, {n} x {base.tensor_parallel_size} {base.profile}", n,
                                         o.plot_prefix))

@@ -58,5 +58,4 @@ def main(argv):
                        scales=parse_key_values(list(o.scales)), ttft_slo_s=o.ttft_slo_s, tpot_slo_s=o.tpot_slo_s,
                        seed=o.seed)
     results = routing_sweep(deployment, list(o.workloads), list(o.replicas), list(o.policies), load)
-    COMMAND.out.write({"deployment": dataclasses.asdict(deployment), **dataclasses.asdict(load), "results": results},
-                      routing_table(results))
+    COMMAND.out.write({"deployment": dataclasses.asdict(deployment), "results": results}, routing_table(results))

@@ -86,9 +86,7 @@ def main(argv):
     curves = sweep.curves
     from jaxpaged.sim.plots import plot_sweep
     title = f"{base.model} on {base.profile}, {o.workload} ({o.num_requests} requests)"
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "workload": o.workload, "num_requests": o.num_requests,
-                       "scales": scales, "num_blocks": base.num_blocks(), "ttft_p99_bound_s": o.ttft_p99_bound_s,
-                       "results": sweep.results},
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_blocks": base.num_blocks(), "results": sweep.results},
                       sweep.table(), echo=False,
                       plots={o.plot_name: lambda: plot_sweep(curves, bound_s=o.ttft_p99_bound_s, title=title)})
 
@@ -99,7 +97,6 @@ def run_trace(o: SimulateServingOptions) -> None:
     requests = trace_requests(base, o.trace, limit=o.trace_limit, time_scale=o.trace_time_scale)
     points, table = trace_replay(base, requests, list(o.eviction_policies), ttft_slo_s=o.goodput_ttft_s,
                                  tpot_slo_s=o.goodput_tpot_ms / 1e3, decode_fast_forward=o.decode_fast_forward)
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "trace": o.trace, "num_requests": len(requests),
-                       "trace_time_scale": o.trace_time_scale, "goodput_ttft_s": o.goodput_ttft_s,
-                       "goodput_tpot_ms": o.goodput_tpot_ms, "results": [dataclasses.asdict(p) for p in points]},
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_requests": len(requests),
+                       "results": [dataclasses.asdict(p) for p in points]},
                       table, echo=False)

@@ -43,17 +43,8 @@ FLAGS.register_validator("acceptance_lengths", _taus_ok, "each item must be name
 def main(argv):
     """Print and write the projection."""
     del argv
-    from jaxpaged.config import load_config
-    from jaxpaged.sim.cost_model import CostModel
-    from jaxpaged.sim.profiles import get_profile
-    from jaxpaged.sim.speculation import acceptance_rate, project_speedup, projection_table
-
-    o, model = COMMAND.options(), COMMAND.engine_value("model")
-    cost = CostModel(load_config(model), get_profile(o.profile))
-    k, rows = o.num_speculative_tokens, []
+    from jaxpaged.sim.speculation import project_workloads
+    o = COMMAND.options()
     taus = {name: float(tau) for name, _, tau in (item.partition(":") for item in o.acceptance_lengths)}
-    for name, tau in taus.items():
-        rows += [(name, p) for p in project_speedup(cost, list(o.batch_sizes), context=o.context, k=k, tau=tau)]
-    COMMAND.out.write({"model": model, "profile": o.profile, "context": o.context, "num_speculative_tokens": k,
-                       "acceptance_rates": {n: acceptance_rate(t, k) for n, t in taus.items()},
-                       "rows": [{"workload": n, **dataclasses.asdict(p)} for n, p in rows]}, projection_table(rows))
+    COMMAND.out.write(*project_workloads(COMMAND.engine_value("model"), o.profile, taus, list(o.batch_sizes),
+                                         context=o.context, k=o.num_speculative_tokens))

@@ -45,5 +45,4 @@ def main(argv):
     where = f"{o.cpu_model} on this CPU" if o.cpu_model else f"{model} on {o.profile}"
     print(f"{where}; light {load.light_rate}/s, heavy {load.light_rate * load.heavy_factor}/s,"
           f" {load.prompt_len}+{load.output_len} tokens, {load.duration_s:.0f} s of arrivals\n")
-    COMMAND.out.write({"load": dataclasses.asdict(load), "model": model, "profile": o.profile, "results": rows},
-                      tenants_table(rows))
+    COMMAND.out.write({"results": rows}, tenants_table(rows))
