@@ -109,19 +109,22 @@ def check_gemm_setting(setting: str) -> None:
         raise ValueError(f"cpu_gemm must be one of {GEMM_CHOICES}, got {setting!r}")
 
 
-def gemm_route(setting: str, platform: str, tensor_parallel_size: int = 1) -> cpu_gemm.GemmRoute | None:
-    """Which weight GEMMs of the model go to oneDNN for `setting` (one of `GEMM_CHOICES`); None: all are XLA's.
+def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1) -> cpu_gemm.GemmRoute | None:
+    """Which weight GEMMs of a model with weights in `dtype` go to oneDNN for `setting` (one of `GEMM_CHOICES`);
+    None: all are XLA's.
 
     None off the CPU platform, with tensor parallelism (the custom call does not partition), for ``"xla"``,
-    and where the oneDNN GEMM is not available (`cpu_gemm.available()` logs why, once).
+    where the setting routes no product of this dtype (oneDNN is then not even loaded), and where the oneDNN
+    GEMM is not available (`cpu_gemm.available()` logs why, once).
     """
     check_gemm_setting(setting)
     if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
         return None
-    route = cpu_gemm.GemmRoute(rows=EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS)
-    if not route.rows or not cpu_gemm.available():
+    name = jnp.dtype(dtype).name
+    rows = tuple(entry for entry in (EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS) if entry[0] == name)
+    if not rows or not cpu_gemm.available():
         return None
-    return route
+    return cpu_gemm.GemmRoute(rows=rows)
 
 
 def min_decode_rows(platform: str, dtype) -> int:

@@ -223,7 +223,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
-        route = cpu_step.gemm_route(cpu_gemm, jax.default_backend(), tensor_parallel_size)
+        route = cpu_step.gemm_route(cpu_gemm, jax.default_backend(), model.embed_tokens.embedding[...].dtype,
+                                    tensor_parallel_size)
         if route is not None:  # a copy of the model whose projections and LM head call oneDNN
             model = route_model(model, route)
         if self.tp is None:

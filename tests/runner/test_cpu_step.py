@@ -77,19 +77,24 @@ def test_a_decode_pads_to_two_rows_with_the_result_of_one(tiny_config, dtype):
 
 
 def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
-    """`cpu_gemm`: oneDNN takes every product with "onednn", `AUTO_GEMM_ROWS` with "auto", none with "xla", off the
-    CPU platform, with tensor parallelism, or where the oneDNN GEMM is not available."""
-    assert cpu_step.gemm_route("onednn", "cpu").rows == cpu_step.EVERY_ROW
-    assert cpu_step.gemm_route("auto", "cpu").rows == cpu_step.AUTO_GEMM_ROWS
-    assert cpu_step.gemm_route("xla", "cpu") is None
-    assert cpu_step.gemm_route("onednn", "gpu") is None
-    assert cpu_step.gemm_route("onednn", "cpu", tensor_parallel_size=2) is None
+    """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", what `AUTO_GEMM_ROWS` lists for
+    it with "auto", none with "xla", off the CPU platform, with tensor parallelism, or where the oneDNN GEMM
+    is not available."""
+    for dtype in ("float32", "bfloat16"):
+        assert cpu_step.gemm_route("onednn", "cpu", dtype).rows == tuple(r for r in cpu_step.EVERY_ROW
+                                                                         if r[0] == dtype)
+        auto = tuple(r for r in cpu_step.AUTO_GEMM_ROWS if r[0] == dtype)
+        route = cpu_step.gemm_route("auto", "cpu", dtype)
+        assert (route is None and not auto) or route.rows == auto
+        assert cpu_step.gemm_route("xla", "cpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "gpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "cpu", dtype, tensor_parallel_size=2) is None
     with pytest.raises(ValueError, match="cpu_gemm must be one of"):
-        cpu_step.gemm_route("mkl", "cpu")
+        cpu_step.gemm_route("mkl", "cpu", "float32")
     with pytest.raises(ValueError, match="cpu_gemm"):
         EngineConfig(cpu_gemm="mkl")
     monkeypatch.setattr(cpu_gemm, "available", lambda: False)
-    assert cpu_step.gemm_route("onednn", "cpu") is None
+    assert cpu_step.gemm_route("onednn", "cpu", "float32") is None
 
 
 @cpu_only
