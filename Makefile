@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	  if [ -z "$$py" ]; then echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON=/path/to/python3.12" >&2; exit 1; fi; \
 	  echo "creating $(VENV) with $$py"; "$$py" -m venv $(VENV); fi
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet --no-compile -e '.[test,serve-test,hf,eval,structured]'
+	$(VPY) -m pip install --quiet --no-compile -e '.[test,serve-test,hf,eval,structured,cpu]'
 	touch $(STAMP)
 
 model: $(MODEL_FILE)

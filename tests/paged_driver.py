@@ -84,3 +84,17 @@ def dense_logits(model, tokens: list[int]) -> np.ndarray:
     padded[0, :len(tokens)] = tokens
     graphdef, state = nnx.split(model)
     return np.asarray(_jitted_dense(graphdef)(state, jnp.asarray(padded)))[0, :len(tokens)]
+
+
+DENSE_ATOL = 2e-4
+
+
+def dense_check(model, seqs) -> None:
+    """Every recorded paged logits row matches the dense forward; greedy tokens match exactly."""
+    for s in seqs:
+        dense = dense_logits(model, s.tokens[:-1])
+        for pos, row in s.logits.items():
+            np.testing.assert_allclose(row, dense[pos], atol=DENSE_ATOL, rtol=1e-4)
+        generated = s.tokens[len(s.prompt):]
+        expected = [int(np.argmax(dense[p])) for p in range(len(s.prompt) - 1, len(s.tokens) - 1)]
+        assert generated == expected

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
-from jaxpaged.attention import cpu_decode
+from jaxpaged.attention import cpu_attention
 from jaxpaged.attention.batch import AttentionBatch, StepLayout
 from jaxpaged.kv_pool.pool import write_layer_kv
 from pallas_kernels.chunked_xla import chunked_paged_attention
@@ -27,7 +27,7 @@ class AttentionBackend:
 
     `cpu` runs every row (decode rows and prefill chunks, in one call) through a C++
     kernel called over the XLA FFI, which reads the K/V blocks in place
-    (jaxpaged/attention/cpu_decode.py);
+    (jaxpaged/attention/cpu_attention.py);
     `xla` is the chunked online-softmax attention in plain XLA;
     `xla_reference` is the pure-JAX reference it is tested against (it gathers
     every sequence's whole context: slow on long contexts, kept for comparisons);
@@ -64,9 +64,9 @@ def resolve_backend(name: str = "auto", *, interpret: bool = False) -> Attention
             raise ValueError(f"${BACKEND_ENV} must be one of {BACKENDS[1:]}, got {name!r}")
     if name in ("pallas", "pallas_mosaic") and not interpret and jax.default_backend() != "gpu":
         raise ValueError(f"attention_backend={name!r} needs a GPU; pass interpret=True to run it on CPU")
-    if name == "cpu" and (jax.default_backend() != "cpu" or not cpu_decode.available()):
+    if name == "cpu" and (jax.default_backend() != "cpu" or not cpu_attention.available()):
         raise ValueError("attention_backend='cpu' needs the CPU platform and a C++ compiler to build its kernel "
-                         "(jaxpaged/attention/cpu_decode.py); use 'xla'")
+                         "(jaxpaged/attention/cpu_attention.py); use 'xla'")
     if name == "pallas_mosaic" and not mosaic_gpu_available():
         raise ValueError(f"attention_backend='pallas_mosaic' needs jax.experimental.pallas.mosaic_gpu "
                          f"(JAX {jax.__version__} lacks it)")
@@ -85,8 +85,8 @@ def mosaic_gpu_available() -> bool:
 
 
 def _cpu_default() -> str:
-    """cpu where its decode kernel builds, else xla (warned once by cpu_decode)."""
-    return "cpu" if cpu_decode.available() else "xla"
+    """cpu where its kernel builds, else xla (warned once by cpu_attention)."""
+    return "cpu" if cpu_attention.available() else "xla"
 
 
 def _gpu_default() -> str:
@@ -186,7 +186,7 @@ def write_and_attend(
 
 def _kernel(backend: AttentionBackend):
     if backend.name == "cpu":
-        return cpu_decode.cpu_paged_attention
+        return cpu_attention.cpu_paged_attention
     if backend.name == "xla":
         return functools.partial(chunked_paged_attention, kv_chunk=backend.kv_chunk, query_tile=backend.query_tile)
     if backend.name == "xla_reference":

@@ -129,7 +129,7 @@ def _model_runner(config: EngineConfig, model: DecoderModel, num_blocks: int, kv
     return ModelRunner(model, num_blocks, config.block_size, kv_dtype=kv_dtype, backend=backend,
                        pool_fill_value=config.pool_fill_value, kv_scales=kv_scales,
                        max_num_seqs=config.max_num_seqs, tensor_parallel_size=config.tensor_parallel_size,
-                       cpu_compiler_options=config.cpu_compiler_options)
+                       cpu_compiler_options=config.cpu_compiler_options, cpu_gemm=config.cpu_gemm)
 
 
 def _check_runner(config: EngineConfig, runner: Runner, num_blocks: int) -> None:

@@ -43,6 +43,9 @@ class DecoderModel(nnx.Module):
         # Gemma 3: sliding layers rotate with their own base and no scaling
         self.inv_freq_local = None if config.rope_local_theta is None else nnx.Variable(jnp.asarray(
             rope_inv_freq(config.head_dim, config.rope_local_theta, None)))
+        # the tied LM head's product, `dot_general(hidden, embedding)` contracting the embedding's axis 1;
+        # None: `embed_tokens.attend` (set by `cpu_gemm.route_model`, as the projections' `dot_general`)
+        self.tied_head_dot_general = None
 
     def _embed(self, token_ids: Int[Array, "..."]) -> Float[Array, "... H"]:
         x = self.embed_tokens(token_ids)
@@ -75,7 +78,10 @@ class DecoderModel(nnx.Module):
 
     def logits(self, hidden: Float[Array, "... H"]) -> Float[Array, "... V"]:
         """LM head in float32, softcapped as `cap * tanh(logits / cap)` when the config sets a cap."""
-        if self.lm_head is None:
+        if self.lm_head is None and self.tied_head_dot_general is not None:
+            logits = self.tied_head_dot_general(hidden, self.embed_tokens.embedding[...],
+                                                (((hidden.ndim - 1,), (1,)), ((), ()))).astype(jnp.float32)
+        elif self.lm_head is None:
             logits = self.embed_tokens.attend(hidden).astype(jnp.float32)
         else:
             logits = self.lm_head(hidden).astype(jnp.float32)

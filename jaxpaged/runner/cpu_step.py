@@ -1,4 +1,5 @@
-"""The step's settings on XLA:CPU: which dot path it compiles with, and the fewest decode rows it pads to.
+"""The step's settings on XLA:CPU: which dot path it compiles with, who runs the weight GEMMs, and the fewest
+decode rows it pads to.
 
 Both are chosen by platform and weight dtype from measurements of the whole
 step (docs/benchmarks/cpu-performance.md); on any other platform the step
@@ -31,6 +32,18 @@ runs as a plain loop), was 3-7% slower at 64 rows, 1.1-1.2x slower in
 bfloat16, not cacheable and not safe (above). The options are part of the cache's key (JAX hashes them with
 the module), so steps compiled with and without them never share an entry.
 
+**Weight GEMMs.** `EngineConfig.cpu_gemm` sends the model's projections and
+LM head to a oneDNN matmul called through the XLA FFI (`jaxpaged.model.cpu_gemm`)
+instead of XLA's dot: ``"onednn"`` every product, ``"xla"`` none, ``"auto"``
+those `AUTO_GEMM_ROWS` lists (by weight dtype and the product's row count).
+Measured on the whole step (docs/benchmarks/cpu-performance.md, "oneDNN GEMMs
+over the XLA FFI"): in bfloat16 a decode step of 2-32 rows took 0.45-0.88x as
+long with oneDNN (XLA:CPU's small bf16 dots are slow), 64 rows 0.95-0.99x, a
+512-token prefill 1.4-1.6x; in float32 no step was consistently faster
+(0.94-1.16x). So ``"auto"`` routes bfloat16 products of at most 32 rows, which
+includes a prefill's LM-head rows. Only with one device: the custom call does
+not partition over a mesh.
+
 **Decode rows.** XLA:CPU lowers a one-row dot to a matrix-vector product
 outside YNNPACK: in bfloat16 it converts the whole weight matrix to float32
 on every call (SmolLM2's weight GEMMs took 224 ms at one row against 87 ms at
@@ -45,6 +58,8 @@ from collections.abc import Mapping
 
 import jax.numpy as jnp
 
+from jaxpaged.model import cpu_gemm
+
 AUTO = "auto"
 OFF = "off"
 _YNN_FUSIONS = "xla_cpu_experimental_ynn_fusion_type"
@@ -56,6 +71,12 @@ CHOICES = (AUTO, OFF, *PRESETS)
 # what "auto" sets, by weight dtype: (preset, on steps of at most this many tokens); a dtype not listed keeps
 # jaxlib's default. Empty: no preset was both faster and cacheable (the module docstring)
 AUTO_PRESETS: dict[str, tuple[str, int]] = {}
+GEMM_XLA, GEMM_ONEDNN = "xla", "onednn"
+GEMM_CHOICES = (AUTO, GEMM_XLA, GEMM_ONEDNN)
+EVERY_ROW = (("float32", 1, 1 << 62), ("bfloat16", 1, 1 << 62))
+# what "auto" sends to oneDNN: (weight dtype, fewest rows, most rows) of a product where the whole step was
+# measured faster with it (docs/benchmarks/cpu-performance.md); a product outside every range stays XLA's
+AUTO_GEMM_ROWS: tuple[tuple[str, int, int], ...] = (("bfloat16", 1, 32),)
 # the fewest decode rows of a CPU step, by weight dtype: a one-row dot is XLA:CPU's slow path
 MIN_DECODE_ROWS: dict[str, int] = {"bfloat16": 2, "float32": 2}
 
@@ -80,6 +101,30 @@ def step_compiler_options(setting: str, platform: str, dtype, num_tokens: int) -
         return dict(PRESETS[setting])
     name, max_tokens = AUTO_PRESETS.get(jnp.dtype(dtype).name, (None, 0))
     return dict(PRESETS[name]) if name and num_tokens <= max_tokens else {}
+
+
+def check_gemm_setting(setting: str) -> None:
+    """ValueError unless `setting` is one of `GEMM_CHOICES`."""
+    if setting not in GEMM_CHOICES:
+        raise ValueError(f"cpu_gemm must be one of {GEMM_CHOICES}, got {setting!r}")
+
+
+def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1) -> cpu_gemm.GemmRoute | None:
+    """Which weight GEMMs of a model with weights in `dtype` go to oneDNN for `setting` (one of `GEMM_CHOICES`);
+    None: all are XLA's.
+
+    None off the CPU platform, with tensor parallelism (the custom call does not partition), for ``"xla"``,
+    where the setting routes no product of this dtype (oneDNN is then not even loaded), and where the oneDNN
+    GEMM is not available (`cpu_gemm.available()` logs why, once).
+    """
+    check_gemm_setting(setting)
+    if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
+        return None
+    name = jnp.dtype(dtype).name
+    rows = tuple(entry for entry in (EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS) if entry[0] == name)
+    if not rows or not cpu_gemm.available():
+        return None
+    return cpu_gemm.GemmRoute(rows=rows)
 
 
 def min_decode_rows(platform: str, dtype) -> int:

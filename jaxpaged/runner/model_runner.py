@@ -40,6 +40,7 @@ from jaxpaged.kv_pool.fp8 import DEFAULT_SCALE_MARGIN, pool_absmax, scales_from_
 from jaxpaged.kv_pool.pool import KVPool, copy_blocks, create_pool, num_pool_tensors
 from jaxpaged.mathutils import cdiv, next_power_of_two
 from jaxpaged.model import DecoderModel
+from jaxpaged.model.cpu_gemm import route_model
 from jaxpaged.offload.transfer import finish_gather, padded_counts, scatter_blocks, start_gather
 from jaxpaged.parallel import TensorParallel
 from jaxpaged.parallel.placement import shard_model
@@ -208,18 +209,24 @@ class ModelRunner:
         max_num_seqs: int = 64,
         tensor_parallel_size: int = 1,
         cpu_compiler_options: str = cpu_step.AUTO,
+        cpu_gemm: str = cpu_step.AUTO,
     ):
         """`max_num_seqs` sizes the persistent batch at first (it grows when forks need more rows).
 
         `tensor_parallel_size` > 1 splits the weights and the pool over that many
         devices (ValueError if the model's heads do not split that way).
         `cpu_compiler_options`: XLA:CPU's dot path for the step (`jaxpaged.runner.cpu_step`; CPU only).
+        `cpu_gemm`: which weight GEMMs run through oneDNN instead (`cpu_step.gemm_route`; CPU only, one device).
         """
         self.config: ModelConfig = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks
         # the split over devices (None: one device); `tp.mesh`, `tp.pool_pages` etc. say where things live
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
+        route = cpu_step.gemm_route(cpu_gemm, jax.default_backend(), model.embed_tokens.embedding[...].dtype,
+                                    tensor_parallel_size)
+        if route is not None:  # a copy of the model whose projections and LM head call oneDNN
+            model = route_model(model, route)
         if self.tp is None:
             self.backend = backend
             self.graphdef, self.params = nnx.split(model)

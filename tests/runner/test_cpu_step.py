@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from jaxpaged.engine import EngineConfig
-from jaxpaged.model import init_model
+from jaxpaged.model import cpu_gemm, init_model
 from jaxpaged.runner import ModelRunner, cpu_step
 from jaxpaged.runner.buckets import step_buckets
 from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
+from tests.paged_driver import dense_check, drive
 
 BS = 4
 YNN_FUSION = '"kind":"__ynn_fusion"'  # a YNNPACK fusion, jaxlib's default dot path
@@ -73,3 +74,35 @@ def test_a_decode_pads_to_two_rows_with_the_result_of_one(tiny_config, dtype):
     np.testing.assert_allclose(np.asarray(got.logits, np.float32), np.asarray(want.logits, np.float32),
                                rtol=tolerance, atol=tolerance)
     assert got.token_ids.tolist() == want.token_ids.tolist()
+
+
+def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
+    """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", what `AUTO_GEMM_ROWS` lists for
+    it with "auto", none with "xla", off the CPU platform, with tensor parallelism, or where the oneDNN GEMM
+    is not available."""
+    for dtype in ("float32", "bfloat16"):
+        assert cpu_step.gemm_route("onednn", "cpu", dtype).rows == tuple(r for r in cpu_step.EVERY_ROW
+                                                                         if r[0] == dtype)
+        auto = tuple(r for r in cpu_step.AUTO_GEMM_ROWS if r[0] == dtype)
+        route = cpu_step.gemm_route("auto", "cpu", dtype)
+        assert (route is None and not auto) or route.rows == auto
+        assert cpu_step.gemm_route("xla", "cpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "gpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "cpu", dtype, tensor_parallel_size=2) is None
+    with pytest.raises(ValueError, match="cpu_gemm must be one of"):
+        cpu_step.gemm_route("mkl", "cpu", "float32")
+    with pytest.raises(ValueError, match="cpu_gemm"):
+        EngineConfig(cpu_gemm="mkl")
+    monkeypatch.setattr(cpu_gemm, "available", lambda: False)
+    assert cpu_step.gemm_route("onednn", "cpu", "float32") is None
+
+
+@cpu_only
+def test_onednn_gemms_give_the_dense_forward(tiny_model, tiny_config):
+    """Every weight GEMM through oneDNN (`cpu_gemm="onednn"`): the paged steps' logits and greedy tokens equal
+    the dense forward's (XLA's dots), over prefill chunks mixed with decodes."""
+    rng = np.random.default_rng(5)
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=BS, cpu_gemm="onednn")
+    assert cpu_gemm.TARGET in runner.lower(_decode_step(2)).as_text()
+    prompts = [list(rng.integers(0, tiny_config.vocab_size, n)) for n in (5, 17, 9)]
+    dense_check(tiny_model, drive(runner, prompts, max_new=5, chunk=7, rng=rng))

@@ -9,20 +9,8 @@ from jaxpaged.attention import AttentionBackend
 from jaxpaged.model import init_model
 from jaxpaged.runner import ModelRunner
 from jaxpaged.runner.step_input import ScheduledSeq, build_step_input
-from tests.paged_driver import dense_logits, drive
+from tests.paged_driver import dense_check, dense_logits, drive
 
-ATOL = 2e-4
-
-
-def dense_check(model, seqs):
-    """Every recorded paged logits row matches the dense forward; greedy tokens match exactly."""
-    for s in seqs:
-        dense = dense_logits(model, s.tokens[:-1])
-        for pos, row in s.logits.items():
-            np.testing.assert_allclose(row, dense[pos], atol=ATOL, rtol=1e-4)
-        generated = s.tokens[len(s.prompt):]
-        expected = [int(np.argmax(dense[p])) for p in range(len(s.prompt) - 1, len(s.tokens) - 1)]
-        assert generated == expected
 
 
 def _prompts(rng, lengths, vocab):

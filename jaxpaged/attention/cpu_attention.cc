@@ -1,4 +1,4 @@
-// Paged decode attention for XLA:CPU, called through the XLA FFI (jaxpaged/attention/cpu_decode.py).
+// Paged attention (decode rows and prefill chunks) for XLA:CPU, called through the XLA FFI (jaxpaged/attention/cpu_attention.py).
 //
 // Why C++: on CPU the XLA paths gather every sequence's K/V blocks into a contiguous copy before
 // the score and value matmuls, and XLA:CPU's gather moves a few GB/s: on a 64-sequence decode step
@@ -6,11 +6,13 @@
 // block table, once for all the query heads that share its KV head, with an online softmax, as
 // vLLM's CPU and GPU paged-attention kernels do.
 //
-// Semantics are those of pallas_kernels/reference.py for one query per sequence (a decode row):
-// query row `query_start[s]` of sequence s sits at position `context_lens[s] - 1` and attends to
-// keys max(0, pos - window + 1) .. pos; scores are scaled by `sm_scale`, soft-capped when
-// `soft_cap` > 0, and rows of padding sequences (`query_lens[s] == 0`) are zero.
-// Work items are (sequence, KV head) pairs, spread over XLA's intra-op thread pool.
+// Semantics are those of pallas_kernels/reference.py: the `query_lens[s]` query rows of sequence s
+// from row `query_start[s]` sit at positions `context_lens[s] - query_lens[s]` .. `context_lens[s] - 1`,
+// and the query at position pos attends to keys max(0, pos - window + 1) .. pos; scores are scaled
+// by `sm_scale`, soft-capped when `soft_cap` > 0, and rows of padding sequences
+// (`query_lens[s] == 0`) are zero. Work items are (sequence, KV head) pairs for a decode row and
+// (sequence, KV head, tile of 16 query positions) for a prefill chunk, spread over XLA's intra-op
+// thread pool.
 
 #include <algorithm>
 #include <atomic>
@@ -448,7 +450,7 @@ void RunItems(const std::shared_ptr<WorkQueue>& queue, int64_t total, const Work
   }
 }
 
-ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pages,
+ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_pages,
                            ffi::AnyBuffer v_pages, ffi::Buffer<ffi::F32> k_scale,
                            ffi::Buffer<ffi::F32> v_scale, ffi::Buffer<ffi::S32> block_tables,
                            ffi::Buffer<ffi::S32> context_lens, ffi::Buffer<ffi::S32> query_start,
@@ -458,20 +460,20 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
   const auto pool_dims = k_pages.dimensions();
   const auto table_dims = block_tables.dimensions();
   if (q_dims.size() != 3 || pool_dims.size() != 4 || table_dims.size() != 2) {
-    return ffi::Error::InvalidArgument("paged decode: q must be 3-D, pages 4-D, block_tables 2-D");
+    return ffi::Error::InvalidArgument("paged attention: q must be 3-D, pages 4-D, block_tables 2-D");
   }
   const ffi::DataType q_dtype = q.element_type();
   if (q_dtype != ffi::DataType::F32 && q_dtype != ffi::DataType::BF16) {
-    return ffi::Error::InvalidArgument("paged decode: q must be float32 or bfloat16");
+    return ffi::Error::InvalidArgument("paged attention: q must be float32 or bfloat16");
   }
   const ffi::DataType kv_dtype = k_pages.element_type();
   if (kv_dtype != ffi::DataType::F32 && kv_dtype != ffi::DataType::BF16 && kv_dtype != ffi::DataType::F8E4M3FN) {
-    return ffi::Error::InvalidArgument("paged decode: pages must be float32, bfloat16 or float8_e4m3fn");
+    return ffi::Error::InvalidArgument("paged attention: pages must be float32, bfloat16 or float8_e4m3fn");
   }
   const Shapes shape{table_dims[0], q_dims[1],     q_dims[2], pool_dims[0],
                      pool_dims[1],  pool_dims[2], table_dims[1]};
   if (shape.num_q_heads % shape.num_kv_heads != 0 || pool_dims[3] != shape.head_dim) {
-    return ffi::Error::InvalidArgument("paged decode: head counts or head_dim do not match the pool");
+    return ffi::Error::InvalidArgument("paged attention: head counts or head_dim do not match the pool");
   }
   const bool fp8 = kv_dtype == ffi::DataType::F8E4M3FN;
   const Pool k_pool{k_pages.untyped_data(), kv_dtype, fp8 ? k_scale.typed_data() : nullptr};
@@ -522,7 +524,7 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffe
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedDecode, PagedDecodeImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedAttention, PagedAttentionImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()        // q [T, Hq, D]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.attention import cpu_decode
+from jaxpaged.attention import cpu_attention
 from pallas_kernels.reference import ragged_paged_attention_reference
 from tests.kernels.paged_batches import FP8, boundary_contexts, make_batch
 
@@ -31,7 +31,7 @@ def assert_matches_reference(batch, **static) -> None:
     expected = batch.run(lambda *a, **k: jitted(ragged_paged_attention_reference, **static,
                                                 max_query_len=k.pop("max_query_len"),
                                                 sm_scale=k.pop("sm_scale"))(*a, **k))
-    actual = batch.run(lambda *a, **k: jitted(cpu_decode.cpu_paged_attention, **static,
+    actual = batch.run(lambda *a, **k: jitted(cpu_attention.cpu_paged_attention, **static,
                                               max_query_len=k.pop("max_query_len"),
                                               sm_scale=k.pop("sm_scale"))(*a, **k))
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
@@ -42,7 +42,7 @@ def assert_matches_reference(batch, **static) -> None:
 
 def test_the_kernel_builds_here():
     """The suite's machines have a C++ compiler: the kernel must build, or every `cpu` test below means nothing."""
-    assert cpu_decode.available()
+    assert cpu_attention.available()
 
 
 @pytest.mark.parametrize("group", [1, 3])
@@ -73,7 +73,7 @@ def test_padding_sequences_and_rows_are_zero():
     """Padding sequences (no query row) and padding rows past the last sequence come out as zeros."""
     batch = make_batch([5, 0, 17, 0], [1, 0, 1, 0], block_size=4, group=2, num_tokens=4, blocks_per_seq=8)
     assert_matches_reference(batch)
-    out = batch.run(lambda *a, **k: jitted(cpu_decode.cpu_paged_attention, max_query_len=1,
+    out = batch.run(lambda *a, **k: jitted(cpu_attention.cpu_paged_attention, max_query_len=1,
                                            sm_scale=k.pop("sm_scale"))(*a, **{x: k[x] for x in ("k_scale", "v_scale")}))
     assert not np.asarray(out[2:]).any()
 
