@@ -55,6 +55,20 @@ def test_profile_serving(tmp_path, run_command):
     assert "host share" in out
 
 
+def test_profile_serving_of_a_checkpoint_directory(tmp_path, run_command):
+    """A checkpoint whose BOS/EOS sit in 0-255 gets its own ids-only tokenizer, not a byte one sized to the config."""
+    from jaxpaged.checkpoint.hf import save_hf_checkpoint
+    from jaxpaged.config import load_config
+    from jaxpaged.model import init_model
+    save_hf_checkpoint(init_model(load_config("tiny").replace(bos_token_id=1, eos_token_id=2), seed=0),
+                       tmp_path / "model")
+    flags = [f for f in TINY if not f.startswith("--model=")]
+    run_command("bench profile", f"--model={tmp_path / 'model'}", *flags, "--trace_dir=",
+                f"--json_out={tmp_path}/p.json")
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["device_s"] > 0 and result["num_steps"] > 0
+
+
 @pytest.mark.parametrize("dtype, per_token", [("float16", 327_680), ("fp8", 163_840)])
 def test_kv_capacity_reference_figures(tmp_path, dtype, per_token, run_command):
     out = run_command("capacity", "--model=llama3-70b", f"--kv_dtype={dtype}", "--budget_gb=45",

@@ -67,11 +67,15 @@ def profile_workload(make_engine, requests: Sequence[WorkloadRequest], trace_dir
 
 
 def profile_serving(model, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
-                    trace_dir: str) -> dict:
-    """`profile_workload` of ``requests`` in ``mode`` (trace under ``trace_dir``; '' = none); prints a summary."""
+                    trace_dir: str, model_name: str | None = None) -> dict:
+    """`profile_workload` of ``requests`` in ``mode`` (trace under ``trace_dir``; '' = none); prints a summary.
+
+    ``model_name`` (default: the config's name) is what the engine's tokenizer is loaded from: the checkpoint
+    path of a real model.
+    """
     from jaxpaged.engine import Engine
     runner = make_runner(model, setup)
-    config = engine_config(setup, mode, model.config.name)
+    config = engine_config(setup, mode, model_name or model.config.name)
     result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock), requests, trace_dir,
                               runner=runner)
     result["trace_dir"] = trace_dir

@@ -41,5 +41,6 @@ def main(argv):
     options, workload, engine = COMMAND.options(), COMMAND.options(ServingWorkload), COMMAND.engine.kwargs()
     compile_cache.configure(engine["compile_cache_dir"])
     requests = workload.workload(options.workload)
-    COMMAND.out.write(profile_serving(load_model(engine["model"]), workload.setup(engine, max_context_len(requests)), options.mode,
-                                      requests, options.trace_dir))
+    setup = workload.setup(engine, max_context_len(requests))
+    COMMAND.out.write(profile_serving(load_model(engine["model"]), setup, options.mode, requests, options.trace_dir,
+                                      model_name=engine["model"]))
