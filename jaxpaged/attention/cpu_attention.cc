@@ -103,8 +103,9 @@ inline float ToFloat(Bf16 value) {
   return result;
 }
 
-// One (sequence, KV head)'s online softmax over the query heads of its group: the scaled queries,
-// the running maximum and denominator per head, and the unnormalised output rows.
+// One (sequence, KV head)'s online softmax over the query heads of its group (a prefill tile: over
+// its positions x group heads, `group` rows): the scaled queries, the running maximum and
+// denominator per row, and the unnormalised output rows.
 struct GroupState {
   int64_t group, dim, block_size;
   std::vector<float> queries, acc, scores, running_max, denom;
@@ -249,10 +250,10 @@ constexpr int64_t kKeyLanes = 16;
 // query row's scores for 16 keys are 16-wide multiply-adds) and V as rows (`[block_size][dim]`).
 struct BlockTile {
   int64_t keys_stride;  // the block size rounded up to whole 16-key groups (the padding stays zero)
-  std::vector<float> keys_t, values;
+  std::vector<float> keys_t, values, key_row;  // key_row: one key as read, before it is transposed
   BlockTile(int64_t dim, int64_t block_size)
       : keys_stride((block_size + kKeyLanes - 1) / kKeyLanes * kKeyLanes),
-        keys_t(dim * keys_stride, 0.0f), values(block_size * dim) {}
+        keys_t(dim * keys_stride, 0.0f), values(block_size * dim), key_row(dim) {}
 };
 
 // Converts keys `begin .. end` of the block at element `offset` of `pool` into `tile` (K transposed).
@@ -271,9 +272,9 @@ void LoadBlock(const Pool& k_pool, const Pool& v_pool, int64_t kv_head, int64_t 
         DequantiseFp8(pool, at, dim, pool.scale[kv_head], row);
     }
   };
-  std::vector<float> key(dim);
+  float* key = tile.key_row.data();
   for (int64_t t = begin; t < end; ++t) {
-    load(k_pool, t, key.data());
+    load(k_pool, t, key);
     for (int64_t d = 0; d < dim; ++d) tile.keys_t[d * tile.keys_stride + t] = key[d];
     load(v_pool, t, tile.values.data() + t * dim);
   }
@@ -370,7 +371,10 @@ void AttendTile(int64_t seq, int64_t kv_head, int64_t first, int64_t count, cons
   const int64_t base_pos = context_lens[seq] - query_lens[seq];  // position of the chunk's first query
   const int64_t rows = count * group;
   const int64_t padded_rows = (rows + kRowsPerPass - 1) / kRowsPerPass * kRowsPerPass;
-  GroupState state(padded_rows, dim, bsz);  // the padding rows' queries stay zero
+  BlockTile tile(dim, bsz);
+  const int64_t stride = tile.keys_stride;
+  // rows x stride scores (`state.scores`); the padding rows' queries stay zero
+  GroupState state(padded_rows, dim, stride);
   auto q_at = [&](int64_t i, int64_t g) {  // element offset of query i's head g
     return ((query_start[seq] + first + i) * shape.num_q_heads + kv_head * group + g) * dim;
   };
@@ -390,9 +394,6 @@ void AttendTile(int64_t seq, int64_t kv_head, int64_t first, int64_t count, cons
   };
   const int64_t first_pos = base_pos + first, last_pos = first_pos + count - 1;
   const int64_t lo_key = lowest_key(first_pos);
-  BlockTile tile(dim, bsz);
-  const int64_t stride = tile.keys_stride;
-  std::vector<float> scores(padded_rows * stride);
   const int32_t* table = block_tables + seq * shape.blocks_per_seq;
   for (int64_t logical = lo_key / bsz; logical <= last_pos / bsz; ++logical) {
     const int64_t block_start = logical * bsz;
@@ -403,13 +404,13 @@ void AttendTile(int64_t seq, int64_t kv_head, int64_t first, int64_t count, cons
     // rows whose position is before this block see none of it: queries from `live` on do
     const int64_t live = std::max<int64_t>(0, block_start - first_pos) * group;
     for (int64_t r0 = live - live % kRowsPerPass; r0 < rows; r0 += kRowsPerPass) {
-      ScoreRows(state.queries.data(), dim, stride, r0, tile, begin, end, opt.soft_cap, scores.data());
+      ScoreRows(state.queries.data(), dim, stride, r0, tile, begin, end, opt.soft_cap, state.scores.data());
     }
     for (int64_t r = live; r < rows; ++r) {
       const int64_t pos = first_pos + r / group;
       const int64_t row_begin = std::max(lowest_key(pos) - block_start, begin);
       const int64_t row_end = std::min(pos - block_start + 1, end);
-      if (row_begin < row_end) FoldRowAnyDim(scores.data() + r * stride, tile, row_begin, row_end, r, state);
+      if (row_begin < row_end) FoldRowAnyDim(state.scores.data() + r * stride, tile, row_begin, row_end, r, state);
     }
   }
   for (int64_t i = 0; i < count; ++i) {
