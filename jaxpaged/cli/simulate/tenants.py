@@ -1,9 +1,9 @@
-"""Two tenants under overload, one at 10x the other's rate: each tenant's TTFT and TPOT under each scheduling policy.
+"""Two tenants under overload, one at 10x the other's rate: each one's TTFT and TPOT under each scheduling policy.
 
     jaxpaged simulate tenants --model=llama3-8b --profile=h200-141gb
     jaxpaged simulate tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
 
-The runs and the table are `jaxpaged.sim.tenants`.
+The runs and the table are `jaxpaged.sim.tenants`; see docs/benchmarks/tenants.md.
 """
 
 from __future__ import annotations
