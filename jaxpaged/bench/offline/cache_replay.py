@@ -1,12 +1,8 @@
-"""Cache-only replay of a request trace through the real :class:`KVCacheManager`, no model.
+"""Cache-only replay of a request trace through the real :class:`KVCacheManager`, no model (docs/cache.md).
 
-Requests run one at a time in trace order (as the Mooncake paper's Figure 9
-counts, by order only): match the prompt's prefix, allocate, commit every prompt
-token as computed (so every full prompt block is cached), optionally allocate and
-commit ``output_length`` generated tokens (their full blocks are cached too), then
-free. The hit rate is prefix-hit tokens over prompt tokens, as the manager
-counts them (at least one prompt token is always computed). A prompt that
-could never fit the pool counts as a miss and changes nothing.
+Requests run one at a time in trace order (as the Mooncake paper's Figure 9 counts): match the prefix,
+allocate, commit every prompt token (and with ``decode`` the generated ones), free. The hit rate is prefix-hit
+tokens over prompt tokens; a prompt that could never fit the pool counts as a miss and changes nothing.
 """
 
 from __future__ import annotations
