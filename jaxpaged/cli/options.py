@@ -1,13 +1,8 @@
-"""A command's own options declared once, as a dataclass, and its flags generated from it.
+"""A command's own options declared once, as a dataclass, and its flags generated from it (docs/cli.md).
 
-Each field made with `jaxpaged.bench.options.option` becomes one flag of the
-same name: its type from the annotation (``bool``, ``int``, ``float``, ``str``, optional ones, and
-``tuple[int, ...]`` / ``tuple[float, ...]`` / ``tuple[str, ...]`` as a
-comma-separated list), its default and help from the field, its check from
-``at_least`` / ``choices`` / ``check``. `OptionFlags.options()` gives the parsed
-flags back as an instance of the dataclass, list items converted to the
-annotated type, so a command hands its benchmark one object instead of a
-keyword per flag.
+Each field made with `jaxpaged.bench.options.option` becomes one flag of the same name, type (a ``tuple[...]``
+a comma-separated list), default, help and check; `OptionFlags.options()` gives the parsed flags back as an
+instance of the dataclass, so a command hands its benchmark one object instead of a keyword per flag.
 """
 
 from __future__ import annotations
