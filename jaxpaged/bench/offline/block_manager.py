@@ -151,8 +151,8 @@ def _policy_cases(cfg: BenchConfig, policy: str) -> dict[str, Case]:
     return {
         f"evict/{policy}": Case(lambda i: held.extend(pool.allocate(n)),
                                 teardown=lambda i: (pool.release(cached(held)[::-1]), held.clear())),
-        f"release/{policy}": Case(lambda i: pool.release(held[::-1]),
-                                  setup=lambda i: held.extend(cached(pool.allocate(n))), teardown=lambda i: held.clear()),
+        f"release/{policy}": Case(lambda i: pool.release(held[::-1]), setup=lambda i: held.extend(
+            cached(pool.allocate(n))), teardown=lambda i: held.clear()),
         f"hit/{policy}": Case(lambda i: pool.take(hits), setup=take_hit,
                               teardown=lambda i: pool.release(hits[::-1])),
     }

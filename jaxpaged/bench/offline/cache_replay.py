@@ -87,9 +87,9 @@ def sweep(requests: Sequence[TraceRequest], *, capacities: Sequence[float], poli
     results = []
     for block_size in block_sizes:
         for policy, capacity in [("unbounded", math.inf)] * unbounded + [(p, c) for p in policies for c in capacities]:
-            r = dataclasses.replace(replay_trace(requests, capacity_tokens=capacity, block_size=block_size, decode=decode,
-                                                 policy="lru" if policy == "unbounded" else policy, prompts=prompts),
-                                    policy=policy)
+            r = replay_trace(requests, capacity_tokens=capacity, block_size=block_size, decode=decode,
+                             policy="lru" if policy == "unbounded" else policy, prompts=prompts)
+            r = dataclasses.replace(r, policy=policy)
             results.append(r)
             print(f"  bs={r.block_size} {r.policy:>9} {r.capacity_tokens:>12,} tokens: hit rate {r.hit_rate:6.2%}"
                   f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)

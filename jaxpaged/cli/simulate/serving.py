@@ -75,8 +75,8 @@ def main(argv):
     curves = sweep.curves
     from jaxpaged.sim.plots import plot_sweep
     title = f"{base.model} on {base.profile}, {o.workload} ({o.num_requests} requests)"
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_blocks": base.num_blocks(), "results": sweep.results},
-                      sweep.table(), echo=False,
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_blocks": base.num_blocks(),
+                       "results": sweep.results}, sweep.table(), echo=False,
                       plots={o.plot_name: lambda: plot_sweep(curves, bound_s=o.ttft_p99_bound_s, title=title)})
 
 
