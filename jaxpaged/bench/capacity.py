@@ -1,13 +1,5 @@
-"""KV-cache capacity arithmetic: bytes per token, blocks and concurrent sequences for a budget.
-
-Reference figures (Llama-3-70B, fp16 KV): 2 (K and V) x 80 layers x 8 KV heads x
-128 dims x 2 bytes = 327,680 bytes per token; a 16-token block is 5,242,880
-bytes (about 5.2 MB); 45 GB (decimal) holds 8,583 such blocks (the often quoted
-"about 8,700" is 45 GB / 5.2 MB, the block size rounded down). The weights
-alone are ~70.6e9 parameters x 2 bytes = ~141 GB in fp16, not ~35 GB.
-
-``jaxpaged capacity`` puts these figures together (and, for sliding-window models, the hybrid layout's).
-"""
+"""KV-cache capacity arithmetic (``jaxpaged capacity``): bytes per token, blocks and concurrent sequences for a
+budget, and for sliding-window models the hybrid layout's (docs/benchmarks/block-size.md, hybrid-kv.md)."""
 
 from __future__ import annotations
 
@@ -41,6 +33,11 @@ class KVCapacity:
     weight_bytes_per_device: int = 0  # the split weights' share (norms, ~0.001%, counted as split too)
 
 
+def _check(budget_bytes: int, block_size: int, context_len: int) -> None:
+    if budget_bytes < 0 or block_size <= 0 or context_len <= 0:
+        raise ValueError("budget_bytes must be >= 0, block_size and context_len positive")
+
+
 def max_concurrent_seqs(num_blocks: int, block_size: int, context_len: int) -> int:
     """Sequences of ``context_len`` tokens that fit ``num_blocks`` blocks without sharing."""
     return num_blocks // cdiv(context_len, block_size)
@@ -56,17 +53,13 @@ def kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: int = DEF
     heads are replicated beyond that), so the pool has ``budget // (block / kv_shards)``
     blocks, and 1/N of the weights.
     """
-    if budget_bytes < 0 or block_size <= 0 or context_len <= 0:
-        raise ValueError("budget_bytes must be >= 0, block_size and context_len positive")
+    _check(budget_bytes, block_size, context_len)
     config.check_tensor_parallel(tensor_parallel_size)
-    kv_dtype = kv_dtype or config.dtype
-    weight_dtype = weight_dtype or config.dtype
+    kv_dtype, weight_dtype = kv_dtype or config.dtype, weight_dtype or config.dtype
     per_token = config.kv_bytes_per_token(kv_dtype)
-    per_block = per_token * block_size
-    shards = config.kv_shards(tensor_parallel_size)
+    per_block, shards = per_token * block_size, config.kv_shards(tensor_parallel_size)
     per_block_per_device = per_block // shards
-    num_blocks = budget_bytes // per_block_per_device
-    num_params = config.num_params()
+    num_blocks, num_params = budget_bytes // per_block_per_device, config.num_params()
     weight_bytes = num_params * dtype_itemsize(weight_dtype)
     return KVCapacity(
         config_name=config.name, kv_dtype=kv_dtype, bytes_per_token=per_token, block_size=block_size,
@@ -141,8 +134,7 @@ def hybrid_kv_capacity(config: ModelConfig, *, budget_bytes: int, block_size: in
     """
     from jaxpaged.cache.kv_groups import blocks_for_context, kv_cache_layout
 
-    if budget_bytes < 0 or block_size <= 0 or context_len <= 0:
-        raise ValueError("budget_bytes must be >= 0, block_size and context_len positive")
+    _check(budget_bytes, block_size, context_len)
     kv_dtype = kv_dtype or config.dtype
     layout = kv_cache_layout(config.layer_windows)
     per_layer_token = config.kv_bytes_per_token(kv_dtype) // config.num_layers

@@ -2,8 +2,8 @@
 
     jaxpaged calibrate --json_out=out/sim_calibration.json
 
-The calibration steps, the validation and the fit are `jaxpaged.sim.calibrate`;
-the profile goes to `jaxpaged/sim/cpu_profile.json`.
+The steps, the validation and the fit are `jaxpaged.sim.calibrate`; the profile goes to
+`jaxpaged/sim/cpu_profile.json` (docs/benchmarks/simulator.md).
 """
 
 from __future__ import annotations

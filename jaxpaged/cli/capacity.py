@@ -1,13 +1,10 @@
-"""KV-cache capacity for a model config: bytes per token, blocks and sequences for a budget.
+"""KV-cache capacity of a model: bytes per token, blocks and concurrent sequences for a memory budget.
 
     jaxpaged capacity --model=llama3-70b --kv_dtype=float16 --budget_gb=45 --context_len=2048
 
-Reproduces the reference figures: Llama-3-70B fp16 = 327,680 bytes per token,
-a 16-token block ~5.2 MB, ~8,600 blocks in 45 GB (and weights ~141 GB in fp16).
-
-A model with sliding-window layers (e.g. ``--model=gemma-3-27b``) also gets the
-hybrid KV cache manager's figures at each ``--context_lens`` entry: KV bytes per
-sequence and concurrent sequences, hybrid vs every layer treated as full.
+Llama-3-70B fp16: 327,680 bytes per token, a 16-token block ~5.2 MB, 8,583 blocks in 45 GB, weights ~141 GB.
+A sliding-window model (``--model=gemma-3-27b``) also gets the hybrid KV cache manager's figures at each
+``--context_lens`` entry, against every layer full. See docs/benchmarks/block-size.md and hybrid-kv.md.
 """
 
 from __future__ import annotations

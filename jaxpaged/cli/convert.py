@@ -3,10 +3,8 @@
     jaxpaged convert --model=/models/Llama-3.2-1B --out_dir=/ckpt/llama1b --dtype=bfloat16
     jaxpaged convert --model=data/models/SmolLM2-135M-Instruct.Q4_1.gguf --out_dir=/ckpt/smollm2
 
-The output reloads with `jaxpaged.checkpoint.load_model(out_dir)` without the
-name mapping or dequantization; tokenizer files are copied alongside (a GGUF's
-tokenizer and chat template are written as `tokenizer.json` and `tokenizer_config.json`).
-`--hf_dir` is another name for `--model`.
+`jaxpaged.checkpoint.load_model(out_dir)` reloads it with no name mapping or dequantization; tokenizer files
+are copied alongside (a GGUF's written as `tokenizer.json` and `tokenizer_config.json`). `--hf_dir` = `--model`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""`DeploymentFlags`: a simulated deployment's flags (device profile, precisions, KV size, engine fields), once.
-
-The `simulate` commands describe the served model the same way; this set
-defines those flags on a command and builds the `Deployment` they describe.
-"""
+"""`DeploymentFlags`: a simulated deployment's flags (device profile, precisions, KV size, engine fields), once:
+the `simulate` commands describe the served model the same way, and get the `Deployment` back."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ class DeploymentFlags:
 
     def __init__(self, fs: FlagSet, engine_fields: Sequence[str], *, profile: str = "a100-80gb",
                  profile_help: str = "", kv_cache_gb: float | None = None,
-                 kv_cache_help: str = "KV cache per device in GB (1e9); default: 90% of memory - the device's "
-                                      "weights", kv_cache_gb_at_least: float = 1e-3,
+                 kv_cache_help: str = "KV cache per device in GB (1e9); default: 90% of memory - the device's weights",
                  engine_defaults: Mapping[str, object] | None = None) -> None:
         """Define the flags on ``fs`` (``engine_defaults`` on top of `SIM_ENGINE_DEFAULTS`)."""
         self._profile = fs.DEFINE_string("profile", profile, "a100-80gb, h100-80gb, h200-141gb, cpu, or a profile "
@@ -35,14 +31,14 @@ class DeploymentFlags:
         self.engine = EngineFlags(fs, engine_fields, defaults=defaults)
         fs.device_profile("profile")
         fs.at_least(1e-3, "weight_bytes_per_param", "kv_bytes_per_element")
-        fs.at_least(kv_cache_gb_at_least, "kv_cache_gb")
+        fs.at_least(1e-6, "kv_cache_gb")  # a pool too small for a block is refused by `deployment`
 
     def deployment(self, **extra) -> Deployment:
         """The deployment the flags describe; a usage error (naming the flags) when its pool cannot be sized."""
         gb = self._kv_cache_gb.value
         d = Deployment(profile=self._profile.value, weight_bytes_per_param=self._weight_bytes.value,
-                       kv_bytes_per_element=self._kv_bytes.value,
-                       kv_cache_bytes=None if gb is None else int(gb * 1e9), **(self.engine.kwargs() | extra))
+                       kv_bytes_per_element=self._kv_bytes.value, kv_cache_bytes=None if gb is None else int(gb * 1e9),
+                       **(self.engine.kwargs() | extra))
         try:
             d.num_blocks()
         except ValueError as error:

@@ -1,15 +1,7 @@
-"""Engine flags generated from `EngineConfig`'s fields, and flags back into an `EngineConfig`.
+"""Engine flags generated from `EngineConfig`'s fields (each its own help and values, `knob` in
+`jaxpaged.engine.config`), checked once by `EngineConfig` itself after parsing, and back into an `EngineConfig`.
 
-Each field becomes one absl flag of the same name, type and default (an
-``int | None`` field an integer flag defaulting to None, a ``bool`` a boolean
-flag, ...); fields with a fixed set of values become enum flags. A field's
-help text and values are its own (`knob` in `jaxpaged.engine.config`), so
-this module keeps no table of them; a field declared without help fails
-here, at import of any command, rather than showing a blank line. The values
-are checked once, by `EngineConfig` itself, right after parsing: a bad one is
-the usual one-line flag error naming the field. Commands pick the fields they
-expose and may change a default (a benchmark's own workload size), never the
-block size's.
+A command picks the fields it exposes and may change a default, never the block size's (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ class FlagSet:
         self._adopted: list[str] = []
 
     def __getattr__(self, name: str):
-        """``DEFINE_*`` and ``mark_flag_as_required``: absl's, bound to this set's `FlagValues`; else a flag's value."""
-        if name.startswith("DEFINE_") or name == "mark_flag_as_required":
+        """``DEFINE_*``, ``mark_flag_as_required``, ``register_validator`` and ``register_multi_flags_validator``:
+        absl's, bound to this set's `FlagValues`; else a flag's value."""
+        if name.startswith(("DEFINE_", "register_")) or name == "mark_flag_as_required":
             return functools.partial(getattr(flags, name), flag_values=self.values)
         if name != "values" and name in self.values:
             return getattr(self.values, name)
@@ -47,15 +48,6 @@ class FlagSet:
         define = {bool: self.DEFINE_boolean, int: self.DEFINE_integer, float: self.DEFINE_float,
                   str: self.DEFINE_string}[kind]
         return define(name, default, help)
-
-    def register_validator(self, name: str, checker: Callable, message: str = "Flag validation failed") -> None:
-        """absl's `register_validator` on this set."""
-        flags.register_validator(name, checker, message, flag_values=self.values)
-
-    def register_multi_flags_validator(self, names: list[str], checker: Callable,
-                                       message: str = "Flags validation failed") -> None:
-        """absl's `register_multi_flags_validator` on this set."""
-        flags.register_multi_flags_validator(names, checker, message, flag_values=self.values)
 
     def adopt(self, holders: Sequence[flags.FlagHolder]) -> None:
         """Take flags a library module defined on absl's global set: a copy here, its value handed back on parse.
@@ -129,14 +121,15 @@ class FlagSet:
         def ok(items) -> bool:
             if items is None:
                 return True
-            for item in items:
-                if choices is not None and item not in choices:
+            try:
+                if integer_at_least is not None and any(int(i) < integer_at_least for i in items):
                     return False
-                if integer_at_least is not None and not (_is_int(item) and int(item) >= integer_at_least):
+                if number_at_least is not None and not all(_is_number(i) and float(i) >= number_at_least
+                                                           for i in items):
                     return False
-                if number_at_least is not None and not (_is_number(item) and float(item) >= number_at_least):
-                    return False
-            return bool(items) or allow_empty
+            except ValueError:  # not an integer
+                return False
+            return (choices is None or set(items) <= set(choices)) and (bool(items) or allow_empty)
 
         what = (f"one or more of {sorted(choices)}" if choices is not None else
                 f"integers >= {integer_at_least}" if integer_at_least is not None else
@@ -177,14 +170,6 @@ def parse_key_values(items: list[str]) -> dict[str, int | float]:
         key, _, value = item.partition("=")
         out[key] = float(value) if "." in value else int(value)
     return out
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _is_number(text: str) -> bool:

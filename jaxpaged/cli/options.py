@@ -1,13 +1,8 @@
-"""A command's own options declared once, as a dataclass, and its flags generated from it.
+"""A command's own options declared once, as a dataclass, and its flags generated from it (docs/cli.md).
 
-Each field made with `jaxpaged.bench.options.option` becomes one flag of the
-same name: its type from the annotation (``bool``, ``int``, ``float``, ``str``, optional ones, and
-``tuple[int, ...]`` / ``tuple[float, ...]`` / ``tuple[str, ...]`` as a
-comma-separated list), its default and help from the field, its check from
-``at_least`` / ``choices`` / ``check``. `OptionFlags.options()` gives the parsed
-flags back as an instance of the dataclass, list items converted to the
-annotated type, so a command hands its benchmark one object instead of a
-keyword per flag.
+Each field made with `jaxpaged.bench.options.option` becomes one flag of the same name, type (a ``tuple[...]``
+a comma-separated list), default, help and check; `OptionFlags.options()` gives the parsed flags back as an
+instance of the dataclass, so a command hands its benchmark one object instead of a keyword per flag.
 """
 
 from __future__ import annotations
@@ -34,15 +29,14 @@ def _kind(hint) -> tuple[type, bool]:
 class OptionFlags:
     """The flags of an options dataclass on one command's `FlagSet`, and the parsed options."""
 
-    def __init__(self, fs: FlagSet, options_type: type, *, defaults: Mapping[str, object] | None = None) -> None:
-        """Define a flag per field of ``options_type`` on ``fs`` (``defaults`` replaces a field's default)."""
+    def __init__(self, fs: FlagSet, options_type: type) -> None:
+        """Define a flag per field of ``options_type`` on ``fs``."""
         self._fs, self._type = fs, options_type
         hints = typing.get_type_hints(options_type)
         flagged = [f for f in dataclasses.fields(options_type) if "help" in f.metadata]  # others: given by the command
         self._kinds = {f.name: _kind(hints[f.name]) for f in flagged}
         for field in flagged:
-            default = (defaults or {}).get(field.name, field.default)
-            self._define(field.name, default, **field.metadata)
+            self._define(field.name, field.default, **field.metadata)
 
     def _define(self, name: str, default, *, help: str, at_least: float | None,  # noqa: A002
                 choices: tuple[str, ...] | None, check: str | None) -> None:

@@ -39,5 +39,6 @@ class OutputFlags:
               plots: Mapping[str, Callable[[], Figure]] | None = None, echo: bool = True) -> list[Path]:
         """`write_results` to where the flags point (``plots``: file name -> a function building its figure), with
         the command's flags as ``"flags"``."""
-        return write_results({"flags": self._fs.values.flag_values_dict()} | dict(result), table, json_out=self._json.value, md_out=self._md.value,
-                             plot_dir=self.plot_dir, plots=plots, echo=echo)
+        return write_results({"flags": self._fs.values.flag_values_dict()} | dict(result), table,
+                             json_out=self._json.value, md_out=self._md.value, plot_dir=self.plot_dir, plots=plots,
+                             echo=echo)

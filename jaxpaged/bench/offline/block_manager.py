@@ -1,9 +1,7 @@
-"""Host-side cost of the KV cache manager: throughput and per-prompt admission time.
+"""Host-side cost of the KV cache manager (``jaxpaged bench block-manager``): throughput and admission time.
 
-Library half of ``jaxpaged bench block-manager``. Every figure is the median
-over ``repeats`` timed calls (``time.perf_counter_ns``, garbage collector paused
-while timing). The cases are interleaved (each repeat runs every case once), so
-a change in machine load hits all of them alike and ratios stay meaningful.
+Every figure is the median of ``repeats`` timed calls (``perf_counter_ns``, garbage collector paused), the
+cases interleaved (each repeat runs every case once) so machine load hits all of them alike.
 """
 
 from __future__ import annotations
@@ -101,9 +99,7 @@ def _hash_cases(cfg: BenchConfig, algo: str, prompt: list[int], cold: list[list[
     return {
         f"hash_chain/{algo}": Case(lambda i: hash_request_blocks(prompt, bs, hash_algo=algo)),
         f"match_cached/{algo}": Case(lambda i: warm_mgr.match_prefix(prompt)),
-        f"admit_cold/{algo}": Case(
-            lambda i: _admit(cold_mgr, i, cold[i % len(cold)]), teardown=cold_mgr.free
-        ),
+        f"admit_cold/{algo}": Case(lambda i: _admit(cold_mgr, i, cold[i % len(cold)]), teardown=cold_mgr.free),
         f"admit_cached/{algo}": Case(lambda i: _admit(warm_mgr, i, prompt), teardown=warm_mgr.free),
     }
 
@@ -127,7 +123,8 @@ def _block_cases(cfg: BenchConfig, prompt: list[int]) -> dict[str, Case]:
     return {
         "allocate": Case(lambda i: alloc_mgr.allocate_new(i, prompt, len(prompt), None), teardown=alloc_mgr.free),
         "free": Case(free_mgr.free, setup=lambda i: free_mgr.allocate_new(i, prompt, len(prompt), None)),
-        "decode_allocate_slots": Case(lambda i: decode_mgr.allocate_slots("s", 1, num_computed_tokens=decode_mgr.num_computed_tokens("s")), teardown=commit_one_token),
+        "decode_allocate_slots": Case(lambda i: decode_mgr.allocate_slots(
+            "s", 1, num_computed_tokens=decode_mgr.num_computed_tokens("s")), teardown=commit_one_token),
     }
 
 
@@ -138,12 +135,13 @@ def _policy_cases(cfg: BenchConfig, policy: str) -> dict[str, Case]:
     n = cdiv(cfg.prompt_len, cfg.block_size)
     serial = iter(range(1 << 62))
 
-    def cache_and_release(blocks) -> None:
+    def cached(blocks: list) -> list:
+        """``blocks``, each cached under a fresh hash."""
         for block in blocks:
             pool.cache_block(block, next(serial).to_bytes(32, "little"), None, (), ())
-        pool.release(blocks[::-1])
+        return blocks
 
-    cache_and_release(pool.allocate(cfg.num_blocks))  # every block cached and free
+    pool.release(cached(pool.allocate(cfg.num_blocks))[::-1])  # every block cached and free
     held: list = []
     hits: list = []
 
@@ -152,21 +150,12 @@ def _policy_cases(cfg: BenchConfig, policy: str) -> dict[str, Case]:
 
     return {
         f"evict/{policy}": Case(lambda i: held.extend(pool.allocate(n)),
-                                teardown=lambda i: (cache_and_release(held), held.clear())),
-        f"release/{policy}": Case(lambda i: pool.release(held[::-1]),
-                                  setup=lambda i: held.extend(_cached(pool, n, serial)),
-                                  teardown=lambda i: held.clear()),
+                                teardown=lambda i: (pool.release(cached(held)[::-1]), held.clear())),
+        f"release/{policy}": Case(lambda i: pool.release(held[::-1]), setup=lambda i: held.extend(
+            cached(pool.allocate(n))), teardown=lambda i: held.clear()),
         f"hit/{policy}": Case(lambda i: pool.take(hits), setup=take_hit,
                               teardown=lambda i: pool.release(hits[::-1])),
     }
-
-
-def _cached(pool: BlockPool, n: int, serial) -> list:
-    """``n`` blocks allocated (evicting) and cached under fresh hashes, still held."""
-    blocks = pool.allocate(n)
-    for block in blocks:
-        pool.cache_block(block, next(serial).to_bytes(32, "little"), None, (), ())
-    return blocks
 
 
 def run_benchmarks(cfg: BenchConfig) -> dict:
@@ -232,9 +221,7 @@ def markdown_table(results: dict) -> str:
         ["decode step allocate_slots(seq, 1) (µs)", f"{us['decode_allocate_slots']:.2f}"],
         ["bare hashlib SHA-256 chain, no framing (µs)", f"{us['raw_sha256_chain']:.1f}"],
     ]))
-    policies = results.get("per_eviction_policy_ns_per_block", {})
-    if policies:
-        tables.append(render_table(["eviction policy (ns per block, median)", "evict", "release cached", "prefix hit"],
-                                   [[name, f"{c['evict']:.0f}", f"{c['release']:.0f}", f"{c['hit']:.0f}"]
-                                    for name, c in policies.items()]))
+    tables.append(render_table(["eviction policy (ns per block, median)", "evict", "release cached", "prefix hit"],
+                               [[name, f"{c['evict']:.0f}", f"{c['release']:.0f}", f"{c['hit']:.0f}"]
+                                for name, c in results["per_eviction_policy_ns_per_block"].items()]))
     return "\n\n".join(tables)

@@ -1,12 +1,8 @@
-"""Cache-only replay of a request trace through the real :class:`KVCacheManager`, no model.
+"""Cache-only replay of a request trace through the real :class:`KVCacheManager`, no model (docs/cache.md).
 
-Requests run one at a time in trace order (as the Mooncake paper's Figure 9
-counts, by order only): match the prompt's prefix, allocate, commit every prompt
-token as computed (so every full prompt block is cached), optionally allocate and
-commit ``output_length`` generated tokens (their full blocks are cached too), then
-free. The hit rate is prefix-hit tokens over prompt tokens, as the manager
-counts them (at least one prompt token is always computed). A prompt that
-could never fit the pool counts as a miss and changes nothing.
+Requests run one at a time in trace order (as the Mooncake paper's Figure 9 counts): match the prefix,
+allocate, commit every prompt token (and with ``decode`` the generated ones), free. The hit rate is prefix-hit
+tokens over prompt tokens; a prompt that could never fit the pool counts as a miss and changes nothing.
 """
 
 from __future__ import annotations
@@ -84,23 +80,19 @@ def replay_trace(requests: Sequence[TraceRequest], *, capacity_tokens: int | flo
 
 
 def sweep(requests: Sequence[TraceRequest], *, capacities: Sequence[float], policies: Sequence[str],
-          block_sizes: Sequence[int], decode: bool = False, unbounded: bool = True,
-          on_result=None) -> list[ReplayResult]:
+          block_sizes: Sequence[int], decode: bool = False, unbounded: bool = True) -> list[ReplayResult]:
     """Every (block size, policy, capacity) replay, plus the unbounded one per block size (policy
-    ``"unbounded"``); token ids are made once. ``on_result`` sees each result as it lands."""
+    ``"unbounded"``), a progress line each; token ids are made once."""
     prompts = [prompt_token_ids(r) for r in requests]
     results = []
     for block_size in block_sizes:
-        runs = [("unbounded", math.inf)] * unbounded + [(p, c) for p in policies for c in capacities]
-        for policy, capacity in runs:
-            result = replay_trace(requests, capacity_tokens=capacity, block_size=block_size,
-                                  policy="lru" if policy == "unbounded" else policy, decode=decode,
-                                  prompts=prompts)
-            if policy == "unbounded":
-                result = dataclasses.replace(result, policy="unbounded")
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
+        for policy, capacity in [("unbounded", math.inf)] * unbounded + [(p, c) for p in policies for c in capacities]:
+            r = replay_trace(requests, capacity_tokens=capacity, block_size=block_size, decode=decode,
+                             policy="lru" if policy == "unbounded" else policy, prompts=prompts)
+            r = dataclasses.replace(r, policy=policy)
+            results.append(r)
+            print(f"  bs={r.block_size} {r.policy:>9} {r.capacity_tokens:>12,} tokens: hit rate {r.hit_rate:6.2%}"
+                  f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)
     return results
 
 
@@ -125,20 +117,9 @@ def markdown_table(results: Sequence[ReplayResult]) -> str:
 PAPER_NOTE = "Mooncake (FAST'25) Fig. 9: a 3M-token local cache reaches well under half the unbounded hit rate"
 
 
-def print_result(r: ReplayResult) -> None:
-    """One progress line for a finished replay."""
-    print(f"  bs={r.block_size} {r.policy:>9} {r.capacity_tokens:>12,} tokens: hit rate {r.hit_rate:6.2%}"
-          f" ({r.seconds:.1f} s, {r.num_skipped} prompts longer than the pool)", flush=True)
-
-
-def result_rows(results: Sequence[ReplayResult]) -> list[dict]:
-    """Each result as a dict, its hit rate included (the JSON's rows)."""
-    return [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results]
-
-
 def replay_plots(rows: Sequence[dict], trace_name: str) -> dict[str, Callable[[], object]]:
-    """``replay_hit_rate_bs<B>.png`` per block size: builds its figure of hit rate against capacity, a line per
-    policy."""
+    """``replay_hit_rate_bs<B>.png`` per block size: its figure of hit rate against capacity, a line per policy;
+    ``rows`` are the results as dicts, hit rate included."""
     from jaxpaged.bench.offline.plots import plot_hit_rate_vs_capacity
     return {f"replay_hit_rate_bs{bs}.png": functools.partial(
         plot_hit_rate_vs_capacity, [r for r in rows if r["block_size"] == bs],

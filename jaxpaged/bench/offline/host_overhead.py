@@ -1,13 +1,13 @@
 """Host overhead of `Engine.step` at GPU batch sizes over a stand-in device (`jaxpaged bench host-overhead`).
 
-A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) lays out every step with the real code and
-queues its predicted time on a device modelled as a FIFO of deadlines; the engine, scheduler, cache
-manager and output processor are the real ones. `sweep_host_overhead` repeats every configuration,
-interleaved, and `host_overhead_tables` reports the medians (docs/benchmarks/host-overhead.md).
+A `SleepingDeviceRunner` (`jaxpaged.sim.sleeping_runner`) lays out every step with the real code and queues its
+predicted time on a FIFO of deadlines; engine, scheduler, cache manager and output processor are the real ones
+(docs/benchmarks/host-overhead.md).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import platform
@@ -86,8 +86,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     max_len = longest + max_tokens
     num_blocks = num_seqs * (cdiv(max_len, block_size) + 1)
     runner = SleepingDeviceRunner(config, cost_model, num_blocks, sleep=False)  # no sleeping until measured
-    tokenizer = None
-    constraint = None
+    tokenizer = constraint = None
     if structured:
         from jaxpaged.bench.offline.synthetic_tokenizer import synthetic_bpe_tokenizer
         tokenizer = synthetic_bpe_tokenizer(config.vocab_size)
@@ -112,8 +111,7 @@ def measure_host_overhead(num_seqs: int, *, model: str = "llama3-8b", profile: s
     assert _all_decoding(engine, num_seqs), "every sequence must be decoding while measured"
     runner.sleep = sleep
 
-    samples: dict[str, list[float]] = {name: [] for name in ("schedule", "layout", "update", "outputs", "host",
-                                                               "step", "wire", "cpu")}
+    samples: dict[str, list[float]] = collections.defaultdict(list)
     device0 = runner.device_s
     gc.collect()
     begin = time.perf_counter()
@@ -177,9 +175,14 @@ def median_fields(runs: Iterable[HostOverhead], fields: Sequence[str]) -> dict[s
 
 @dataclasses.dataclass(frozen=True)
 class HostOverheadSweep:
-    """What every run shares: the model shape, the device profile, contexts, steps, and whether text streams."""
+    """The batch sizes, output kinds and repeats swept, and what every run shares (model shape, device profile)."""
 
     model: str = "llama3-8b"
+    num_seqs: tuple[int, ...] = option((64, 256, 512), "running decode sequences per step", at_least=1)
+    output_kinds: tuple[str, ...] = option(("delta", "final_only"), "output kinds of the host-time rows (delta: "
+                                           "what a streaming server asks for)",
+                                           choices=[k.name.lower() for k in RequestOutputKind])
+    repeats: int = option(3, "runs per configuration (medians reported)", at_least=1)
     profile: str = option("h200-141gb", "device profile whose step times the stand-in sleeps", check="device_profile")
     context_len: int = option(1200, "mean context length (prompts span +-1/8 of it)", at_least=1)
     steps: int = option(64, "decode steps measured per run", at_least=1)
@@ -188,56 +191,43 @@ class HostOverheadSweep:
                                      "the model's size: token masks filled and matchers advanced each step")
 
 
-@dataclasses.dataclass
-class HostOverheadRuns:
-    """Host-time runs by (sequences, output kind) and device-busy runs by (sequences, asynchronous scheduling)."""
-
-    host: dict[tuple[int, str], list[HostOverhead]]
-    busy: dict[tuple[int, bool], list[HostOverhead]]
-
-    def report(self) -> dict:
-        """Every run, as the JSON keeps them."""
-        return {"host": [vars(r) for runs in self.host.values() for r in runs],
-                "busy": [vars(r) for runs in self.busy.values() for r in runs]}
-
-
-def sweep_host_overhead(sweep: HostOverheadSweep, num_seqs: Sequence[int], kinds: Sequence[RequestOutputKind],
-                        repeats: int) -> HostOverheadRuns:
-    """At each batch size: host time per output kind (a device taking no time), then the device-busy fraction
-    with each step taking its predicted time, asynchronous scheduling off and on (the first kind's outputs)."""
+def sweep_host_overhead(sweep: HostOverheadSweep) -> dict[str, dict[tuple, list[HostOverhead]]]:
+    """Runs by batch size, repeated and interleaved: ``"host"`` time per output kind (a device taking no time,
+    keyed (sequences, kind)), then ``"busy"`` with each step taking its predicted time, asynchronous scheduling
+    off and on (the first kind's outputs; keyed (sequences, async))."""
     common = dict(model=sweep.model, profile=sweep.profile, context_len=sweep.context_len, steps=sweep.steps,
                   detokenize=sweep.detokenize, structured=sweep.structured)
-    runs = HostOverheadRuns({}, {})
-    for repeat in range(repeats):  # interleaved: machine load drifts over every configuration alike
-        for n in num_seqs:
+    kinds = [RequestOutputKind[k.upper()] for k in sweep.output_kinds]
+    runs: dict[str, dict[tuple, list[HostOverhead]]] = {"host": {}, "busy": {}}
+    for repeat in range(sweep.repeats):  # interleaved: machine load drifts over every configuration alike
+        for n in sweep.num_seqs:
             for kind in kinds:
-                run = measure_host_overhead(n, sleep=False, async_scheduling=True, output_kind=kind, seed=repeat,
-                                            **common)
-                runs.host.setdefault((n, kind.name), []).append(run)
+                run = measure_host_overhead(n, sleep=False, output_kind=kind, seed=repeat, **common)
+                runs["host"].setdefault((n, kind.name), []).append(run)
                 print(f"{n} seqs, {kind.name}: host {run.host_ms:.3f} ms", flush=True)
             for async_scheduling in (False, True):
-                run = measure_host_overhead(n, sleep=True, async_scheduling=async_scheduling,
-                                            output_kind=kinds[0], seed=repeat, **common)
-                runs.busy.setdefault((n, async_scheduling), []).append(run)
+                run = measure_host_overhead(n, async_scheduling=async_scheduling, output_kind=kinds[0], seed=repeat,
+                                            **common)
+                runs["busy"].setdefault((n, async_scheduling), []).append(run)
                 print(f"{n} seqs, async={async_scheduling}: device busy {run.device_busy:.3f}", flush=True)
     return runs
 
 
-def host_overhead_tables(runs: HostOverheadRuns, sweep: HostOverheadSweep, repeats: int) -> str:
+def host_overhead_tables(runs: dict[str, dict[tuple, list[HostOverhead]]], sweep: HostOverheadSweep) -> str:
     """A title naming the setting and the machine, the host-time table and the device-busy table (medians)."""
-    lines = [f"Host time per decode step (ms, medians of {repeats} runs x {sweep.steps} steps), "
+    lines = [f"Host time per decode step (ms, medians of {sweep.repeats} runs x {sweep.steps} steps), "
              f"{sweep.model} shape, ~{sweep.context_len}-token contexts, device stand-in: {sweep.profile}"
              f"{', every sequence under a JSON-lines grammar' if sweep.structured else ''}; "
              f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}", ""]
     host_rows = []
-    for (n, kind), done in runs.host.items():
+    for (n, kind), done in runs["host"].items():
         values = list(median_fields(done, PARTS).values())
         host_rows.append([n, kind, *(f"{v:.3f}" for v in values[:5]), f"{values[5]:.2f}"])
     lines.append(markdown_table(["seqs", "outputs", "schedule", "layout", "update", "outputs", "whole step (host)",
                                  "us / seq"], host_rows, align="rlrrrrrr"))
     lines += ["", "Device busy while each step takes its predicted time (the stand-in's worker thread sleeps it)", ""]
     busy_rows = []
-    for (n, async_scheduling), done in runs.busy.items():
+    for (n, async_scheduling), done in runs["busy"].items():
         m = median_fields(done, ("device_ms", "host_ms", "step_ms", "device_busy"))
         busy_rows.append([n, f"{m['device_ms']:.2f}", "async" if async_scheduling else "sync", f"{m['host_ms']:.3f}",
                           f"{m['step_ms']:.2f}", f"{m['device_busy']:.1%}"])

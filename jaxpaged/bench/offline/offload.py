@@ -41,8 +41,7 @@ def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int =
     length evicts the prefix into the host tier between the device hit and the host hit.
     The host-hit step also offloads that unrelated prompt's blocks (one transfer each way).
     """
-    config = model_config(model_name)
-    tail = 16
+    config, tail = model_config(model_name), 16
     engine = Engine(EngineConfig(model=model_name, block_size=block_size,
                                  num_blocks=cdiv(prefix_len + tail, block_size) + 8,
                                  max_num_batched_tokens=max_num_batched_tokens,
@@ -55,10 +54,8 @@ def bench_ttft(model_name: str, prefix_len: int, repeats: int, block_size: int =
         prefix = list(rng.integers(0, vocab, prefix_len))
         runs = [("recompute", prefix), ("device_hit", prefix), ("evict", None), ("host_hit", prefix)]
         for kind, head in runs:
-            if head is None:
-                prompt = list(rng.integers(0, vocab, prefix_len + tail))
-            else:
-                prompt = head + list(rng.integers(0, vocab, tail))
+            prompt = list(rng.integers(0, vocab, prefix_len + tail)) if head is None else head + list(
+                rng.integers(0, vocab, tail))
             seconds, num_cached = _ttft(engine, f"{kind}-{rep}", prompt)
             if rep and kind in times:
                 times[kind].append(seconds)
@@ -118,26 +115,24 @@ def bench_budget(model_name: str, kv_cache_bytes: int, num_requests: int, prompt
     return rows
 
 
-def _table(headers: list[str], rows: list[list]) -> list[str]:
-    """Markdown table lines (`markdown_table`), then a blank line."""
-    return [markdown_table(headers, rows), ""]
-
-
 def markdown(results: dict) -> str:
     """Markdown tables of `bench_ttft`, `capacity_table` and `bench_budget` results."""
-    lines = []
+    tables = []
     if "ttft" in results:
         t = results["ttft"]
-        lines += _table(["prefix", "TTFT (s, median)", "tokens served from a cache"],
-                        [[k, f"{t[k]['ttft_s']:.3f}", f"{t[k]['cached_tokens']:.0f}"]
-                         for k in ("recompute", "host_hit", "device_hit")])
-        lines += [f"host hit vs recompute: {t['host_hit_vs_recompute_speedup']:.2f}x faster", ""]
+        tables.append(markdown_table(["prefix", "TTFT (s, median)", "tokens served from a cache"],
+                                     [[k, f"{t[k]['ttft_s']:.3f}", f"{t[k]['cached_tokens']:.0f}"]
+                                      for k in ("recompute", "host_hit", "device_hit")]))
+        tables.append(f"host hit vs recompute: {t['host_hit_vs_recompute_speedup']:.2f}x faster")
     if "capacity" in results:
-        lines += _table(["model", "KV dtype", "bytes/token", "blocks", "tokens", "concurrent seqs"],
-                        [[r["model"], r["kv_dtype"], f"{r['bytes_per_token']:,}", f"{r['num_blocks']:,}",
-                          f"{r['num_tokens']:,}", f"{r['max_concurrent_seqs']:,}"] for r in results["capacity"]])
+        tables.append(markdown_table(["model", "KV dtype", "bytes/token", "blocks", "tokens", "concurrent seqs"],
+                                     [[r["model"], r["kv_dtype"], f"{r['bytes_per_token']:,}", f"{r['num_blocks']:,}",
+                                       f"{r['num_tokens']:,}", f"{r['max_concurrent_seqs']:,}"]
+                                      for r in results["capacity"]]))
     if "budget" in results:
-        lines += _table(["KV dtype", "blocks", "peak concurrent seqs", "preemptions", "tokens/s", "compiles"],
-                        [[r["kv_cache_dtype"], r["num_blocks"], r["peak_concurrent_seqs"], r["preemptions"],
-                          f"{r['throughput_tok_s']:.1f}", r["compiles"]] for r in results["budget"]])
-    return "\n".join(lines)
+        tables.append(markdown_table(["KV dtype", "blocks", "peak concurrent seqs", "preemptions", "tokens/s",
+                                      "compiles"],
+                                     [[r["kv_cache_dtype"], r["num_blocks"], r["peak_concurrent_seqs"],
+                                       r["preemptions"], f"{r['throughput_tok_s']:.1f}", r["compiles"]]
+                                      for r in results["budget"]]))
+    return "\n\n".join(tables) + "\n"

@@ -1,8 +1,5 @@
-"""Figures of offline results: ablation metrics against block size, replay hit rates against capacity.
-
-Each function builds a matplotlib `Figure` and returns it; the command saves
-it through the one writer (`jaxpaged.report.write_results`) into ``--plot_dir``.
-"""
+"""Figures of offline results: ablation metrics against block size, replay hit rates against capacity. Each
+function builds a matplotlib `Figure`; the writer (`jaxpaged.report.write_results`) saves it into --plot_dir."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ def synthetic_bpe_tokenizer(vocab_size: int, seed: int = 0) -> HFTokenizer:
     """An `HFTokenizer` with `vocab_size` ids, the last one its EOS (built in seconds; cached)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    to_unicode = _bytes_to_unicode()
-    vocab = {to_unicode[b]: b for b in range(256)}
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}  # the 256 bytes
     rng = np.random.default_rng(seed)
     while len(vocab) < vocab_size - 1:
         word = "".join(rng.choice(_LETTERS, rng.integers(2, 9)))
@@ -35,22 +35,10 @@ def synthetic_bpe_tokenizer(vocab_size: int, seed: int = 0) -> HFTokenizer:
             word = " " + word
         elif r < 0.6:
             word = _PUNCTUATION[rng.integers(len(_PUNCTUATION))] + word
-        vocab.setdefault("".join(to_unicode[b] for b in word.encode()), len(vocab))
+        vocab.setdefault(byte_level.pre_tokenize_str(word)[0][0], len(vocab))  # as byte-level BPE writes it
     vocab["<|eot|>"] = vocab_size - 1
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken("<|eot|>", special=True)])
     return HFTokenizer(tok, None, vocab_size - 1)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as the printable character byte-level BPE writes it as."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars, extra = {b: chr(b) for b in printable}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars

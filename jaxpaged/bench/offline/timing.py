@@ -16,25 +16,16 @@ T = TypeVar("T")
 
 
 class TimedRunner:
-    """Wraps a runner and times each step as the host sees it: dispatching it plus waiting for it.
-
-    A step during which the runner compiled a new shape counts as compile
-    time; the others count as device time. With synchronous scheduling that is
-    the step's full round trip; with asynchronous scheduling the device also
-    runs while the host works, so `device_s` is the time the host was held up
-    by the device. Implements `Runner`, so `Engine(runner=TimedRunner(...))`
-    works unchanged.
-    """
+    """A `Runner` wrapper timing each step as the host sees it (dispatch plus wait): a step that compiled a new
+    shape counts as compile time, the others as device time (with asynchronous scheduling: the time the host
+    was held up by the device). ``Engine(runner=TimedRunner(...))`` works unchanged."""
 
     def __init__(self, runner: Runner) -> None:
         """Wrap ``runner``; all totals start at 0."""
-        self.inner = runner
-        self.config = runner.config
-        self.block_size = runner.block_size
-        self.num_blocks = runner.num_blocks
+        self.inner, self.config = runner, runner.config
+        self.block_size, self.num_blocks = runner.block_size, runner.num_blocks
         self.capabilities = runner.capabilities.of_steps()
-        self.device_s = 0.0
-        self.compile_s = 0.0
+        self.device_s = self.compile_s = 0.0
         self.num_steps = 0
 
     @property

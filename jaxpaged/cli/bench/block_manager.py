@@ -1,11 +1,9 @@
-"""Benchmarks the host-side KV cache manager (no JAX, no device).
-
-Measures allocate / free / match throughput in blocks per second, the host
-time to admit a prompt cold and fully cached, per hash algorithm, and each
-eviction policy's cost per block evicted, released and hit. Prints a
-Markdown table and writes JSON.
+"""Host-side KV cache manager (no JAX, no device): allocate / free / match blocks per second, admitting a
+prompt cold and fully cached per hash algorithm, and each eviction policy's cost per block.
 
     jaxpaged bench block-manager --json_out=out/bench_block_manager.json
+
+See docs/benchmarks/block-manager.md.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
     jaxpaged bench hybrid-kv --num_prompts=8 --prompt_len=2048 --window=128
 
-A tiny Gemma-3-like model (6 layers: 5 sliding of window W, 1 full; Llama math)
-serves the same prompts twice with the same weights: once with its windows (the
-hybrid manager, KV cache groups), once with every layer full attention (the
-single-group manager). Reports peak KV blocks and bytes held and tokens/s of a timed pass after a
-warm-up pass of the same shapes (so compiles are not timed; the count is reported).
+A tiny Gemma-3-like model (5 sliding layers of window W, 1 full) serves the same prompts with its windows and
+with every layer full; timed passes follow a warm-up pass (`jaxpaged.bench.offline.hybrid_kv`). See
+docs/benchmarks/hybrid-kv.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Cache-only replay of a Mooncake-format trace: prefix-cache hit rate against capacity, per policy and block size.
 
-Requests go one at a time, in trace order, through the real KVCacheManager with
-no model (every prompt block touched; ``--decode`` also caches the generated
-blocks). Prints a Markdown table, writes JSON and one PNG per block size.
-
     jaxpaged bench replay-cache --block_sizes=512,64 --json_out=out/replay_cache.json
+
+Requests go one at a time, in trace order, through the real KVCacheManager with no model (`--decode` also
+caches the generated blocks); a table, JSON and one PNG per block size. See docs/cache.md.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from jaxpaged.bench.offline.cache_replay import markdown_table, print_result, replay_plots, result_rows, sweep
+from jaxpaged.bench.offline.cache_replay import markdown_table, replay_plots, sweep
 from jaxpaged.bench.options import option
 from jaxpaged.cache.eviction import EVICTION_POLICIES
 from jaxpaged.cli.options import CommandFlags
@@ -46,10 +45,9 @@ def main(argv):
     requests = load_trace(o.trace, limit=o.limit)
     print(f"{len(requests)} requests, {sum(r.input_length for r in requests):,} prompt tokens")
     results = sweep(requests, capacities=list(o.capacities), policies=list(o.policies),
-                    block_sizes=list(o.block_sizes), decode=o.decode, unbounded=o.unbounded, on_result=print_result)
-    table = markdown_table(results)
+                    block_sizes=list(o.block_sizes), decode=o.decode, unbounded=o.unbounded)
     print()
-    rows = result_rows(results)
+    rows = [dataclasses.asdict(r) | {"hit_rate": r.hit_rate} for r in results]
     COMMAND.out.write({"trace": Path(o.trace).name, "num_requests": len(requests), "decode": o.decode,
-                       "results": rows, "wall_s": time.perf_counter() - started}, table,
+                       "results": rows, "wall_s": time.perf_counter() - started}, markdown_table(results),
                       plots=replay_plots(rows, Path(o.trace).name))

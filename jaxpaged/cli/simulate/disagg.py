@@ -1,20 +1,10 @@
-"""Disaggregated prefill and decode, simulated: colocated instances against prefill:decode splits of them.
+"""Disaggregated prefill and decode, simulated: N colocated instances against P prefill + (N - P) decode splits.
 
     jaxpaged simulate disagg --model=llama3-8b --profile=h200-141gb --num_instances=4 \
-        --trace=data/traces/mooncake_conversation_trace.jsonl --trace_limit=1000 --trace_time_scales=0.5,0.35 \
-        --kv_link_gb_s=50 --ttft_slo_s=2 --tbt_slo_ms=100,30 --plot_dir=docs/plots
+        --trace_limit=1000 --trace_time_scales=0.5,0.35 --kv_link_gb_s=50 --ttft_slo_s=2 --tbt_slo_ms=100,30
 
-Each instance is `--tensor_parallel_size` devices of `--profile`. At each
-time scale the trace's requests are served by `--num_instances` colocated
-instances and by each split into P prefill + (N - P) decode instances
-(`--prefill_instances`, default every P from 1 to N - 1), all in simulated
-time (`jaxpaged.sim.disaggregated`): real schedulers and KV cache managers on
-every instance, the prompt's K/V moved from prefill to decode instance over
-`--kv_link_gb_s` per device (only the blocks the decode instance does not
-cache). Each run is scored against every `--ttft_slo_s` x `--tbt_slo_ms` pair
-(`--tbt_stat`: which statistic of a request's gaps between tokens): SLO
-attainment and goodput (requests meeting both per second). The work is
-`jaxpaged.sim.disagg_sweep`.
+Every run serves the trace at each time scale (`jaxpaged.sim.disagg_sweep`) and is scored against every
+`--ttft_slo_s` x `--tbt_slo_ms` pair: SLO attainment and goodput. See docs/benchmarks/disaggregation-sim.md.
 """
 
 from __future__ import annotations

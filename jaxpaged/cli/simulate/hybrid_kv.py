@@ -1,13 +1,9 @@
-"""Simulated serving of a sliding-window model: the hybrid KV cache manager vs every layer as full attention.
+"""Simulated serving of a sliding-window model: the hybrid KV cache manager against every layer full.
 
     jaxpaged simulate hybrid-kv --model=gemma-3-27b --profile=h200-141gb --context_lens=8192,32768
 
-For each context, `--num_requests` requests (prompt = context - max_tokens,
-all arriving at once, no shared prefixes) are served twice in simulated time on
-the same deployment: with the model's windows (the engine picks the hybrid
-manager: KV cache groups, sliding groups dropping blocks) and with the windows
-removed (one group of every layer, today's layout). Reports the pool, the most
-sequences running at once, and simulated throughput.
+Per context the same requests run with the model's windows and without: the pool, the most sequences
+running at once, throughput (`jaxpaged.sim.hybrid_kv`). See docs/benchmarks/hybrid-kv.md.
 """
 
 from __future__ import annotations

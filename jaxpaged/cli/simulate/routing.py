@@ -1,17 +1,10 @@
-"""Prefix-aware routing at scale, simulated: hit rate and goodput vs replica count and routing policy.
+"""Prefix-aware routing at scale, simulated: hit rate and goodput against replica count and routing policy.
 
-    jaxpaged simulate routing --model=llama3-8b --profile=a100-80gb --kv_cache_gb=4 \
-        --workloads=chatbot,multiturn --replicas=8,16,64 --policies=round_robin,least_loaded,prefix_aware \
-        --requests_per_replica=150 --rate_per_replica=40 --scales=output_len=64 \
-        --json_out=routing.json --md_out=routing.md
+    jaxpaged simulate routing --model=llama3-8b --kv_cache_gb=4 --workloads=chatbot,multiturn \
+        --replicas=8,16,64 --requests_per_replica=150 --rate_per_replica=40 --scales=output_len=64
 
-Each run serves one workload on N simulated replicas (engines over
-`SimulatedRunner`, one simulated timeline; `jaxpaged.sim.cluster`) behind the
-`jaxpaged.router` policy, fed by the replicas' KV events. The offered load
-grows with N (`--rate_per_replica` x N Poisson arrivals, `--requests_per_replica`
-x N requests), so every N sees the same load per replica. Goodput counts the
-requests meeting both `--ttft_slo_s` and `--tpot_slo_s`, per simulated second
-(`jaxpaged.sim.routing_sweep`).
+N replicas get N times the requests and the rate, so every N sees the same load per replica; goodput counts
+requests meeting both SLOs (`jaxpaged.sim.routing_sweep`). See docs/benchmarks/simulator.md.
 """
 
 from __future__ import annotations
@@ -46,8 +39,7 @@ class RoutingOptions:
 COMMAND = CommandFlags(RoutingOptions)
 FLAGS = COMMAND.flags
 DEPLOY = DeploymentFlags(FLAGS, ["model", "block_size", "max_num_seqs", "max_num_batched_tokens"], kv_cache_gb=4.0,
-                         kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict",
-                         kv_cache_gb_at_least=1e-6)
+                         kv_cache_help="KV cache per replica in GB (1e9); small, so caches evict")
 
 
 def main(argv):

@@ -1,25 +1,14 @@
-"""Simulated serving: the real scheduler and KV cache manager over a roofline cost model.
+"""Simulated serving: the real scheduler and KV cache manager over a roofline cost model, in simulated time.
 
-    jaxpaged simulate serving --model=llama3-70b --profile=a100-80gb \
-        --weight_bytes_per_param=0.5 --kv_cache_gb=45 --workload=chatbot --num_requests=2000 \
-        --rates=0.5,1,1.5,2,2.5,3,4 --prefix_caching=off,on --plot_dir=docs/plots
+    jaxpaged simulate serving --model=llama3-70b --profile=a100-80gb --weight_bytes_per_param=0.5 \
+        --kv_cache_gb=45 --workload=chatbot --num_requests=2000 --rates=0.5,1,2,4 --plot_dir=docs/plots
+    jaxpaged simulate serving --model=llama3-8b --profile=h200-141gb --trace_time_scale=2 \
+        --trace=data/traces/mooncake_conversation_trace.jsonl --eviction_policies=lru,lfu,sieve,slru
 
-For each prefix-caching mode: serve the workload at each offered Poisson rate
-(rate 0 = every request at once, the saturated throughput), report p50/p99
-TTFT, throughput, hit rate and preemptions, then bisect for the highest rate
-whose p99 TTFT stays under `--ttft_p99_bound_s`. All times are simulated.
-
-With `--trace` (a Mooncake-format JSONL trace, e.g. data/traces/mooncake_conversation_trace.jsonl) the
-requests and their arrivals come from the trace instead (timestamps times `--trace_time_scale`; `--rates`
-and `--workload` are not used), served once per `--eviction_policies` entry; the report gives hit rate,
-TTFT p50/p99, TPOT, goodput (requests meeting `--goodput_ttft_s` and `--goodput_tpot_ms`) and the KV
-residency numbers (evictions by reason, sampled block lifetimes).
-
-    jaxpaged simulate serving --model=llama3-8b --profile=h200-141gb \
-        --trace=data/traces/mooncake_conversation_trace.jsonl --trace_time_scale=2 \
-        --eviction_policies=lru,lfu,sieve,slru
-
-The work is `jaxpaged.sim.serving_sweep`.
+Per prefix-caching mode: each offered rate's TTFT, throughput, hit rate and preemptions, then the highest
+rate whose p99 TTFT stays under `--ttft_p99_bound_s`. With `--trace`: the trace's own arrivals, once per
+eviction policy, with goodput and KV residency (`jaxpaged.sim.serving_sweep`). See docs/benchmarks/simulator.md
+and docs/benchmarks/eviction.md.
 """
 
 from __future__ import annotations
@@ -86,8 +75,8 @@ def main(argv):
     curves = sweep.curves
     from jaxpaged.sim.plots import plot_sweep
     title = f"{base.model} on {base.profile}, {o.workload} ({o.num_requests} requests)"
-    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_blocks": base.num_blocks(), "results": sweep.results},
-                      sweep.table(), echo=False,
+    COMMAND.out.write({"deployment": dataclasses.asdict(base), "num_blocks": base.num_blocks(),
+                       "results": sweep.results}, sweep.table(), echo=False,
                       plots={o.plot_name: lambda: plot_sweep(curves, bound_s=o.ttft_p99_bound_s, title=title)})
 
 

@@ -1,9 +1,9 @@
-"""Two tenants under overload, one at 10x the other's rate: each tenant's TTFT and TPOT under each scheduling policy.
+"""Two tenants under overload, one at 10x the other's rate: each one's TTFT and TPOT under each scheduling policy.
 
     jaxpaged simulate tenants --model=llama3-8b --profile=h200-141gb
     jaxpaged simulate tenants --cpu_model=tiny --prompt_len=64 --output_len=16   # real CPU steps
 
-The runs and the table are `jaxpaged.sim.tenants`.
+The runs and the table are `jaxpaged.sim.tenants`; see docs/benchmarks/tenants.md.
 """
 
 from __future__ import annotations
@@ -11,16 +11,15 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpaged.bench.options import option
+from jaxpaged.cli.deployment_flags import DeploymentFlags
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.scenario import Deployment
 from jaxpaged.sim.tenants import TenantLoad, run_tenants, tenants_table
 
 
 @dataclasses.dataclass(frozen=True)
 class TenantsOptions:
-    """The device, the two tenants' traffic (a `TenantLoad`), or a real run on this CPU."""
+    """The two tenants' traffic (a `TenantLoad`), or a real run on this CPU."""
 
-    profile: str = option("h200-141gb", "simulated device", check="device_profile")
     light_rate: float = option(2.0, "the light tenant's requests/s", at_least=1e-6)
     heavy_factor: float = option(10.0, "the heavy tenant's rate over the light one's", at_least=0)
     duration_s: float = option(60.0, "simulated seconds of arrivals", at_least=1e-6)
@@ -30,19 +29,18 @@ class TenantsOptions:
                                          "instead of the simulated device")
 
 
-COMMAND = CommandFlags(TenantsOptions, engine=["model", "max_num_seqs"],
-                       engine_defaults={"model": "llama3-8b", "max_num_seqs": 256})
+COMMAND = CommandFlags(TenantsOptions)
 FLAGS = COMMAND.flags
+DEPLOY = DeploymentFlags(FLAGS, ["model", "max_num_seqs"], profile="h200-141gb")
 
 
 def main(argv):
     """Each policy on the same arrivals; print and write the table."""
     del argv
-    o, model = COMMAND.options(), COMMAND.engine_value("model")
-    deployment = Deployment(model=model, profile=o.profile, max_num_seqs=COMMAND.engine_value("max_num_seqs"))
+    o, deployment = COMMAND.options(), DEPLOY.deployment()
     load = TenantLoad(o.light_rate, o.heavy_factor, o.duration_s, o.prompt_len, o.output_len)
     rows = run_tenants(deployment, load, cpu_model=o.cpu_model)
-    where = f"{o.cpu_model} on this CPU" if o.cpu_model else f"{model} on {o.profile}"
+    where = f"{o.cpu_model} on this CPU" if o.cpu_model else f"{deployment.model} on {deployment.profile}"
     print(f"{where}; light {load.light_rate}/s, heavy {load.light_rate * load.heavy_factor}/s,"
           f" {load.prompt_len}+{load.output_len} tokens, {load.duration_s:.0f} s of arrivals\n")
     COMMAND.out.write({"results": rows}, tenants_table(rows))
