@@ -1,11 +1,9 @@
-"""N-gram speculation on against off: a repetition-heavy workload and a plain chat one, at several batch sizes.
+"""``jaxpaged bench spec-decode``: n-gram speculation on against off, on a repetition-heavy and a chat workload.
 
-Each (workload, batch size) runs once per mode untimed (it compiles the step
-shapes; greedy tokens are the same every run, so the shapes are too), then
-the modes alternate for `repeats` timed rounds (off, on, off, on, ...) so a
-machine whose load drifts loads both alike; medians are reported and each
-ratio is median on / median off. Greedy, EOS ignored, fixed output length:
-both modes generate exactly the same tokens (checked).
+Each (workload, batch size) runs once per mode untimed (it compiles the step shapes; greedy tokens, so the
+shapes are the same every run), then the modes alternate for `repeats` timed rounds so a machine whose load
+drifts loads them alike; medians, and each ratio is a mode's median over off's. Every mode's tokens are
+checked equal to off's. docs/benchmarks/spec-decode.md.
 """
 
 from __future__ import annotations
@@ -15,8 +13,22 @@ from collections.abc import Callable, Mapping, Sequence
 
 from jaxpaged.bench.offline.driver import median_summary, run_workload, summarize
 from jaxpaged.bench.offline.timing import alternate
+from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 from jaxpaged.sim.workloads import WorkloadRequest
+from jaxpaged.spec_decode.config import SpeculativeConfig
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeOptions:
+    """The workloads and batch sizes, the requests' length, the rounds, and k."""
+
+    workloads: tuple[str, ...] = option(("repetition", "chat"), "which workloads to run, in this order",
+                                        choices=["repetition", "chat"])
+    batch_sizes: tuple[int, ...] = option((1, 8, 64), "requests in flight at once", at_least=1)
+    output_len: int = option(64, "tokens generated per request (EOS ignored)", at_least=1)
+    repeats: int = option(2, "timed rounds per mode, alternating off / on / default", at_least=1)
+    num_speculative_tokens: int = option(4, "k: draft tokens per sequence and step", at_least=1)
+
 
 # copy-a-paragraph-with-one-change and code-edit requests: the answer repeats most of the prompt
 _PARAGRAPHS = (
@@ -134,3 +146,26 @@ def spec_decode_table(rows: Sequence[SpecDecodeRow]) -> str:
                           f"{row.ratio('output_token_throughput', mode):.2f}x"])
     return markdown_table(["workload", "batch", "mode", "output tok/s", "TPOT p50 ms", "TPOT p99 ms",
                            "mean acceptance length", "tok/s vs off"], lines, align="llrrrrrr")
+
+
+def spec_decode_report(options: SpecDecodeOptions, engine_kwargs: dict) -> tuple[dict, str]:
+    """Both workloads, in the model's chat template, at every batch size through three engines of
+    ``engine_kwargs`` (off; on: n-gram at every batch size; default: n-gram with the default
+    `disable_by_batch_size`), on the overlapped step as served; each row printed as it finishes: the result and
+    its table."""
+    from jaxpaged.engine import Engine, EngineConfig
+    from jaxpaged.server.chat import ChatTemplate
+
+    k = options.num_speculative_tokens
+    base = EngineConfig(**engine_kwargs, max_num_seqs=max(options.batch_sizes))
+    engines = {mode: Engine(dataclasses.replace(base, speculative_config=speculative)) for mode, speculative in (
+        ("off", None), ("on", SpeculativeConfig(num_speculative_tokens=k, disable_by_batch_size=None)),
+        ("default", SpeculativeConfig(num_speculative_tokens=k)))}
+    template, tokenizer = ChatTemplate.for_model(base.model), engines["off"].tokenizer
+    messages = {"repetition": repetition_messages, "chat": chat_messages}
+    workloads = {name: [tokenizer.encode(template.render(m), add_special_tokens=False) for m in messages[name]()]
+                 for name in options.workloads}
+    rows = run_spec_decode_bench(engines, workloads, list(options.batch_sizes), output_len=options.output_len,
+                                 repeats=options.repeats, on_row=lambda row: print(spec_decode_table([row])))
+    return ({"default_disable_by_batch_size": SpeculativeConfig().disable_by_batch_size,
+             "rows": [dataclasses.asdict(r) for r in rows]}, spec_decode_table(rows))
