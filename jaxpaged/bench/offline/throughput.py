@@ -1,11 +1,8 @@
 """``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged, transformers and vLLM, side by side.
 
-`run_throughput` builds and warms up each backend on the same checkpoint and
-prompts, measures their passes interleaved, and `throughput_table` renders the
-medians and ratios. What a pass times, what is reported apart and the
-weight-GEMM floor (`GemmFloor`) are described in the command's help and
-docs/benchmarks/throughput.md; the floor at oneDNN's FLOP/s in
-docs/benchmarks/cpu-performance.md.
+`run_throughput` builds and warms up each backend on the same checkpoint and prompts, measures their passes
+interleaved, and `throughput_table` renders the medians, ratios and each pass's weight-GEMM floor (`GemmFloor`):
+the command's help, docs/benchmarks/throughput.md and docs/benchmarks/cpu-performance.md.
 """
 
 from __future__ import annotations
