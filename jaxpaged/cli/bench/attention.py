@@ -18,19 +18,14 @@ CPU smoke test:
 from __future__ import annotations
 
 from jaxpaged.bench.offline.attention import AttentionBenchConfig, attention_report, cpu_sweep_report
-from jaxpaged.cli.engine_flags import EngineFlags
-from jaxpaged.cli.flagset import FlagSet
-from jaxpaged.cli.options import OptionFlags
-from jaxpaged.cli.output_flags import OutputFlags
+from jaxpaged.cli.options import CommandFlags
 
-FLAGS = FlagSet()
-OPTIONS = OptionFlags(FLAGS, AttentionBenchConfig)
-BLOCK_SIZE = EngineFlags(FLAGS, ["block_size"]).holders["block_size"]
-OUT = OutputFlags(FLAGS)
+COMMAND = CommandFlags(AttentionBenchConfig, engine=["block_size"])
+FLAGS = COMMAND.flags
 
 
 def main(argv):
     """Run the GPU comparison (or --cpu_sweep); print and write the report."""
     del argv
-    cfg = OPTIONS.options(block_size=BLOCK_SIZE.value)
-    OUT.write(*(cpu_sweep_report(cfg) if cfg.cpu_sweep else attention_report(cfg)))
+    cfg = COMMAND.options(block_size=COMMAND.engine_value("block_size"))
+    COMMAND.out.write(*(cpu_sweep_report(cfg) if cfg.cpu_sweep else attention_report(cfg)))
