@@ -17,18 +17,19 @@ from jaxpaged.bench.offline.serving import ServingSetup, engine_config, make_run
 from jaxpaged.sim.workloads import WorkloadRequest
 
 
-def profile_serving(model, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
-                    trace_dir: str, model_name: str | None = None) -> dict:
-    """Run ``requests`` in ``mode`` once to compile, then again on a fresh engine over the same runner, traced
-    under ``trace_dir`` ('' = no trace); prints a summary.
+def profile_serving(model_name: str, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
+                    trace_dir: str) -> dict:
+    """Run ``requests`` in ``mode`` on ``model_name`` (a config or a checkpoint, its own tokenizer) once to
+    compile, then again on a fresh engine over the same runner, traced under ``trace_dir`` ('' = no trace);
+    prints a summary.
 
     Host share = 1 - device time / step time, over the traced run's steps (compile time reported apart).
-    ``model_name`` (default: the config's name) is what the engine's tokenizer is loaded from: the checkpoint
-    path of a real model.
     """
+    from jaxpaged.checkpoint import load_model
     from jaxpaged.engine import Engine
+    model = load_model(model_name)
     runner = make_runner(model, setup)
-    config = engine_config(setup, mode, model_name or model.config.name)
+    config = engine_config(setup, mode, model_name)
     run_workload(Engine(config, model, runner=runner, clock=runner.clock), requests)  # compiles every step shape
     engine = Engine(config, model, runner=runner, clock=runner.clock)
     device0, compile0, steps0 = runner.device_s, runner.compile_s, runner.num_steps
