@@ -119,7 +119,8 @@ def first_generate(root: Path, case: StartupCase, cache_dir: str | None, *, time
 
 
 def vllm_first_generate(python: str, case: StartupCase, cache_dir: str) -> dict:
-    """vLLM's import, `LLM()` and first `generate` of `case`'s prompts in a fresh process; compile caches in `cache_dir`."""
+    """vLLM's import, `LLM()` and first `generate` of `case`'s prompts in a fresh process; compile caches in
+    `cache_dir`."""
     from jaxpaged.bench.offline.vllm_backend import VllmBackend
 
     vocab = json.loads((Path(case.model) / "config.json").read_text())["vocab_size"]
