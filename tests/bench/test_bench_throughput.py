@@ -13,14 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxpaged.bench.offline.hf_backend import MISSING_EXTRA
-from jaxpaged.bench.offline.throughput import (
-    HFBackend,
-    JaxpagedBackend,
-    PromptSpec,
-    hf_checkpoint,
-    make_prompts,
-)
+from jaxpaged.bench.offline.hf_backend import MISSING_EXTRA, HFBackend
+from jaxpaged.bench.offline.throughput import JaxpagedBackend, PromptSpec, hf_checkpoint, make_prompts
 from jaxpaged.checkpoint import read_hf_config
 from jaxpaged.cli import main as cli
 from tests.suite_cache import SUITE_CACHE

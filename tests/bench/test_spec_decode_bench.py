@@ -2,8 +2,7 @@
 
 import pytest
 
-from jaxpaged.bench.offline.spec_decode import (chat_messages, repetition_messages, run_spec_decode_bench,
-                                                spec_decode_table)
+from jaxpaged.bench.offline.spec_decode import run_spec_decode_bench, spec_decode_table, workload_messages
 from jaxpaged.engine import Engine, EngineConfig
 
 LOOP = [5, 6, 7, 8] * 6
@@ -37,6 +36,7 @@ def test_a_mode_with_other_tokens_is_an_error():
 
 
 def test_workload_prompts_ask_for_copies_and_chat():
+    assert len(workload_messages("repetition")) == 6
     assert all("Copy the following paragraph" in m[0]["content"] or "Rename the variable" in m[0]["content"]
-               for m in repetition_messages())
-    assert len(chat_messages()) == 8
+               for m in workload_messages("repetition"))
+    assert len(workload_messages("chat")) == 8

@@ -1,6 +1,6 @@
-"""Paged attention timed side by side (`jaxpaged bench attention`): the Pallas kernels, the XLA gather, dense
-attention and JAX's bundled kernel; and the CPU backends (`--cpu_sweep`). What each implementation is and how it
-is timed: the command's help.
+"""Paged attention timed side by side (`jaxpaged bench attention`): the Pallas kernels against the XLA gather
+and the chunked XLA backend; and the CPU backends alone (`--cpu_sweep`). What each implementation is and how it
+is timed: the command's help and docs/benchmarks/kernels.md.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import warnings
 from collections.abc import Callable
 
 import jax
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.attention import AttentionBackend
+from jaxpaged.attention.backend import mosaic_gpu_available
 from jaxpaged.bench.offline.step_timing import hand_built_steps
 from jaxpaged.bench.offline.timing import median_seconds, median_step_seconds, seconds_of
 from jaxpaged.bench.options import option
@@ -57,10 +57,9 @@ class AttentionBenchConfig:
 
 
 PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
-# Decode targets of issue 5 on an H200 (batch 64 x 8K, Llama-3-8B heads, bf16).
-TARGETS = {"pct_peak": 70.0, "vs_xla_gather": 3.0, "vs_jax_bundled": 1.2, "vs_dense": 1 / 1.15}
 
 CPU_BACKENDS = ("xla_reference", "xla")
+Candidate = tuple[Callable | None, str]  # the function timed (None: skipped) and a note on it
 PAGED_ARGS = ("q", "k_pages", "v_pages", "block_tables", "context_lens", "query_start", "query_lens")
 
 
@@ -119,165 +118,75 @@ def make_paged_inputs(cfg: AttentionBenchConfig, num_seqs: int, context_len: int
     }
 
 
-def to_contiguous(pages: jax.Array, tables: jax.Array) -> jax.Array:
-    """`[Hkv, N, B, D]` pool + `[S, M]` tables -> contiguous `[S, Hkv, M * B, D]` cache."""
-    gathered = pages[:, tables]  # [Hkv, S, M, B, D]
-    kv_heads, seqs, blocks, block_size, dim = gathered.shape
-    return gathered.reshape(kv_heads, seqs, blocks * block_size, dim).transpose(1, 0, 2, 3)
-
-
-@functools.partial(jax.jit, static_argnames=("query_len", "sm_scale"))
-def dense_attention(q, k, v, context_lens, *, query_len: int, sm_scale: float, k_scale=None, v_scale=None):
-    """Causal attention of each sequence's last `query_len` queries over a contiguous cache.
-
-    q `[S * query_len, Hq, D]`; k, v `[S, Hkv, C, D]`; returns `[S * query_len, Hq, D]`.
-    """
-    seqs, kv_heads, ctx, dim = k.shape
-    heads = q.shape[1]
-    qs = q.reshape(seqs, query_len, kv_heads, heads // kv_heads, dim)
-    k = k.astype(q.dtype) if k.dtype.itemsize == 1 else k
-    v = v.astype(q.dtype) if v.dtype.itemsize == 1 else v
-    if jax.default_backend() == "cpu":  # XLA:CPU has no bf16 x bf16 -> f32 dot
-        qs, k, v = (x.astype(jnp.float32) for x in (qs, k, v))
-    scores = jnp.einsum("sqhgd,shcd->shgqc", qs, k, preferred_element_type=jnp.float32) * sm_scale
-    if k_scale is not None:
-        scores = scores * k_scale[None, :, None, None, None]
-    q_pos = context_lens[:, None] - query_len + jnp.arange(query_len)[None, :]
-    visible = jnp.arange(ctx)[None, None, :] <= q_pos[:, :, None]  # [S, Q, C]
-    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("shgqc,shcd->sqhgd", probs, v, preferred_element_type=jnp.float32)
-    if v_scale is not None:
-        out = out * v_scale[None, None, :, None, None]
-    return out.reshape(seqs * query_len, heads, dim).astype(q.dtype)
-
-
-def bundled_paged_attention() -> tuple[Callable | None, str]:
-    """JAX's deprecated GPU paged_attention, or None and the reason it is unavailable."""
-    if jax.default_backend() != "gpu":
-        return None, f"skipped: needs a GPU (backend is {jax.default_backend()})"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from jax.experimental.pallas.ops.gpu import paged_attention as bundled
-    except Exception as error:  # noqa: BLE001 - any import failure means "not available"
-        return None, f"skipped: import failed ({error!r})"
-    return bundled.paged_attention, ""
+def kernel_candidates(cfg: AttentionBenchConfig, inputs: dict, static: dict) -> dict[str, Candidate]:
+    """The Triton and the Mosaic GPU kernels: compiled on a GPU, interpreted on CPU with --backend_interpret."""
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and not cfg.backend_interpret:
+        return dict.fromkeys(("pallas", "pallas_mosaic"), (None, "skipped on CPU (pass --backend_interpret)"))
+    triton = jax.jit(functools.partial(ragged_paged_attention, **static, interpret=cfg.backend_interpret))
+    candidates = {"pallas": (triton, "interpret mode" if cfg.backend_interpret else "")}
+    q, k_pages = inputs["q"], inputs["k_pages"]
+    if not mosaic_gpu_available():
+        candidates["pallas_mosaic"] = (None, f"skipped: JAX {jax.__version__} has no Mosaic GPU backend")
+    elif not mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
+        candidates["pallas_mosaic"] = (None, f"skipped: takes 16-bit queries and head_dim 64 or 128 "
+                                             f"(q {q.dtype}, {q.shape})")
+    else:
+        interpret = mgpu.interpret_params(detect_races=False) if on_cpu else None
+        mosaic = jax.jit(functools.partial(mgpu.ragged_paged_attention_mgpu, **static, interpret=interpret))
+        candidates["pallas_mosaic"] = (mosaic, "Mosaic GPU interpret mode" if on_cpu else "Mosaic GPU (TMA + WGMMA)")
+    return candidates
 
 
 def benchmark_phase(cfg: AttentionBenchConfig, phase: str, num_seqs: int, query_len: int, key: jax.Array) -> list[dict]:
-    """Time every available implementation on one decode or prefill workload."""
+    """Time every available implementation on one decode or prefill workload, with its time over the Triton
+    kernel's (`pallas_speedup`)."""
     inputs = make_paged_inputs(cfg, num_seqs, cfg.context_len, query_len, key)
     paged_args, static = paged_call(inputs, query_len)
-    sm_scale = static["sm_scale"]
     kv_bytes = 2 * num_seqs * cfg.context_len * cfg.num_kv_heads * cfg.head_dim * inputs["k_pages"].dtype.itemsize
-
-    candidates: dict[str, tuple[Callable | None, tuple, str]] = {}
-    on_cpu = jax.default_backend() == "cpu"
-    if on_cpu and not cfg.backend_interpret:
-        candidates["pallas"] = (None, (), "skipped on CPU (pass --backend_interpret)")
-    else:
-        pallas = jax.jit(functools.partial(ragged_paged_attention, **static, interpret=cfg.backend_interpret))
-        candidates["pallas"] = (pallas, paged_args, "interpret mode" if cfg.backend_interpret else "")
-    candidates["pallas_mosaic"] = mosaic_candidate(cfg, inputs, paged_args, static)
     reference = jax.jit(functools.partial(ragged_paged_attention_reference, **static))
-    candidates["xla_gather"] = (reference, paged_args, "")
-    candidates["xla_chunked"] = (jax.jit(functools.partial(chunked_paged_attention, **static)), paged_args, "")
-    k_dense = to_contiguous(inputs["k_pages"], inputs["block_tables"])
-    v_dense = to_contiguous(inputs["v_pages"], inputs["block_tables"])
-    dense = functools.partial(dense_attention, query_len=query_len, sm_scale=sm_scale, k_scale=static["k_scale"],
-                              v_scale=static["v_scale"])
-    candidates["dense"] = (dense, (inputs["q"], k_dense, v_dense, inputs["context_lens"]), "contiguous cache")
-    if phase == "decode":
-        candidates["jax_bundled"] = bundled_candidate(inputs, sm_scale)
-    else:
-        candidates["jax_bundled"] = (None, (), "skipped: decode only")
-
+    chunked = jax.jit(functools.partial(chunked_paged_attention, **static))
+    candidates = kernel_candidates(cfg, inputs, static) | {"xla_gather": (reference, ""), "xla_chunked": (chunked, "")}
     expected = reference(*paged_args)
     peak = peak_bandwidth(jax.devices()[0])
     rows = []
-    for name, (fn, args, note) in candidates.items():
+    for name, (fn, note) in candidates.items():
         row = {"phase": phase, "impl": name, "note": note, "kv_bytes": kv_bytes}
         if fn is not None:
             try:
-                row.update(time_against(fn, args, expected, cfg.repeats, cfg.warmup))
-            except Exception as error:  # noqa: BLE001 - report a failing baseline, keep measuring
+                row.update(time_against(fn, paged_args, expected, cfg.repeats, cfg.warmup))
+            except Exception as error:  # noqa: BLE001 - report a failing kernel, keep measuring
                 row["note"] = f"failed: {error!r}"[:300]
         if "median_s" in row:
             row["gb_per_s"] = kv_bytes / row["median_s"] / 1e9
             row["pct_peak"] = 100 * kv_bytes / row["median_s"] / peak if peak else None
         rows.append(row)
-    add_ratios(rows)
-    return rows
-
-
-def mosaic_candidate(cfg: AttentionBenchConfig, inputs: dict, paged_args: tuple,
-                     static: dict) -> tuple[Callable | None, tuple, str]:
-    """The Mosaic GPU kernel: compiled on a GPU, interpreted on CPU with --backend_interpret."""
-    on_cpu = jax.default_backend() == "cpu"
-    if on_cpu and not cfg.backend_interpret:
-        return None, (), "skipped on CPU (pass --backend_interpret)"
-    from jaxpaged.attention.backend import mosaic_gpu_available
-
-    q, k_pages = inputs["q"], inputs["k_pages"]
-    if not mosaic_gpu_available():
-        return None, (), f"skipped: JAX {jax.__version__} has no Mosaic GPU backend"
-    if not mgpu.supports(q.dtype, k_pages.dtype, q.shape[-1], q.shape[1] // k_pages.shape[0]):
-        return None, (), f"skipped: takes 16-bit queries and head_dim 64 or 128 (q {q.dtype}, {q.shape})"
-    interpret = mgpu.interpret_params(detect_races=False) if on_cpu else None
-    fn = jax.jit(functools.partial(mgpu.ragged_paged_attention_mgpu, **static, interpret=interpret))
-    return fn, paged_args, "Mosaic GPU interpret mode" if on_cpu else "Mosaic GPU (TMA + WGMMA)"
-
-
-def bundled_candidate(inputs: dict, sm_scale: float) -> tuple[Callable | None, tuple, str]:
-    """JAX's kernel on the same pool; it has no softmax scale, so q is pre-scaled."""
-    bundled, reason = bundled_paged_attention()
-    if bundled is None:
-        return None, (), reason
-    q = (inputs["q"].astype(jnp.float32) * sm_scale).astype(inputs["q"].dtype)
-    if inputs["k_scale"] is not None:
-        return None, (), "skipped: its fp8 path takes per-token scale pages"
-    args = (q, inputs["k_pages"], inputs["v_pages"], inputs["block_tables"], inputs["context_lens"])
-    return bundled, args, "jax.experimental.pallas.ops.gpu.paged_attention"
-
-
-def add_ratios(rows: list[dict]) -> None:
-    """`pallas_speedup`: this implementation's time over the Pallas kernel's."""
     pallas = next((r for r in rows if r["impl"] == "pallas" and "median_s" in r), None)
     for row in rows:
         if pallas and "median_s" in row:
             row["pallas_speedup"] = row["median_s"] / pallas["median_s"]
+    return rows
 
 
 def decode_targets(rows: list[dict]) -> dict:
-    """Issue-5 decode targets met or not (None where a figure is missing)."""
-    by_impl = {r["impl"]: r for r in rows if r["phase"] == "decode"}
-    pallas = by_impl.get("pallas", {})
+    """Issue 5's decode targets on an H200 (batch 64 x 8K, Llama-3-8B heads, bf16) met or not (None where a
+    figure is missing)."""
+    decode = {r["impl"]: r for r in rows if r["phase"] == "decode"}
 
-    def ratio(name):
-        return by_impl.get(name, {}).get("pallas_speedup")
-
-    def meets(value, target):
+    def meets(impl: str, figure: str, target: float) -> bool | None:
+        value = decode.get(impl, {}).get(figure)
         return None if value is None else bool(value >= target)
 
-    return {
-        "pct_peak>=70": meets(pallas.get("pct_peak"), TARGETS["pct_peak"]),
-        "vs_xla_gather>=3x": meets(ratio("xla_gather"), TARGETS["vs_xla_gather"]),
-        "vs_jax_bundled>=1.2x": meets(ratio("jax_bundled"), TARGETS["vs_jax_bundled"]),
-        "within_15pct_of_dense": meets(ratio("dense"), TARGETS["vs_dense"]),
-        "mosaic_pct_peak>=70": meets(by_impl.get("pallas_mosaic", {}).get("pct_peak"), TARGETS["pct_peak"]),
-    }
+    return {"pct_peak>=70": meets("pallas", "pct_peak", 70.0),
+            "vs_xla_gather>=3x": meets("xla_gather", "pallas_speedup", 3.0),
+            "mosaic_pct_peak>=70": meets("pallas_mosaic", "pct_peak", 70.0)}
 
 
 def machine() -> dict:
     """What the report was measured on: the first device, JAX's backend and version, its peak bandwidth."""
     device = jax.devices()[0]
-    return {
-        "device": device.device_kind,
-        "backend": jax.default_backend(),
-        "jax": jax.__version__,
-        "peak_hbm_bytes_per_s": peak_bandwidth(device),
-    }
+    return {"device": device.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+            "peak_hbm_bytes_per_s": peak_bandwidth(device)}
 
 
 def heading(title: str, report: dict) -> list[str]:
@@ -368,41 +277,29 @@ def sweep_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def long_over_short(rows: list[dict]) -> dict[str, float]:
-    """Per backend: whole-model prefill tokens/s at the longest length over that at the shortest."""
-    prefill = sorted((r for r in rows if r["section"] == "model prefill"), key=lambda r: r["tokens"])
-    return {b: prefill[-1][f"{b}_tokens_per_s"] / prefill[0][f"{b}_tokens_per_s"] for b in CPU_BACKENDS}
-
-
-GPU_CONFIG_FIELDS = ("batch", "context_len", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype",
-                     "prefill_batch", "prefill_chunk", "repeats", "warmup", "backend_interpret")
-SWEEP_CONFIG_FIELDS = ("sweep_model", "sweep_prefill_lens", "sweep_decode_batch", "sweep_decode_context",
-                       "num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "sweep_repeats")
-
-
 def _plain(report: dict) -> dict:
     """The report with numpy / JAX scalars as floats (what JSON takes)."""
     return json.loads(json.dumps(report, default=float))
 
 
 def attention_report(cfg: AttentionBenchConfig) -> tuple[dict, str]:
-    """The kernels against the XLA gather, JAX's bundled kernel and dense attention (decode, then prefill when
-    ``cfg.prefill_batch``), with the decode targets: the report and its Markdown."""
+    """The kernels against the XLA paths (decode, then prefill when ``cfg.prefill_batch``), with the decode
+    targets: the report and its Markdown."""
     key = jax.random.key(0)
     results = benchmark_phase(cfg, "decode", cfg.batch, 1, key)
     if cfg.prefill_batch > 0:
         results += benchmark_phase(cfg, "prefill", cfg.prefill_batch, cfg.prefill_chunk, jax.random.fold_in(key, 1))
-    report = {"machine": machine(), "config": {name: getattr(cfg, name) for name in GPU_CONFIG_FIELDS},
-              "results": results, "decode_targets": decode_targets(results)}
+    report = {"machine": machine(), "config": dataclasses.asdict(cfg), "results": results,
+              "decode_targets": decode_targets(results)}
     return _plain(report), markdown(report)
 
 
 def cpu_sweep_report(cfg: AttentionBenchConfig) -> tuple[dict, str]:
-    """`cpu_sweep` with the machine, its settings and the long-over-short prefill ratios: the report and its
-    Markdown."""
+    """`cpu_sweep` with the machine, its settings and each backend's whole-model prefill tokens/s at the longest
+    length over the shortest: the report and its Markdown."""
     results = cpu_sweep(cfg)
-    config = {name: getattr(cfg, name) for name in SWEEP_CONFIG_FIELDS}
-    config["sweep_prefill_lens"] = list(cfg.sweep_prefill_lens)
-    report = {"machine": machine(), "config": config, "results": results,
-              "long_over_short_prefill": long_over_short(results)}
+    prefill = sorted((r for r in results if r["section"] == "model prefill"), key=lambda r: r["tokens"])
+    report = {"machine": machine(), "config": dataclasses.asdict(cfg), "results": results,
+              "long_over_short_prefill": {b: prefill[-1][f"{b}_tokens_per_s"] / prefill[0][f"{b}_tokens_per_s"]
+                                          for b in CPU_BACKENDS}}
     return _plain(report), sweep_markdown(report)

@@ -1,7 +1,6 @@
 """What one backend's measured pass returns (`BackendRun`) and the engine knobs jaxpaged runs with (`EngineLimits`).
 
-Shared by `throughput.py` and the peer it runs in a subprocess (`vllm_backend.py`), so that the peer never imports
-the benchmark that drives it.
+Apart from `throughput.py`, so that the peers it drives (`hf_backend.py`, `vllm_backend.py`) never import it.
 """
 
 from __future__ import annotations
@@ -13,27 +12,15 @@ from jaxpaged.engine.config import EngineConfig
 
 @dataclasses.dataclass(frozen=True)
 class BackendRun:
-    """One backend's measured pass over the prompts and what preceded it.
+    """One backend's measured pass over the prompts, and what preceded it (reported apart)."""
 
-    Attributes:
-      backend: "jaxpaged" or "hf".
-      token_ids: generated ids per prompt, in prompt order.
-      elapsed_s: wall time of the measured pass.
-      warmup_s: the pass before the first measured one (jaxpaged: the first, compiling call;
-        hf: the warm-up generate).
-      load_s: loading the weights (and building the engine).
-      num_compiles: step shapes compiled during the measured pass (jaxpaged; 0 for hf).
-      prompt_tokens_computed: prompt tokens the pass ran through the model (jaxpaged: prefix-cache
-        hits excluded); None: all of them.
-    """
-
-    backend: str
-    token_ids: list[list[int]]
-    elapsed_s: float
-    warmup_s: float
-    load_s: float
-    num_compiles: int = 0
-    prompt_tokens_computed: int | None = None
+    backend: str  # "jaxpaged", "hf" or "vllm"
+    token_ids: list[list[int]]  # generated ids per prompt, in prompt order
+    elapsed_s: float  # the measured pass
+    warmup_s: float  # the call before the first measured one (jaxpaged's compiles every step shape)
+    load_s: float  # loading the weights and building the engine
+    num_compiles: int = 0  # step shapes jaxpaged compiled during the measured pass
+    prompt_tokens_computed: int | None = None  # prompt tokens run through the model (None: all of them)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,5 @@
-"""How close one jitted step gets to what its arithmetic needs (`jaxpaged bench cpu-efficiency`).
-
-The decode step against its matmul floor (its weight GEMMs alone, timed in
-alternating rounds), and one-sequence prefill tokens/s at several lengths;
-optionally each step's time split by the code its XLA ops came from.
+"""``jaxpaged bench cpu-efficiency``: a decode step over its matmul floor, long over short prefill tokens/s, and
+each step's time split by the code its XLA ops came from (the command's help says how each is timed).
 """
 
 from __future__ import annotations

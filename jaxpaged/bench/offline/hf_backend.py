@@ -1,15 +1,19 @@
-"""The Hugging Face transformers side of the offline throughput benchmark (torch on the CPU).
+"""The Hugging Face transformers side of `bench throughput` (torch on the CPU).
 
 What a user without a GPU would run instead of jaxpaged: `model.generate` over
 one static batch per `batch_size` prompts, left-padded with an attention mask,
 as vLLM's `benchmark_throughput --backend=hf` does. torch and transformers come
 from the optional `hf` extra and are imported only when this backend runs;
-`require_hf` turns their absence into one line naming the extra.
+their absence is `HFBackendMissing`, one line naming the extra.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from pathlib import Path
+
+from jaxpaged.bench.offline.backend_run import BackendRun
 
 MISSING_EXTRA = "the hf backend needs torch and transformers: pip install -e '.[hf]'"
 
@@ -18,61 +22,61 @@ class HFBackendMissing(RuntimeError):
     """torch or transformers cannot be imported (the `hf` extra is not installed)."""
 
 
-def require_hf():
-    """`(torch, transformers)`, or `HFBackendMissing` with the one-line install hint."""
-    try:
-        import torch
-        import transformers
-    except ImportError as err:
-        raise HFBackendMissing(f"{MISSING_EXTRA} ({err})") from None
-    return torch, transformers
+class HFBackend:
+    """transformers' `generate` over the prompts in static batches: loaded and warmed up once, then measured."""
 
+    name = "hf"
 
-def load_hf_model(checkpoint_dir: str, *, num_threads: int | None):
-    """The checkpoint as a float32 `LlamaForCausalLM` in eval mode; torch limited to `num_threads`."""
-    torch, transformers = require_hf()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
-    model.eval()
-    # ignore_eos: generation never stops early, so every prompt gets exactly max_new_tokens
-    model.generation_config.eos_token_id = None
-    return model
+    def __init__(self, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
+                 temperature: float = 0.0, seed: int = 0, batch_size: int | None = None,
+                 num_threads: int | None = 2):
+        """Load the checkpoint as a float32 model in eval mode, torch limited to `num_threads`, and warm up on two
+        prompts. `temperature=0` is greedy; otherwise plain sampling (top-k and top-p off) seeded by `seed`."""
+        try:
+            import torch
+            import transformers
+        except ImportError as err:
+            raise HFBackendMissing(f"{MISSING_EXTRA} ({err})") from None
+        self._torch, self.seed = torch, seed
+        self.prompts = [list(p) for p in prompts]
+        self.output_len, self.batch_size = output_len, batch_size or len(prompts)
+        self.sampling = ({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0
+                         else {"do_sample": False})
+        start = time.perf_counter()
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        transformers.utils.logging.disable_progress_bar()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+        self.model.generation_config.eos_token_id = None  # ignore_eos: every prompt gets exactly output_len tokens
+        self.load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        self._generate(self.prompts[:2], min(output_len, 4))
+        self.warmup_s = time.perf_counter() - start
 
+    def measure(self) -> BackendRun:
+        """One timed `generate` pass over every prompt."""
+        start = time.perf_counter()
+        token_ids = self._generate(self.prompts, self.output_len)
+        return BackendRun(self.name, token_ids, time.perf_counter() - start, self.warmup_s, self.load_s)
 
-def generate(model, prompts: Sequence[Sequence[int]], *, output_len: int, batch_size: int,
-             temperature: float = 0.0, seed: int = 0) -> list[list[int]]:
-    """`output_len` new tokens for each prompt, `batch_size` prompts per left-padded static batch.
+    def close(self) -> None:
+        """Nothing to release: the model goes with the object."""
 
-    `temperature=0` is greedy (`do_sample=False`); otherwise plain sampling at
-    that temperature with top-k and top-p off, seeded by `seed`.
-    """
-    torch, _ = require_hf()
-    if temperature > 0:
-        torch.manual_seed(seed)
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-    else:
-        sampling = {"do_sample": False}
-    outputs = []
-    for start in range(0, len(prompts), batch_size):
-        input_ids, mask = _left_padded(torch, prompts[start:start + batch_size])
-        with torch.inference_mode():
-            out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=output_len,
-                                 min_new_tokens=output_len, pad_token_id=0, use_cache=True, **sampling)
-        new = out[:, input_ids.shape[1]:].tolist()
-        if any(len(ids) != output_len for ids in new):
-            raise RuntimeError(f"transformers returned {[len(i) for i in new]} tokens, wanted {output_len} each")
-        outputs.extend(new)
-    return outputs
-
-
-def _left_padded(torch, prompts: Sequence[Sequence[int]]):
-    """`(input_ids, attention_mask)` int64 tensors, shorter prompts padded on the left with id 0."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-        mask[row, width - len(prompt):] = 1
-    return ids, mask
+    def _generate(self, prompts: list[list[int]], output_len: int) -> list[list[int]]:
+        """`output_len` new tokens per prompt, `batch_size` prompts per static batch, left-padded with id 0."""
+        torch = self._torch
+        torch.manual_seed(self.seed)
+        outputs = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = prompts[start:start + self.batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], dtype=torch.long)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
+                                          min_new_tokens=output_len, pad_token_id=0, use_cache=True, **self.sampling)
+            new = out[:, width:].tolist()
+            if any(len(tokens) != output_len for tokens in new):
+                raise RuntimeError(f"transformers returned {[len(t) for t in new]} tokens, wanted {output_len} each")
+            outputs.extend(new)
+        return outputs

@@ -37,19 +37,20 @@ def model_weight_matrices(model: DecoderModel) -> list[list[Array]]:
     return layers + [[head]]
 
 
-def _weight_gemms(x: Float[Array, "R H"], layers: list[list[Array]]) -> Float[Array, "R V"]:
-    """The step's GEMMs in the model's order; each result feeds the next so none is dropped."""
+def _weight_gemms(x: Float[Array, "R H"], layers: list[list[Array]], silu=jax.nn.silu) -> Float[Array, "R V"]:
+    """The step's GEMMs in the model's order; each result feeds the next so none is dropped. In torch too, with
+    torch tensors and torch's `silu`."""
     for q, k, v, o, gate, up, down in layers[:-1]:
         attn = x @ q
         kv = (x @ k).sum() + (x @ v).sum()  # K/V feed the cache, not the residual: keep them live
         x = x + attn @ o + kv * 1e-30
-        x = x + (jax.nn.silu(x @ gate) * (x @ up)) @ down
+        x = x + (silu(x @ gate) * (x @ up)) @ down
     return x @ layers[-1][0]
 
 
 def matmul_flops(model: DecoderModel, rows: int) -> int:
     """FLOPs of the weight GEMMs for `rows` rows (2 per multiply-add)."""
-    return 2 * rows * sum(int(np.prod(w.shape)) for layer in model_weight_matrices(model) for w in layer)
+    return rows * sum(weight_flops_per_row(model))
 
 
 def weight_flops_per_row(model: DecoderModel) -> tuple[int, int]:
@@ -78,17 +79,6 @@ def time_matmul_floor(model: DecoderModel, rows: int, repeats: int = 10) -> floa
     return median_seconds(lambda: jax.block_until_ready(gemms(x, layers)), repeats)
 
 
-def _torch_chain(x, layers):
-    """`_weight_gemms` in torch: `x` and `layers` as torch tensors (`[in, out]` weights, as in JAX)."""
-    import torch
-    for q, k, v, o, gate, up, down in layers[:-1]:
-        attn = x @ q
-        kv = (x @ k).sum() + (x @ v).sum()
-        x = x + attn @ o + kv * 1e-30
-        x = x + (torch.nn.functional.silu(x @ gate) * (x @ up)) @ down
-    return x @ layers[-1][0]
-
-
 def _to_torch(array):
     """A JAX array as a torch tensor of the same dtype (bfloat16 through its bits: numpy has no bfloat16)."""
     import torch
@@ -108,7 +98,7 @@ def torch_weight_gemms(model: DecoderModel, x: Array):
     import torch
     layers = _torch_weights(model)
     with torch.inference_mode():
-        return _torch_chain(_to_torch(x), layers).float().numpy()
+        return _weight_gemms(_to_torch(x), layers, torch.nn.functional.silu).float().numpy()
 
 
 def torch_gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5) -> float | None:
@@ -126,7 +116,7 @@ def torch_gemm_flops_per_second(model: DecoderModel, rows: int, repeats: int = 5
     torch.set_num_threads(os.cpu_count() or 1)  # every core, as vLLM's CPU build is given them here
     try:
         with torch.inference_mode():
-            seconds = median_seconds(lambda: _torch_chain(x, layers), repeats)
+            seconds = median_seconds(lambda: _weight_gemms(x, layers, torch.nn.functional.silu), repeats)
     finally:
         torch.set_num_threads(threads)
     return matmul_flops(model, rows) / seconds

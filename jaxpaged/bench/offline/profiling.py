@@ -1,10 +1,12 @@
-"""Profile a workload: a jax.profiler trace plus the host share of engine step time.
+"""``jaxpaged bench profile``: a workload under `jax.profiler.trace`, and the host share of engine step time.
 
-``jaxpaged bench profile``: the engine is built over the benchmark's `TimedRunner`
-(`serving.make_runner`) so `profile_workload` can split each step into device and host time."""
+The engine runs over the benchmark's `TimedRunner` (`serving.make_runner`), which adds up the device time of
+its steps; the engine's `step` is wrapped to add up their wall time (schedule + device + output processing).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -12,76 +14,53 @@ import jax
 
 from jaxpaged.bench.offline.driver import run_workload
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config, make_runner
-from jaxpaged.bench.offline.timing import TimedRunner
 from jaxpaged.sim.workloads import WorkloadRequest
 
 
-class StepTimer:
-    """Wraps ``engine.step`` to add up its wall time (schedule + device + output processing)."""
+def profile_serving(model_name: str, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
+                    trace_dir: str) -> dict:
+    """Run ``requests`` in ``mode`` on ``model_name`` (a config or a checkpoint, its own tokenizer) once to
+    compile, then again on a fresh engine over the same runner, traced under ``trace_dir`` ('' = no trace);
+    prints a summary.
 
-    def __init__(self, engine) -> None:
-        """Install the wrapper on ``engine`` (an instance attribute shadowing the method)."""
-        self.total_s = 0.0
-        self.num_steps = 0
-        self._step = engine.step
-        engine.step = self
+    Host share = 1 - device time / step time, over the traced run's steps (compile time reported apart).
+    """
+    from jaxpaged.checkpoint import load_model
+    from jaxpaged.engine import Engine
+    model = load_model(model_name)
+    runner = make_runner(model, setup)
+    config = engine_config(setup, mode, model_name)
+    run_workload(Engine(config, model, runner=runner, clock=runner.clock), requests)  # compiles every step shape
+    engine = Engine(config, model, runner=runner, clock=runner.clock)
+    device0, compile0, steps0 = runner.device_s, runner.compile_s, runner.num_steps
+    step, step_times = engine.step, []
 
-    def __call__(self):
+    def timed_step():
         start = time.perf_counter()
-        outputs = self._step()
-        self.total_s += time.perf_counter() - start
-        self.num_steps += 1
+        outputs = step()
+        step_times.append(time.perf_counter() - start)
         return outputs
 
-
-def profile_workload(make_engine, requests: Sequence[WorkloadRequest], trace_dir: str | None, *,
-                     runner: TimedRunner) -> dict[str, float]:
-    """Run ``requests`` once to compile, then again under ``jax.profiler.trace(trace_dir)``.
-
-    ``make_engine()`` returns a fresh engine over ``runner`` (both runs share it). Host share = 1 - device time / step time, over the
-    traced run's steps that compiled nothing (compiling steps are reported apart).
-    """
-    run_workload(make_engine(), requests)  # warm-up: compile every step shape
-    engine = make_engine()
-    device0, compile0, steps0 = runner.device_s, runner.compile_s, runner.num_steps
-    timer = StepTimer(engine)
-    if trace_dir:
-        with jax.profiler.trace(trace_dir):
-            run_workload(engine, requests)
-    else:
+    engine.step = timed_step  # an instance attribute shadowing the method
+    with jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext():
         run_workload(engine, requests)
-    device = runner.device_s - device0
-    compile_s = runner.compile_s - compile0
-    step_s = timer.total_s - compile_s
-    return {
-        "num_steps": timer.num_steps,
-        "device_steps": runner.num_steps - steps0,
+    device, compile_s = runner.device_s - device0, runner.compile_s - compile0
+    step_s, num_steps, device_steps = sum(step_times) - compile_s, len(step_times), runner.num_steps - steps0
+    result = {
+        "num_steps": num_steps,
+        "device_steps": device_steps,
         "step_s": step_s,
         "device_s": device,
         "host_s": step_s - device,
         "host_share": (step_s - device) / step_s if step_s > 0 else 0.0,
         "compile_s": compile_s,
-        "host_ms_per_step": (step_s - device) / max(timer.num_steps, 1) * 1e3,
-        "device_ms_per_step": device / max(runner.num_steps - steps0, 1) * 1e3,
+        "host_ms_per_step": (step_s - device) / max(num_steps, 1) * 1e3,
+        "device_ms_per_step": device / max(device_steps, 1) * 1e3,
+        "trace_dir": trace_dir,
     }
-
-
-def profile_serving(model, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
-                    trace_dir: str, model_name: str | None = None) -> dict:
-    """`profile_workload` of ``requests`` in ``mode`` (trace under ``trace_dir``; '' = none); prints a summary.
-
-    ``model_name`` (default: the config's name) is what the engine's tokenizer is loaded from: the checkpoint
-    path of a real model.
-    """
-    from jaxpaged.engine import Engine
-    runner = make_runner(model, setup)
-    config = engine_config(setup, mode, model_name or model.config.name)
-    result = profile_workload(lambda: Engine(config, model, runner=runner, clock=runner.clock), requests, trace_dir,
-                              runner=runner)
-    result["trace_dir"] = trace_dir
-    print(f"steps: {result['num_steps']}, step time {result['step_s']:.3f} s = device {result['device_s']:.3f} s "
-          f"+ host {result['host_s']:.3f} s; host share {result['host_share']:.1%} "
-          f"({result['host_ms_per_step']:.2f} ms host per step); compile time excluded: {result['compile_s']:.1f} s")
+    print(f"steps: {num_steps}, step time {step_s:.3f} s = device {device:.3f} s + host {step_s - device:.3f} s; "
+          f"host share {result['host_share']:.1%} ({result['host_ms_per_step']:.2f} ms host per step); "
+          f"compile time excluded: {compile_s:.1f} s")
     if trace_dir:
         print(f"trace written under {trace_dir}")
     return result

@@ -1,9 +1,6 @@
-"""Real-text quality of the serving numerics on a pretrained model (`jaxpaged bench quality`).
-
-Perplexity of the shipped passages under each numerics and KV layout (`perplexity_variants`,
-`perplexity_rows`), and the fp8-KV engine's greedy and teacher-forced agreement with the bf16 one over
-the shipped chat prompts. The variants, the fp8 scale kinds and what each figure means:
-docs/benchmarks/quality.md.
+"""Real-text quality of the serving numerics on a pretrained model (`jaxpaged bench quality`): perplexity under
+each numerics and KV layout, and the fp8-KV engine's agreement with the bf16 one. The variants, the fp8 scale
+kinds and what each figure means: docs/benchmarks/quality.md.
 """
 
 from __future__ import annotations
@@ -16,8 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
+from jaxpaged.bench.options import option
+from jaxpaged.mathutils import cdiv
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
@@ -27,6 +27,18 @@ PASSAGES = DATA_DIR / "passages.jsonl"
 CHAT_PROMPTS = DATA_DIR / "chat_prompts.jsonl"
 FP8_SCALES = ("unit", "per-tensor", "per-head", "per-head-long")
 _REQUEST_IDS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityOptions:
+    """Which figures, over how much of the shipped text, and the hybrid layout's window."""
+
+    window: int = option(128, "sliding window of the hybrid layout's local layers", at_least=1)
+    num_passages: int | None = option(None, "score only the first N passages (default: all)", at_least=1)
+    num_prompts: int | None = option(None, "use only the first N chat prompts (default: all)", at_least=1)
+    max_tokens: int = option(32, "greedy answer tokens per chat prompt", at_least=1)
+    parts: tuple[str, ...] = option(("perplexity", "agreement"), "which figures to measure",
+                                    choices=("perplexity", "agreement"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +92,6 @@ class QualityBench:
         self._models: dict[tuple[str, int | None], Any] = {}
         self._engines: dict[tuple, Any] = {}
         self._scales: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
-        self.compiles = 0
 
     def model(self, dtype: str, window: int | None = None):
         """The pretrained model in `dtype` (with sliding windows when `window`)."""
@@ -167,42 +178,33 @@ def perplexity_rows(bench: QualityBench, variants: list[Variant], passages: list
                      "max_abs_logprob_diff_vs_reference": float(np.abs(every - reference).max()),
                      "mean_abs_logprob_diff_vs_reference": float(np.abs(every - reference).mean()),
                      "seconds": time.perf_counter() - start, "compiles": engine.num_compiles - compiles_before})
-        bench.compiles += rows[-1]["compiles"]
     return rows
 
 
-def until_stop(tokens: list[int], stops: set[int]) -> list[int]:
-    """`tokens` up to (without) the first stop token."""
-    for i, token in enumerate(tokens):
-        if token in stops:
-            return tokens[:i]
-    return tokens
-
-
 def fp8_agreement(bench: QualityBench, prompts: list[list[int]], max_tokens: int, stops: set[int]) -> dict:
-    """bf16 KV against fp8 KV (per-head scales), both on bf16 weights, over the chat prompts (module docstring)."""
+    """bf16 KV against fp8 KV (per-head scales), both on bf16 weights, over the chat prompts: identical greedy
+    answers (up to a stop token), and the fp8 engine's top-1 at each position of the bf16 answers it reads."""
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY)
-    bf16 = bench.engine(Variant("bf16", dtype="bfloat16"))
+
+    def answers(engine) -> list[list[int]]:
+        return [list(itertools.takewhile(lambda t: t not in stops, out.outputs[0].token_ids))
+                for out in run_requests(engine, prompts, greedy)]
+
+    reference = answers(bench.engine(Variant("bf16", dtype="bfloat16")))
     fp8 = bench.engine(Variant("fp8", dtype="bfloat16", kv_cache_dtype="fp8_e4m3", scales="per-head"))
-    reference = [until_stop(list(o.outputs[0].token_ids), stops) for o in run_requests(bf16, prompts, greedy)]
-    answers = [until_stop(list(o.outputs[0].token_ids), stops) for o in run_requests(fp8, prompts, greedy)]
+    fp8_answers = answers(fp8)
     common = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
-              for x, y in zip(reference, answers)]
-    # teacher-forced: the fp8 engine reads each bf16 answer; its top-1 at every answer position against bf16's token
-    scored = [p + r for p, r in zip(prompts, reference) if r]
-    forced = run_requests(fp8, scored, SamplingParams(max_tokens=1, prompt_logprobs=1,
-                                                      output_kind=RequestOutputKind.FINAL_ONLY))
-    agree = total = 0
-    for out, prompt, answer in zip(forced, (p for p, r in zip(prompts, reference) if r), (r for r in reference if r)):
-        for position, token in enumerate(answer):
-            entry = out.prompt_logprobs[len(prompt) + position]
-            agree += int(max(entry, key=entry.get) == token)
-            total += 1
+              for x, y in zip(reference, fp8_answers)]
+    answered = [(prompt, answer) for prompt, answer in zip(prompts, reference) if answer]
+    forced = run_requests(fp8, [p + a for p, a in answered], SamplingParams(
+        max_tokens=1, prompt_logprobs=1, output_kind=RequestOutputKind.FINAL_ONLY))
+    top1 = [max(entry, key=entry.get) == token for out, (prompt, answer) in zip(forced, answered)
+            for entry, token in zip(out.prompt_logprobs[len(prompt):], answer)]
     return {"prompts": len(prompts), "max_tokens": max_tokens,
-            "answers_identical": sum(a == r for a, r in zip(answers, reference)),
+            "answers_identical": sum(a == r for a, r in zip(fp8_answers, reference)),
             "mean_tokens_before_first_difference": float(np.mean(common)),
             "mean_answer_tokens_bf16": float(np.mean([len(r) for r in reference])),
-            "teacher_forced_positions": total, "teacher_forced_top1_agreement": agree / max(total, 1)}
+            "teacher_forced_positions": len(top1), "teacher_forced_top1_agreement": sum(top1) / max(len(top1), 1)}
 
 
 def perplexity_table(rows: list[dict]) -> str:
@@ -222,3 +224,28 @@ def agreement_table(result: dict) -> str:
         [[result["prompts"], result["answers_identical"], f"{result['mean_tokens_before_first_difference']:.1f}",
           f"{result['mean_answer_tokens_bf16']:.1f}", result["teacher_forced_positions"],
           f"{result['teacher_forced_top1_agreement']:.4f}"]])
+
+
+def quality_report(options: QualityOptions, model: str, block_size: int) -> tuple[dict, str]:
+    """The figures ``options.parts`` names, on ``model`` over the shipped passages and chat prompts (the latter
+    in the model's chat template): the result and its tables."""
+    from jaxpaged.checkpoint import model_config
+    from jaxpaged.server.chat import ChatTemplate
+    from jaxpaged.tokenizer import load_tokenizer
+
+    tokenizer, template = load_tokenizer(model, model_config(model)), ChatTemplate.for_model(model)
+    passages = [tokenizer.encode(p["text"]) for p in read_jsonl(PASSAGES)[:options.num_passages]]
+    prompts = [tokenizer.encode(template.render(c["messages"]), add_special_tokens=False)
+               for c in read_jsonl(CHAT_PROMPTS)[:options.num_prompts]]
+    longest = max(max(len(p) for p in passages) + 1, max(len(p) for p in prompts) + options.max_tokens)
+    bench = QualityBench(model, block_size, cdiv(longest, block_size) * block_size, calibration_ids=prompts[0],
+                         long_calibration_ids=passages[0])
+    result, tables, start = {"jax": jax.__version__}, [], time.perf_counter()
+    if "perplexity" in options.parts:
+        result["perplexity"] = perplexity_rows(bench, perplexity_variants(options.window), passages)
+        tables.append(perplexity_table(result["perplexity"]))
+    if "agreement" in options.parts:
+        result["fp8_vs_bf16"] = fp8_agreement(bench, prompts, options.max_tokens, tokenizer.stop_token_ids)
+        tables.append(agreement_table(result["fp8_vs_bf16"]))
+    result["seconds"] = time.perf_counter() - start
+    return result, "\n\n".join(tables)

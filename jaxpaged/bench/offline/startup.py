@@ -1,9 +1,9 @@
 """Start-up time (`jaxpaged bench startup`): a fresh process's first `generate`, and a server's start to its
 first streamed token, each a new Python process of a source tree, with the compile cache off, cold or warm.
 
-`run_startups` alternates the versions (this tree, a baseline worktree, vLLM with ``vllm_python``)
-inside every repeat and reports medians; `padding_report` times one schedule at further padded step
-sizes. What each start measures and the figures: docs/benchmarks/startup.md.
+`measure` alternates the versions (this tree, a baseline worktree, vLLM with ``vllm_python``) inside every
+repeat and reports medians; `padding_costs` times one schedule at further padded step sizes. What each start
+measures and the figures: docs/benchmarks/startup.md.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxpaged.bench.offline.driver import median_summary
 from jaxpaged.bench.online.server_process import ROOT, SERVE_COMMAND, ServerProcess
+from jaxpaged.bench.options import option
 from jaxpaged.config import DEFAULT_BLOCK_SIZE
 from jaxpaged.report import markdown_table
 
@@ -65,6 +66,25 @@ print(json.dumps({"import_s": imported - start, "build_s": built - imported, "ge
 
 
 @dataclasses.dataclass(frozen=True)
+class StartupOptions:
+    """What is started, against which older tree, how often; or the padding costs instead."""
+
+    models: tuple[str, ...] = option(("small", "llama-100m"), "shipped model configs to start")
+    kinds: tuple[str, ...] = option(KINDS, "generate: a first LLM.generate; serve: server to first token",
+                                    choices=KINDS)
+    cache_states: tuple[str, ...] = option(CACHE_STATES, "off, cold (empty cache), warm (filled)",
+                                           choices=CACHE_STATES)
+    baseline_root: str | None = option(None, "a source tree of the older version to compare with")
+    repeats: int = option(3, "starts of every kind, model, version and cache state", at_least=1)
+    num_prompts: int = option(16, "prompts of the first generate", at_least=1)
+    output_len: int = option(32, "greedy tokens per prompt of the first generate", at_least=1)
+    vllm_python: str | None = option(None, "also vLLM's LLM() + first generate, cold and warm, through this vLLM "
+                                           "install's Python (models as checkpoint directories)")
+    padding_costs: bool = option(False, "instead: each model's step time with a size padded further (what merging "
+                                        "step shapes would cost)")
+
+
+@dataclasses.dataclass(frozen=True)
 class StartupCase:
     """What one start runs: the model, and the first `generate`'s prompts and output length."""
 
@@ -99,7 +119,8 @@ def first_generate(root: Path, case: StartupCase, cache_dir: str | None, *, time
 
 
 def vllm_first_generate(python: str, case: StartupCase, cache_dir: str) -> dict:
-    """vLLM's import, `LLM()` and first `generate` of `case`'s prompts in a fresh process; compile caches in `cache_dir`."""
+    """vLLM's import, `LLM()` and first `generate` of `case`'s prompts in a fresh process; compile caches in
+    `cache_dir`."""
     from jaxpaged.bench.offline.vllm_backend import VllmBackend
 
     vocab = json.loads((Path(case.model) / "config.json").read_text())["vocab_size"]
@@ -274,19 +295,15 @@ def padding_table(rows: Mapping[str, Sequence[dict]]) -> str:
                            for model, rs in rows.items() for r in rs], align="lllr")
 
 
-def run_startups(models: Sequence[str], *, baseline_root: str | None = None, kinds: Sequence[str] = KINDS,
-                 cache_states: Sequence[str] = CACHE_STATES, repeats: int = 3, num_prompts: int = 16,
-                 output_len: int = 32, vllm_python: str | None = None) -> tuple[dict, str]:
-    """Every start of every model, this tree alternating with ``baseline_root`` when given: the result and table."""
-    versions = {"this": ROOT} | ({"before": Path(baseline_root).resolve()} if baseline_root else {})
-    cases = [StartupCase(model, num_prompts=num_prompts, output_len=output_len) for model in models]
-    result = measure(versions, cases, kinds=kinds, cache_states=cache_states, repeats=repeats,
-                     vllm_python=vllm_python)
+def startup_report(o: StartupOptions) -> tuple[dict, str]:
+    """Every start of every model, this tree alternating with ``o.baseline_root`` when given (or with
+    ``o.padding_costs`` each model's `padding_costs` instead): the result and its table."""
+    if o.padding_costs:
+        rows = {model: padding_costs(model) for model in o.models}
+        return {"padding_costs": rows}, padding_table(rows)
+    versions = {"this": ROOT} | ({"before": Path(o.baseline_root).resolve()} if o.baseline_root else {})
+    cases = [StartupCase(model, num_prompts=o.num_prompts, output_len=o.output_len) for model in o.models]
+    result = measure(versions, cases, kinds=o.kinds, cache_states=o.cache_states, repeats=o.repeats,
+                     vllm_python=o.vllm_python)
     result["versions"] = {k: str(v) for k, v in versions.items()}
-    return result, startup_table(result, "before" if baseline_root else None)
-
-
-def padding_report(models: Sequence[str]) -> tuple[dict, str]:
-    """Each model's step time at sizes padded further (`padding_costs`): the result and table."""
-    rows = {model: padding_costs(model) for model in models}
-    return {"padding_costs": rows}, padding_table(rows)
+    return result, startup_table(result, "before" if o.baseline_root else None)

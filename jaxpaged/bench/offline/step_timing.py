@@ -57,23 +57,21 @@ def step_pair(shape: StepShape, vocab: int, block_size: int,
     return decode, prefills[shape.prefill_len], num_blocks
 
 
-def time_prefill_and_decode(config: ModelConfig, shape: StepShape, *, block_size: int, repeats: int) -> dict:
-    """Median seconds of ``shape``'s prefill and of its decode step, and the tokens/s each gives."""
+def time_prefill_and_decode(config: ModelConfig, shape: StepShape, *, block_size: int,
+                            repeats: int) -> tuple[dict, str]:
+    """Median seconds of ``shape``'s prefill and of its decode step on ``config``'s random weights, and the tokens/s
+    each gives: the result and its table."""
     from jaxpaged.model import init_model
     from jaxpaged.runner import ModelRunner
     decode, prefill, num_blocks = step_pair(shape, 256, block_size, np.random.default_rng(0))
     runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size)
     prefill_s = median_step_seconds(runner, prefill, repeats)
     decode_s = median_step_seconds(runner, decode, repeats)
-    return {"config": config.name, "block_size": block_size, **dataclasses.asdict(shape),
-            "prefill_ms": prefill_s * 1e3, "decode_ms": decode_s * 1e3,
-            "prefill_tokens_per_s": shape.prefill_len / prefill_s, "decode_tokens_per_s": shape.decode_batch / decode_s,
-            "prefill_over_decode": prefill_s / decode_s, "compiles": runner.num_compiles}
-
-
-def step_table(r: dict) -> str:
-    """One row of `time_prefill_and_decode`'s result."""
-    return markdown_table(
+    r = {"config": config.name, "block_size": block_size, **dataclasses.asdict(shape),
+         "prefill_ms": prefill_s * 1e3, "decode_ms": decode_s * 1e3,
+         "prefill_tokens_per_s": shape.prefill_len / prefill_s, "decode_tokens_per_s": shape.decode_batch / decode_s,
+         "prefill_over_decode": prefill_s / decode_s, "compiles": runner.num_compiles}
+    return r, markdown_table(
         ["config", "prefill (ms)", "decode step (ms)", "prefill tok/s", "decode tok/s", "prefill/decode", "compiles"],
         [[f"{r['config']} ({r['prefill_len']} tok; {r['decode_batch']}x{r['decode_context']} ctx)",
           f"{r['prefill_ms']:.1f}", f"{r['decode_ms']:.1f}", f"{r['prefill_tokens_per_s']:.0f}",

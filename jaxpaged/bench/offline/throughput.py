@@ -1,11 +1,8 @@
 """``jaxpaged bench throughput``: vLLM's `benchmark_throughput` for jaxpaged, transformers and vLLM, side by side.
 
-`run_throughput` builds and warms up each backend on the same checkpoint and
-prompts, measures their passes interleaved, and `throughput_table` renders the
-medians and ratios. What a pass times, what is reported apart and the
-weight-GEMM floor (`GemmFloor`) are described in the command's help and
-docs/benchmarks/throughput.md; the floor at oneDNN's FLOP/s in
-docs/benchmarks/cpu-performance.md.
+`run_throughput` builds and warms up each backend on the same checkpoint and prompts, measures their passes
+interleaved, and `throughput_table` renders the medians, ratios and each pass's weight-GEMM floor (`GemmFloor`):
+the command's help, docs/benchmarks/throughput.md and docs/benchmarks/cpu-performance.md.
 """
 
 from __future__ import annotations
@@ -129,58 +126,6 @@ class JaxpagedBackend:
         """Nothing to release: the engine goes with the object."""
 
 
-class HFBackend:
-    """transformers' `generate` over the prompts in static batches: loaded and warmed up once, then measured."""
-
-    name = "hf"
-
-    def __init__(self, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
-                 temperature: float = 0.0, seed: int = 0, batch_size: int | None = None,
-                 num_threads: int | None = 2):
-        """Load the checkpoint into torch (`hf_backend.MISSING_EXTRA` if it cannot) and warm up on two prompts."""
-        from jaxpaged.bench.offline import hf_backend
-        self._hf = hf_backend
-        self.prompts = [list(p) for p in prompts]
-        self.kwargs = {"output_len": output_len, "batch_size": batch_size or len(prompts),
-                       "temperature": temperature, "seed": seed}
-        start = time.perf_counter()
-        self.model = hf_backend.load_hf_model(str(checkpoint), num_threads=num_threads)
-        self.load_s = time.perf_counter() - start
-        start = time.perf_counter()
-        hf_backend.generate(self.model, self.prompts[:2], **(self.kwargs | {"output_len": min(output_len, 4)}))
-        self.warmup_s = time.perf_counter() - start
-
-    def measure(self) -> BackendRun:
-        """One timed `generate` pass over every prompt."""
-        start = time.perf_counter()
-        token_ids = self._hf.generate(self.model, self.prompts, **self.kwargs)
-        return BackendRun(self.name, token_ids, time.perf_counter() - start, self.warmup_s, self.load_s)
-
-    def close(self) -> None:
-        """Nothing to release: the model goes with the object."""
-
-
-def summarize(run: BackendRun, prompts: Sequence[Sequence[int]]) -> dict[str, float]:
-    """vLLM's three throughputs of `run` plus its token counts and the times reported apart."""
-    prompt_tokens = sum(len(p) for p in prompts)
-    output_tokens = sum(len(ids) for ids in run.token_ids)
-    elapsed = max(run.elapsed_s, 1e-9)
-    return {
-        "num_requests": len(run.token_ids),
-        "prompt_tokens": prompt_tokens,
-        "prompt_tokens_computed": prompt_tokens if run.prompt_tokens_computed is None else run.prompt_tokens_computed,
-        "output_tokens": output_tokens,
-        "total_tokens": prompt_tokens + output_tokens,
-        "elapsed_s": run.elapsed_s,
-        "request_throughput": len(run.token_ids) / elapsed,
-        "output_token_throughput": output_tokens / elapsed,
-        "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
-        "warmup_s": run.warmup_s,
-        "load_s": run.load_s,
-        "num_compiles": run.num_compiles,
-    }
-
-
 @dataclasses.dataclass(frozen=True)
 class GemmFloor:
     """Per-row weight FLOPs of one model and the FLOP/s this machine reaches at prefill and decode GEMM sizes."""
@@ -195,7 +140,7 @@ class GemmFloor:
     onednn_decode_flops_per_s: float | None = None
 
     def seconds(self, summary: Mapping[str, float], *, onednn: bool = False) -> float:
-        """The floor of one pass, from its `summarize` dict (needs prompt_tokens_computed, output_tokens,
+        """The floor of one pass, from its `_summary` dict (needs prompt_tokens_computed, output_tokens,
         num_requests); at oneDNN's measured FLOP/s with `onednn`.
 
         Rows: the prompt tokens computed (prefix-cache hits skipped) at the prefill rate; every generated
@@ -258,7 +203,25 @@ def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequenc
 
 
 def _summary(run: BackendRun, prompts: Sequence[Sequence[int]], floor: GemmFloor | None) -> dict[str, float]:
-    summary = summarize(run, prompts)
+    """vLLM's three throughputs of `run`, its token counts, the times reported apart and, with a `floor`, its
+    GEMM floor (and at oneDNN's FLOP/s where measured) and elapsed/floor."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    output_tokens = sum(len(ids) for ids in run.token_ids)
+    elapsed = max(run.elapsed_s, 1e-9)
+    summary = {
+        "num_requests": len(run.token_ids),
+        "prompt_tokens": prompt_tokens,
+        "prompt_tokens_computed": prompt_tokens if run.prompt_tokens_computed is None else run.prompt_tokens_computed,
+        "output_tokens": output_tokens,
+        "total_tokens": prompt_tokens + output_tokens,
+        "elapsed_s": run.elapsed_s,
+        "request_throughput": len(run.token_ids) / elapsed,
+        "output_token_throughput": output_tokens / elapsed,
+        "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
+        "warmup_s": run.warmup_s,
+        "load_s": run.load_s,
+        "num_compiles": run.num_compiles,
+    }
     if floor is not None:
         summary["gemm_floor_s"] = floor.seconds(summary)
         summary["elapsed_over_gemm_floor"] = summary["elapsed_s"] / summary["gemm_floor_s"]
@@ -318,19 +281,11 @@ class ThroughputRun:
     vllm_threads_bind: str | None = option(None, "vllm: VLLM_CPU_OMP_THREADS_BIND (default: every core, e.g. 0-1, "
                                                  "with no core reserved for vLLM's front end)")
 
-    def __post_init__(self) -> None:
-        """Refuse an unknown backend, and vllm without its Python."""
-        unknown = [name for name in self.backends if name not in BACKENDS]
-        if unknown or not self.backends:
-            raise ValueError(f"backend must be a comma-separated list of {BACKENDS} or 'both', got {self.backend!r}")
-        if "vllm" in self.backends and not self.vllm_python:
-            raise ValueError("the vllm backend needs vllm_python: the Python of a vLLM install (--vllm_python)")
-
     @property
     def backends(self) -> tuple[str, ...]:
         """The backends to measure, in BACKENDS order (jaxpaged first)."""
-        names = ("jaxpaged", "hf") if self.backend == "both" else tuple(n.strip() for n in self.backend.split(","))
-        return tuple(sorted(set(names), key=lambda n: BACKENDS.index(n) if n in BACKENDS else -1))
+        names = ("jaxpaged", "hf") if self.backend == "both" else {n.strip() for n in self.backend.split(",")}
+        return tuple(n for n in BACKENDS if n in names)
 
 
 def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]], spec: PromptSpec) -> list:
@@ -339,7 +294,7 @@ def build_backends(run: ThroughputRun, checkpoint: Path, prompts: list[list[int]
     With ``backend="both"`` and the `hf` extra missing, hf is left out with one
     line on stderr; with ``backend="hf"`` the `HFBackendMissing` is raised.
     """
-    from jaxpaged.bench.offline.hf_backend import HFBackendMissing
+    from jaxpaged.bench.offline.hf_backend import HFBackend, HFBackendMissing
     common = {"output_len": spec.output_len, "temperature": run.temperature, "seed": spec.seed}
     backends = []
     if "hf" in run.backends:

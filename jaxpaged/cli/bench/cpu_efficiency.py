@@ -1,20 +1,12 @@
 """How close one jitted step gets to what its arithmetic needs, side by side in one process.
 
-    jaxpaged bench cpu-efficiency --model=llama-100m --decode_batch=64 --decode_context=320 \
+    jaxpaged bench cpu-efficiency --model=llama-100m --decode_batch=64 --decode_context=320 \\
         --prefill_lens=512,4096 --md_out=out/cpu_efficiency.md
 
-Two measurements, each a ratio of times taken in this run (the machine is shared,
-so absolute times drift; ratios measured side by side drift less):
-  * decode: a `decode_batch`-sequence decode step at `decode_context` tokens of
-    context, against its matmul floor (the step's weight GEMMs alone, on the same
-    weights: jaxpaged/bench/offline/matmul_floor.py). 1.0 would be a step that is all matmul.
-    The two are timed in alternating rounds; the ratio is the median of the
-    rounds' ratios.
-  * prefill: tokens/s of a one-sequence prefill at each of `prefill_lens`; the
-    ratio is the longest's tokens/s over the shortest's (1.0: context length is free).
-With `--breakdown` (default) a `jax.profiler` trace of the decode step and of the
-longest prefill is split by the code each XLA op came from (attention, MLP, LM
-head, K/V write, sampling, ...: jaxpaged/bench/offline/step_profile.py).
+The decode step over its matmul floor (its weight GEMMs alone, timed in alternating rounds; the median of the
+rounds' ratios), and one-sequence prefill tokens/s, the longest of `--prefill_lens` over the shortest; with
+`--breakdown`, each step's traced time split by the code its XLA ops came from (attention, MLP, LM head, ...).
+docs/benchmarks/throughput.md, "The step-level targets".
 """
 
 from __future__ import annotations

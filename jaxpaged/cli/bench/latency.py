@@ -3,10 +3,8 @@
     jaxpaged bench latency --model=small --batch_size=8 --input_len=32 --output_len=128 \\
         --num_iters_warmup=2 --num_iters=10 --json_out=out/latency.json
 
-Each iteration generates ``--output_len`` tokens (EOS ignored, greedy) for all
-``--batch_size`` prompts of ``--input_len`` random tokens; the warm-up
-iterations compile the step shapes and are not reported. The prefix cache is
-emptied before every iteration.
+Each iteration generates ``--output_len`` greedy tokens (EOS ignored) for ``--batch_size`` prompts of
+``--input_len`` random tokens, on an emptied prefix cache; the warm-up iterations compile and are not reported.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from jaxpaged import compile_cache
 from jaxpaged.bench.offline.profiling import profile_serving
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
 from jaxpaged.bench.options import option
-from jaxpaged.checkpoint import load_model
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
@@ -42,5 +41,4 @@ def main(argv):
     compile_cache.configure(engine["compile_cache_dir"])
     requests = workload.workload(options.workload)
     setup = workload.setup(engine, max_context_len(requests))
-    COMMAND.out.write(profile_serving(load_model(engine["model"]), setup, options.mode, requests, options.trace_dir,
-                                      model_name=engine["model"]))
+    COMMAND.out.write(profile_serving(engine["model"], setup, options.mode, requests, options.trace_dir))

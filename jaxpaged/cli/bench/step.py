@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpaged.bench.offline.step_timing import StepShape, step_table, time_prefill_and_decode
+from jaxpaged.bench.offline.step_timing import StepShape, time_prefill_and_decode
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import model_config
 from jaxpaged.cli.options import CommandFlags
@@ -28,6 +28,5 @@ def main(argv):
     """Time one prefill step and one decode step; print and write the table."""
     del argv
     options = COMMAND.options()
-    result = time_prefill_and_decode(model_config(COMMAND.engine_value("model")), options,
-                                     block_size=COMMAND.engine_value("block_size"), repeats=options.repeats)
-    COMMAND.out.write(result, step_table(result))
+    COMMAND.out.write(*time_prefill_and_decode(model_config(COMMAND.engine_value("model")), options,
+                                               block_size=COMMAND.engine_value("block_size"), repeats=options.repeats))

@@ -1,28 +1,15 @@
-"""Offline throughput of jaxpaged and Hugging Face transformers on the same weights and prompts.
+"""Offline throughput of jaxpaged beside Hugging Face transformers and/or vLLM, on the same weights and prompts.
 
     jaxpaged bench throughput --backend=both --model=llama-100m --num_prompts=64 \
         --input_len=256 --prefix_len=64 --output_len=64 --repeats=3 \
         --json_out=out/bench_throughput.json --md_out=out/bench_throughput.md
 
-The counterpart of vLLM's `benchmark_throughput --backend=vllm|hf`, with jaxpaged beside either:
-every prompt is sent at once and generates exactly `--output_len` tokens (EOS
-ignored); requests/s, output tokens/s and total tokens/s are of the measured
-pass alone (compile and warm-up are reported apart). `--backend=both` runs
-jaxpaged and hf in one process, interleaved over `--repeats`, and reports
-medians and the jaxpaged/peer ratios. `--backend=jaxpaged,vllm
---vllm_python=PATH` runs vLLM from its own install in a subprocess, given every
-core (jaxpaged/bench/offline/vllm_backend.py). `--model` is a Hugging Face checkpoint directory, or a
-shipped config saved once as one under `--checkpoint_dir` (random weights from
-`--seed`). The hf backend needs the `hf` extra (torch + transformers); without
-it `--backend=hf` exits with one line saying so and `both` runs jaxpaged alone.
-
-After the passes (`--gemm_floor`, default on) the model's weight GEMMs are timed
-at a prefill-sized and a decode-sized row count, and each pass is held to its
-weight-GEMM floor: the time its rows' GEMMs alone would take at those rates
-(jaxpaged/bench/offline/throughput.py). `hf elapsed / jaxpaged floor` is the
-largest jaxpaged/hf ratio this machine allows on the workload.
-
-The work is `jaxpaged.bench.offline.throughput`.
+vLLM's `benchmark_throughput`: every prompt sent at once, exactly `--output_len` tokens each (EOS ignored);
+requests/s and tokens/s of the measured passes alone, the backends' passes interleaved over `--repeats`,
+medians and jaxpaged/peer ratios. `--backend=jaxpaged,vllm --vllm_python=PATH` runs a vLLM install in a
+subprocess; `hf` needs the `hf` extra (without it `both` runs jaxpaged alone). `--model` is a Hugging Face
+checkpoint directory, or a config saved once as one under `--checkpoint_dir`. `--gemm_floor` holds each pass
+to the time its weight GEMMs alone would take. docs/benchmarks/throughput.md and cpu-performance.md.
 """
 
 from __future__ import annotations
