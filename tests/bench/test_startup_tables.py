@@ -36,3 +36,11 @@ def test_padding_table_one_row_per_case():
     table = padding_table({"small": [{"case": "decode", "padding": "seqs = 64", "median_ms": 1.26}],
                            "llama-100m": [{"case": "mixed", "padding": "tokens = 512", "median_ms": 10.04}]})
     assert table.splitlines()[2:] == ["| small | decode | seqs = 64 | 1.3 |", "| llama-100m | mixed | tokens = 512 | 10.0 |"]
+
+
+def test_startup_table_of_a_checkpoint_path_with_slashes():
+    key = "generate//work/ckpt/smollm2-hf/vllm/cold"
+    result = {"runs": {key: [{"tokens_digest": "a"}]},
+              "median": {key: {"total_s": 9.0, "import_s": 1.0, "build_s": 3.0, "generate_s": 5.0}}}
+    row = [c.strip() for c in startup_table(result).splitlines()[2].strip("|").split("|")]
+    assert row[:4] == ["generate", "/work/ckpt/smollm2-hf", "vllm", "cold"]

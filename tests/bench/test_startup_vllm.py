@@ -33,6 +33,7 @@ def test_vllm_first_generate_passes_the_prompts_and_the_cache_dir(tmp_path):
     assert (seen["cache"], seen["inductor"]) == (str(tmp_path / "cache"), str(tmp_path / "cache" / "inductor"))
     job = seen["job"]
     assert (job["dtype"], job["output_len"], len(job["prompts"])) == ("float32", 7, 5)
+    assert "engine" not in job  # vLLM's own block size and batch limits: its CPU attention refuses block size 16
     rng = np.random.default_rng(0)  # the draws of the jaxpaged child (`_GENERATE_CHILD`): ids below 250
     assert job["prompts"] == [rng.integers(0, 250, int(rng.integers(16, 41))).tolist() for _ in range(5)]
     assert (result["build_s"], result["generate_s"]) == (2.0, 3.0)

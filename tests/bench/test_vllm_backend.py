@@ -1,10 +1,13 @@
 """The vLLM backend's worker protocol, with a stand-in interpreter (the test venv has no vLLM)."""
 
+import json
 import stat
 
 import pytest
 
+from jaxpaged.bench.offline.backend_run import EngineLimits
 from jaxpaged.bench.offline.vllm_backend import VllmBackend, checkpoint_dtype
+from jaxpaged.bench.offline.vllm_worker import RESULT_MARK, llm_kwargs
 
 
 def _fake_python(tmp_path, script: str):
@@ -42,3 +45,22 @@ def test_the_checkpoint_names_its_dtype(tmp_path):
     assert checkpoint_dtype(_checkpoint(tmp_path, "bfloat16")) == "bfloat16"
     (tmp_path / "config.json").write_text("{}")
     assert checkpoint_dtype(tmp_path) == "auto"
+
+
+def _job_of(tmp_path, **backend_kwargs) -> dict:
+    """The job file a VllmBackend hands its worker (a stand-in that answers ready)."""
+    python = _fake_python(tmp_path, f"cp $2 {tmp_path}/job-seen.json\n"
+                                    f"echo '{RESULT_MARK}{{\"ready\": true, \"load_s\": 1, \"warmup_s\": 1}}'\n"
+                                    "cat > /dev/null\n")
+    VllmBackend(python, _checkpoint(tmp_path), [[1, 2, 3]], output_len=2, **backend_kwargs).close()
+    return json.loads((tmp_path / "job-seen.json").read_text())
+
+
+def test_engine_limits_reach_vllm_only_when_given(tmp_path):
+    limits = EngineLimits(block_size=32, max_num_seqs=8, max_num_batched_tokens=512, enable_prefix_caching=False)
+    given = llm_kwargs(_job_of(tmp_path, limits=limits))
+    assert (given["block_size"], given["max_num_seqs"], given["max_num_batched_tokens"],
+            given["enable_prefix_caching"]) == (32, 8, 512, False)
+    defaults = llm_kwargs(_job_of(tmp_path))
+    assert not {"block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"} & set(defaults)
+    assert (defaults["max_model_len"], defaults["dtype"]) == (5, "float32")

@@ -207,6 +207,13 @@ def measure(versions: Mapping[str, Path], cases: Sequence[StartupCase], *, kinds
     return {"runs": runs, "median": {key: median_summary(rs) for key, rs in runs.items()}}
 
 
+def _key_parts(key: str) -> tuple[str, str, str, str]:
+    """A run key's kind, model, version label and cache state (the model may be a path with slashes)."""
+    kind, rest = key.split("/", 1)
+    model, label, state = rest.rsplit("/", 2)
+    return kind, model, label, state
+
+
 def startup_table(result: dict, baseline: str | None = None) -> str:
     """One row per (kind, model, version, cache state): median seconds, compiles, and the ratio to `baseline`.
 
@@ -218,7 +225,7 @@ def startup_table(result: dict, baseline: str | None = None) -> str:
               "step shapes", "cache hits / lookups", "same tokens", "vs baseline"]
     rows = []
     for key, m in result["median"].items():
-        kind, model, label, state = key.split("/")
+        kind, model, label, state = _key_parts(key)
         base = result["median"].get(f"{kind}/{model}/{baseline}/off") if baseline else None
         ratio = f"{m['total_s'] / base['total_s']:.2f}x" if base else ""
         first = m.get("generate_s", m.get("first_token_after_request_s"))

@@ -40,7 +40,7 @@ class VllmBackend:
     name = "vllm"
 
     def __init__(self, python: str, checkpoint: str | Path, prompts: Sequence[Sequence[int]], *, output_len: int,
-                 temperature: float = 0.0, seed: int = 0, limits: EngineLimits = EngineLimits(),
+                 temperature: float = 0.0, seed: int = 0, limits: EngineLimits | None = None,
                  dtype: str | None = None, threads_bind: str | None = None, memory_fraction: float = 0.3,
                  env: Mapping[str, str] | None = None):
         """Start the worker under `python` (a vLLM install's interpreter) and wait until it has warmed up.
@@ -48,17 +48,21 @@ class VllmBackend:
         `memory_fraction` is vLLM's `gpu_memory_utilization`, which on its CPU backend is the share
         of host memory it reserves (weights and KV cache); its default 0.92 fails on a shared host.
         `dtype` None means the checkpoint's own, named explicitly: vLLM's "auto" runs a float32
-        checkpoint in 16-bit floats. `env` adds to the worker's environment.
+        checkpoint in 16-bit floats. `limits` None leaves block size, prefix caching and batch limits at
+        vLLM's own defaults (its CPU attention takes only block sizes that are multiples of 32). `env` adds
+        to the worker's environment.
         """
         if not Path(python).exists():
             raise ValueError(f"--vllm_python {python!r} does not exist: point it at the Python of a vLLM install")
         self.prompts = [list(p) for p in prompts]
         dtype = dtype or checkpoint_dtype(checkpoint)
         job = {"checkpoint": str(checkpoint), "prompts": self.prompts, "output_len": output_len,
-               "temperature": temperature, "seed": seed, "dtype": dtype, "block_size": limits.block_size,
-               "enable_prefix_caching": limits.enable_prefix_caching, "max_num_seqs": limits.max_num_seqs,
-               "max_num_batched_tokens": limits.max_num_batched_tokens,
+               "temperature": temperature, "seed": seed, "dtype": dtype,
                "max_model_len": max(len(p) for p in prompts) + output_len, "memory_fraction": memory_fraction}
+        if limits is not None:
+            job["engine"] = {"block_size": limits.block_size, "enable_prefix_caching": limits.enable_prefix_caching,
+                             "max_num_seqs": limits.max_num_seqs,
+                             "max_num_batched_tokens": limits.max_num_batched_tokens}
         self._dir = tempfile.TemporaryDirectory(prefix="jaxpaged-vllm-")
         job_path = Path(self._dir.name) / "job.json"
         job_path.write_text(json.dumps(job))

@@ -27,11 +27,7 @@ def main(job_path: str) -> None:
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
-    llm = LLM(model=job["checkpoint"], skip_tokenizer_init=True, dtype=job["dtype"], seed=job["seed"],
-              block_size=job["block_size"], enable_prefix_caching=job["enable_prefix_caching"],
-              max_model_len=job["max_model_len"], max_num_seqs=job["max_num_seqs"],
-              max_num_batched_tokens=job["max_num_batched_tokens"],
-              gpu_memory_utilization=job["memory_fraction"])
+    llm = LLM(**llm_kwargs(job))
     load_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
     temperature = job["temperature"]
@@ -52,6 +48,14 @@ def main(job_path: str) -> None:
         llm.reset_prefix_cache()  # as the jaxpaged side: nothing reused from the pass before
         elapsed, token_ids = generate()
         _emit({"elapsed_s": elapsed, "token_ids": token_ids})
+
+
+def llm_kwargs(job: dict) -> dict:
+    """`vllm.LLM`'s arguments for `job`: its engine limits where the job sets them (`job["engine"]`), else
+    vLLM's own defaults."""
+    return {"model": job["checkpoint"], "skip_tokenizer_init": True, "dtype": job["dtype"], "seed": job["seed"],
+            "max_model_len": job["max_model_len"], "gpu_memory_utilization": job["memory_fraction"],
+            **job.get("engine", {})}
 
 
 def _emit(record: dict) -> None:
