@@ -60,6 +60,16 @@ def test_jaxpaged_counts_the_prompt_tokens_it_computed(checkpoint):
 
 
 @needs_hf
+def test_a_one_token_pass_gives_each_prompt_its_first_greedy_token(checkpoint, prompts):
+    """`measure(output_len=1)`, the first-token pass: one token per prompt, the first of the full pass's."""
+    jp = JaxpagedBackend(checkpoint, prompts, output_len=OUTPUT_LEN)
+    full, first = jp.measure(), jp.measure(output_len=1)
+    assert first.token_ids == [ids[:1] for ids in full.token_ids]
+    assert HFBackend(checkpoint, prompts, output_len=OUTPUT_LEN).measure(output_len=1).token_ids == first.token_ids
+    assert len(jp.measure().token_ids[0]) == OUTPUT_LEN  # the backend's own length again
+
+
+@needs_hf
 def test_eos_does_not_stop_either_backend(checkpoint):
     """A prompt whose greedy continuation holds EOS: both backends go on past it (ignore_eos) identically."""
     eos = read_hf_config(checkpoint).eos_token_id
@@ -127,7 +137,7 @@ TINY = ["--model=tiny", "--num_prompts=4", "--input_len=20", "--prefix_len=8", f
 
 @needs_hf
 def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
-    proc = run_cli(*TINY, "--backend=both", "--repeats=2", f"--checkpoint_dir={tmp_path}/ck",
+    proc = run_cli(*TINY, "--backend=both", "--repeats=2", "--first_token_pass", f"--checkpoint_dir={tmp_path}/ck",
                 f"--json_out={tmp_path}/t.json", f"--md_out={tmp_path}/t.md")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "t.json").read_text())
@@ -142,11 +152,15 @@ def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
             assert run["request_throughput"] > 0 and run["warmup_s"] > 0
             assert run["output_token_throughput"] == pytest.approx(run["output_tokens"] / run["elapsed_s"])
             assert run["total_token_throughput"] == pytest.approx(run["total_tokens"] / run["elapsed_s"])
+            assert run["tpot_ms"] == pytest.approx(1e3 * (run["elapsed_s"] - run["first_token_pass_s"])
+                                                   / (OUTPUT_LEN - 1))
     jp, hf = result["median"]["jaxpaged"], result["median"]["hf"]
     assert jp["num_compiles"] == 0
     ratio = result["ratios"]["output_token_throughput: jaxpaged/hf"]
     assert ratio == pytest.approx(jp["output_token_throughput"] / hf["output_token_throughput"])
     assert result["token_agreement"] == {"hf": 1.0}  # greedy, float32: the same tokens
+    assert result["ratios"]["time per output token after the first: hf/jaxpaged"] == pytest.approx(
+        hf["tpot_ms"] / jp["tpot_ms"])
     assert (tmp_path / "ck" / "tiny-seed0" / "config.json").is_file()  # the config, saved as HF once
     assert (tmp_path / "t.md").read_text().startswith("| metric | jaxpaged | hf |")
     assert "output_token_throughput: jaxpaged/hf" in proc.stdout
@@ -164,6 +178,7 @@ def test_cli_runs_both_backends_side_by_side(tmp_path, run_cli):
     (["--backend=jaxpaged,vllm"], "--backend=vllm needs --vllm_python=PATH"),
     (["--backend=vllm", "--vllm_python=/no/such/python"], "--vllm_python"),
     (["--output_len=0"], "--output_len must be a finite number >= 1"),
+    (["--output_len=1", "--first_token_pass"], "--first_token_pass needs --output_len >= 2"),
     (["--model=no-such-model"], "--model must be a shipped config"),
 ])
 def test_cli_rejects_bad_flags(args, message, run_cli):

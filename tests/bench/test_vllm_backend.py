@@ -64,3 +64,17 @@ def test_engine_limits_reach_vllm_only_when_given(tmp_path):
     defaults = llm_kwargs(_job_of(tmp_path))
     assert not {"block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching"} & set(defaults)
     assert (defaults["max_model_len"], defaults["dtype"]) == (5, "float32")
+
+
+def test_a_measure_line_may_name_the_output_length(tmp_path):
+    """`measure(output_len=1)` (the first-token pass) asks the worker for `measure 1`; plain `measure` for its own."""
+    answer = (f"printf '{RESULT_MARK}{{\"elapsed_s\": 1.5, \"token_ids\": [[%s]]}}\\n' \"$line\"")
+    python = _fake_python(tmp_path, f"echo '{RESULT_MARK}{{\"ready\": true, \"load_s\": 1, \"warmup_s\": 1}}'\n"
+                                    "while read line; do n=${line#measure}; n=${n:-0}; line=$((n + 0)); "
+                                    f"{answer}; done\n")
+    backend = VllmBackend(python, _checkpoint(tmp_path), [[1, 2, 3]], output_len=2)
+    try:
+        assert backend.measure(output_len=1).token_ids == [[1]]
+        assert backend.measure().token_ids == [[0]]  # no length named: the worker's own
+    finally:
+        backend.close()

@@ -21,6 +21,7 @@ class BackendRun:
     load_s: float  # loading the weights and building the engine
     num_compiles: int = 0  # step shapes jaxpaged compiled during the measured pass
     prompt_tokens_computed: int | None = None  # prompt tokens run through the model (None: all of them)
+    first_token_s: float | None = None  # a pass of one output token per prompt right after (first_token_pass)
 
 
 @dataclasses.dataclass(frozen=True)

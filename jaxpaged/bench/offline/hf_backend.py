@@ -53,10 +53,10 @@ class HFBackend:
         self._generate(self.prompts[:2], min(output_len, 4))
         self.warmup_s = time.perf_counter() - start
 
-    def measure(self) -> BackendRun:
-        """One timed `generate` pass over every prompt."""
+    def measure(self, output_len: int | None = None) -> BackendRun:
+        """One timed `generate` pass over every prompt (`output_len` tokens each; None: the backend's)."""
         start = time.perf_counter()
-        token_ids = self._generate(self.prompts, self.output_len)
+        token_ids = self._generate(self.prompts, output_len or self.output_len)
         return BackendRun(self.name, token_ids, time.perf_counter() - start, self.warmup_s, self.load_s)
 
     def close(self) -> None:

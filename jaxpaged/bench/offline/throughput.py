@@ -108,14 +108,17 @@ class JaxpagedBackend:
         self.llm.generate(self.prompts, self.params, use_tqdm=False)
         self.warmup_s = time.perf_counter() - start
 
-    def measure(self) -> BackendRun:
-        """One timed call over the prompts, with the prefix cache emptied first (nothing reused from before)."""
+    def measure(self, output_len: int | None = None) -> BackendRun:
+        """One timed call over the prompts (`output_len` tokens each; None: the backend's), with the prefix cache
+        emptied first (nothing reused from before)."""
         if not self.llm.engine.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be emptied: a block is still in use")
         engine = self.llm.engine
         compiles = engine.num_compiles
         start = time.perf_counter()
-        outputs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        params = self.params if output_len is None else [dataclasses.replace(p, max_tokens=output_len)
+                                                         for p in self.params]
+        outputs = self.llm.generate(self.prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]
         computed = sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs)
@@ -190,6 +193,8 @@ def throughput_result(runs: Mapping[str, Sequence[BackendRun]], prompts: Sequenc
         jp, other = result["median"]["jaxpaged"], result["median"][peer]
         ratios = result.setdefault("ratios", {})
         ratios.update({f"{metric}: jaxpaged/{peer}": jp[metric] / other[metric] for metric in _RATIO_METRICS})
+        if "tpot_ms" in jp and "tpot_ms" in other:
+            ratios[f"time per output token after the first: {peer}/jaxpaged"] = other["tpot_ms"] / jp["tpot_ms"]
         if floor is not None:
             ratios[f"largest possible at the GEMM floor: {peer} elapsed / jaxpaged floor"] = (
                 other["elapsed_s"] / jp["gemm_floor_s"])
@@ -222,6 +227,10 @@ def _summary(run: BackendRun, prompts: Sequence[Sequence[int]], floor: GemmFloor
         "load_s": run.load_s,
         "num_compiles": run.num_compiles,
     }
+    if run.first_token_s is not None:
+        tokens_per_prompt = output_tokens // max(len(run.token_ids), 1)
+        summary["first_token_pass_s"] = run.first_token_s
+        summary["tpot_ms"] = 1e3 * (run.elapsed_s - run.first_token_s) / max(tokens_per_prompt - 1, 1)
     if floor is not None:
         summary["gemm_floor_s"] = floor.seconds(summary)
         summary["elapsed_over_gemm_floor"] = summary["elapsed_s"] / summary["gemm_floor_s"]
@@ -238,6 +247,8 @@ _ROWS = (
     ("request throughput (req/s)", "request_throughput", "{:.3f}"),
     ("output token throughput (tok/s)", "output_token_throughput", "{:.1f}"),
     ("total token throughput (tok/s)", "total_token_throughput", "{:.1f}"),
+    ("first-token pass (s): one output token per prompt", "first_token_pass_s", "{:.2f}"),
+    ("time per output token after the first (ms)", "tpot_ms", "{:.1f}"),
     ("warm-up / first call (s, excluded)", "warmup_s", "{:.1f}"),
     ("load (s, excluded)", "load_s", "{:.1f}"),
     ("compiles in measured pass", "num_compiles", "{:.0f}"),
@@ -280,6 +291,9 @@ class ThroughputRun:
                                            "wants its own torch); run as a subprocess on the same checkpoint")
     vllm_threads_bind: str | None = option(None, "vllm: VLLM_CPU_OMP_THREADS_BIND (default: every core, e.g. 0-1, "
                                                  "with no core reserved for vLLM's front end)")
+    first_token_pass: bool = option(False, "after each measured pass, time one of a single output token per "
+                                           "prompt: the time to first token of the batch, and (elapsed - it) / "
+                                           "(output_len - 1) the time per output token after the first (TPOT)")
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -333,7 +347,10 @@ def run_throughput(run: ThroughputRun, model: str, checkpoint_dir: str | Path, s
     try:
         for repeat in range(run.repeats):
             for backend in backends:
-                runs[backend.name].append(backend.measure())
+                measured = backend.measure()
+                if run.first_token_pass:
+                    measured = dataclasses.replace(measured, first_token_s=backend.measure(output_len=1).elapsed_s)
+                runs[backend.name].append(measured)
                 logging.info("%s pass %d/%d: %.1f s", backend.name, repeat + 1, run.repeats,
                              runs[backend.name][-1].elapsed_s)
     finally:

@@ -75,9 +75,10 @@ class VllmBackend:
         ready = self._next_result()
         self.load_s, self.warmup_s = ready["load_s"], ready["warmup_s"]
 
-    def measure(self) -> BackendRun:
-        """One timed `generate` pass over every prompt, with vLLM's prefix cache emptied first."""
-        self._proc.stdin.write("measure\n")
+    def measure(self, output_len: int | None = None) -> BackendRun:
+        """One timed `generate` pass over every prompt (`output_len` tokens each; None: the backend's), with vLLM's
+        prefix cache emptied first."""
+        self._proc.stdin.write("measure\n" if output_len is None else f"measure {output_len}\n")
         self._proc.stdin.flush()
         result = self._next_result()
         return BackendRun(self.name, result["token_ids"], result["elapsed_s"], self.warmup_s, self.load_s)

@@ -5,7 +5,8 @@ jaxpaged: vLLM's CPU build wants its own torch, so it lives in its own venv).
 Started by `vllm_backend.VllmBackend` with a JSON job file as its argument, it
 builds `vllm.LLM` on the job's checkpoint and settings, runs one untimed
 `generate` over the prompts (vLLM compiles and warms up its graphs there), then
-answers each `measure` line on stdin with one timed `generate` pass, and stops
+answers each `measure` line on stdin with one timed `generate` pass (`measure N`:
+N tokens per prompt instead of the job's `output_len`), and stops
 at end of input. Results are JSON lines on stdout prefixed with `RESULT_MARK`,
 as vLLM also logs to stdout.
 """
@@ -31,22 +32,23 @@ def main(job_path: str) -> None:
     load_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
     temperature = job["temperature"]
-    params = [SamplingParams(temperature=temperature, max_tokens=job["output_len"], min_tokens=job["output_len"],
-                             ignore_eos=True, detokenize=False, seed=job["seed"] + i if temperature > 0 else None)
-              for i in range(len(prompts))]
 
-    def generate() -> tuple[float, list[list[int]]]:
+    def generate(output_len: int) -> tuple[float, list[list[int]]]:
+        params = [SamplingParams(temperature=temperature, max_tokens=output_len, min_tokens=output_len,
+                                 ignore_eos=True, detokenize=False, seed=job["seed"] + i if temperature > 0 else None)
+                  for i in range(len(prompts))]
         begin = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - begin, [list(o.outputs[0].token_ids) for o in outputs]
 
-    warmup_s, _ = generate()
+    warmup_s, _ = generate(job["output_len"])
     _emit({"ready": True, "load_s": load_s, "warmup_s": warmup_s})
     for line in sys.stdin:
-        if line.strip() != "measure":
+        words = line.split()
+        if not words or words[0] != "measure":
             continue
         llm.reset_prefix_cache()  # as the jaxpaged side: nothing reused from the pass before
-        elapsed, token_ids = generate()
+        elapsed, token_ids = generate(int(words[1]) if len(words) > 1 else job["output_len"])
         _emit({"elapsed_s": elapsed, "token_ids": token_ids})
 
 

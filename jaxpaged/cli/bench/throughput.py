@@ -43,6 +43,9 @@ FLAGS.register_multi_flags_validator(
 FLAGS.register_multi_flags_validator(
     ["prefix_len", "input_len"], lambda f: f["prefix_len"] < f["input_len"],
     message="--prefix_len must be less than --input_len (every prompt needs a token of its own)")
+FLAGS.register_multi_flags_validator(
+    ["first_token_pass", "output_len"], lambda f: not f["first_token_pass"] or f["output_len"] >= 2,
+    message="--first_token_pass needs --output_len >= 2 (a token after the first to time)")
 
 
 def main(argv):
