@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from jaxpaged.bench.online.arrivals import arrival_offsets
+from jaxpaged.bench.online.datasets import arrival_offsets
 from jaxpaged.bench.online.online_client import RequestResult
 from jaxpaged.bench.online.online_metrics import compute_metrics, latency_stats, parse_goodput, peak_concurrency
 from jaxpaged.bench.online.online_metrics import online_markdown_table

@@ -2,12 +2,9 @@
 
     jaxpaged bench disagg --model=tiny --num_long=4 --long_prompt_len=1024 --repeats=20
 
-Serving: the same workload (running decodes + long prompts arriving while
-they run) against one `jaxpaged serve`, then against `--kv_role=prefill` +
-`--kv_role=decode` + `jaxpaged proxy` for each of --transports; TTFT and TPOT
-p50/p99 per request class. Transports: per-request overhead and bandwidth of
-each between two processes (jaxpaged/bench/online/disagg.py,
-docs/disaggregation.md).
+Running decodes with long prompts arriving, against one ``jaxpaged serve`` and against a prefill and a decode
+server behind ``jaxpaged proxy`` per transport (TTFT, TPOT per request class); then each transport's
+per-request overhead and bandwidth between two processes. docs/benchmarks/disaggregation.md.
 """
 
 from __future__ import annotations

@@ -3,24 +3,10 @@
     jaxpaged bench engine-core --model=llama3-8b --concurrency=64,256,512 --random_output_len=256 \
         --json_out=out/bench_engine_core.json --md_out=out/bench_engine_core.md
 
-For each configuration (`--engine_core=thread`, `process`, `process` with
-`--api_server_count=2`) one `jaxpaged serve --device=simulated --model=llama3-8b`
-server is started; at each concurrency, that many streaming clients each send
-one random `--random_input_len`-token prompt for `--random_output_len` tokens (ignore EOS).
-Reported: output tok/s, the device-busy fraction, the rate a never-idle device
-would give (tok/s / busy), TPOT and ITL p50/p99, CPU seconds per streamed
-token of every server process (read from /proc: the engine core, each API
-server) and of this load generator, and, split, the engine core's own host
-time and loop-thread CPU time per decode step (its `engine_core_step_host_seconds`
-and `engine_core_loop_cpu_seconds` metrics, means over the run's decode steps).
-
-`--host_overhead_seqs` adds the engine core's host time per decode step
-measured alone (`jaxpaged.bench.offline.host_overhead` with `engine_core=True`: the
-core's output processing, stat logger and message encoding, no HTTP, no
-sockets), with a device that takes no time and with the simulated H200's
-steps, medians of `--host_overhead_repeats` runs of 64 steps.
-
-The work is `jaxpaged.bench.online.engine_core`.
+At each concurrency, that many streaming clients each send one random prompt to a ``jaxpaged serve
+--device=simulated`` of each configuration: tok/s, device busy, TPOT/ITL, CPU per streamed token of every
+process, the core's host time per decode step; ``--host_overhead_seqs`` adds that host time measured alone.
+docs/benchmarks/engine-core.md.
 """
 
 from __future__ import annotations

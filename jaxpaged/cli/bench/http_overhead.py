@@ -1,17 +1,11 @@
 """What the HTTP layer costs: one request set offline (engine in-process) and over HTTP, side by side.
 
     jaxpaged bench http-overhead --model=tiny --dataset_name=random --num_prompts=16 \
-        --random_input_len=64 --random_output_len=32 --request_rate=4 --repeats=3 \
-        --json_out=out/http_overhead.json --md_out=out/http_overhead.md
+        --random_input_len=64 --random_output_len=32 --repeats=3 --md_out=out/http_overhead.md
 
-Starts jaxpaged serve on a free loopback port with the same engine settings
-as the offline engine (model, block size, KV budget, limits, prefix caching
-on), warms both up with one untimed run, then alternates timed runs; both
-sides reset their prefix cache before every run. Reports medians: offline,
-HTTP, and HTTP - offline per latency (ms) or HTTP / offline per throughput.
-The request set and arrivals come from the same flags as
-``jaxpaged bench serving --backend=http``. The work is
-`jaxpaged.bench.online.http_overhead`.
+Starts ``jaxpaged serve`` with the offline engine's settings, alternates timed runs after a warm-up, and
+reports medians and HTTP - offline (latencies) or HTTP / offline (throughputs). The request set takes the
+flags of ``bench serving --backend=http``. docs/benchmarks/serving.md, "Online serving over HTTP".
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, Servi
 from jaxpaged.bench.online.http_overhead import comparison_table, offline_vs_http, serve_args
 from jaxpaged.bench.online.http_run import HttpDriver
 from jaxpaged.bench.options import option
-from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, http_requests
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, command_requests, define_http_flags
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS
 
@@ -59,7 +53,7 @@ def main(argv):
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
     engine = COMMAND.engine.kwargs()
     cache_dir = compile_cache.configure(engine["compile_cache_dir"])
-    requests, offsets = http_requests(COMMAND, options.workload)
+    requests, offsets = command_requests(COMMAND, options.workload)
     setup = workload.setup(engine, max(r.prompt_len + r.output_len for r in requests))
     args = serve_args(engine["model"], setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))

@@ -2,11 +2,8 @@
 
     jaxpaged bench prompt-stall --prompt_chars=20000000 --repeats=3
 
-One greedy stream decodes on an `AsyncEngine` (the server's engine loop, no
-HTTP) while, 0.3 s in, another client adds a text prompt of `--prompt_chars`
-characters, far over `max_model_len`. Reported: the median over repeats of
-the stream's longest gap between two outputs, with and without the huge
-prompt, side by side (docs/benchmarks/serving.md, "A huge prompt and the other streams").
+One stream decodes on an `AsyncEngine` while another client adds a prompt far over ``max_model_len``;
+medians with and without it (docs/benchmarks/serving.md, "A huge prompt and the other streams").
 """
 
 from __future__ import annotations

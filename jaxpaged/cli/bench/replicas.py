@@ -1,16 +1,10 @@
 """Prefix-aware vs round-robin vs least-loaded routing over engine replicas on Ray Serve.
 
     jaxpaged bench replicas --model=tiny --replicas=2,4 --num_prefixes=8 --prefix_len=512 \
-        --suffix_len=128 --output_len=16 --num_requests=64 --request_rate=2 \
-        --json_out=out/bench_replicas.json --md_out=out/bench_replicas.md
+        --suffix_len=128 --output_len=16 --num_requests=64 --request_rate=2 --md_out=out/bench_replicas.md
 
-A prefix-repetition workload (``--num_prefixes`` shared prefixes of
-``--prefix_len`` tokens, each request one of them plus its own
-``--suffix_len`` tokens) sent at Poisson arrivals to
-``jaxpaged serve --data_parallel_size=N`` for each N of ``--replicas``; on
-each cluster the three policies run one after another on the same requests,
-each from empty caches (jaxpaged.bench.online.replicas). Reports the prefix hit
-rate, TTFT p50/p99 and throughput per policy, side by side.
+Shared-prefix requests at Poisson arrivals to ``jaxpaged serve --data_parallel_size=N`` for each N, every
+policy in turn from empty caches: prefix hit rate, TTFT and throughput. docs/benchmarks/replicas.md.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from jaxpaged.bench.online.arrivals import arrival_offsets
+from jaxpaged.bench.online.datasets import arrival_offsets
 from jaxpaged.bench.online.datasets import prefix_repetition_requests
 from jaxpaged.bench.online.replicas import POLICY_ORDER, markdown_table, run_replica_counts
 from jaxpaged.bench.options import option

@@ -1,23 +1,11 @@
-"""Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side.
+"""Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side; or a live server.
 
-    jaxpaged bench serving --model=small --workload=chatbot --num_requests=16 \
-        --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+    jaxpaged bench serving --model=small --workload=chatbot --num_requests=16 --md_out=out/bench_serving.md
+    jaxpaged bench serving --backend=http --base_url=http://127.0.0.1:8000 --dataset_name=random --num_prompts=32
 
-With ``--backend=http`` it drives a running server (jaxpaged serve) over
-async HTTP instead, as ``vllm bench serve`` does (jaxpaged/cli/http_bench.py):
-
-    jaxpaged bench serving --backend=http --base_url=http://127.0.0.1:8000 \
-        --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
-
-With ``--trace`` (a Mooncake-format JSONL trace) the requests and their arrivals
-come from the trace, offline and over HTTP alike (timestamps times ``--trace_time_scale``; prompts longer than
-``--max_model_len`` keep their shared head), instead of ``--workload``:
-
-    jaxpaged bench serving --model=small --trace=data/traces/mooncake_conversation_trace.jsonl \
-        --trace_limit=32 --trace_time_scale=0.01 --max_model_len=1024 --eviction_policy=slru
-
-Latencies and throughput exclude compile time (reported separately); see
-jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
+``--backend=http`` drives a running ``jaxpaged serve`` as ``vllm bench serve`` does; ``--trace`` serves a
+Mooncake-format JSONL trace instead of ``--workload``. Latencies and throughput exclude compile time.
+docs/benchmarks/serving.md; the trace: docs/cache.md, "Traces".
 """
 
 from __future__ import annotations
