@@ -78,13 +78,6 @@ def test_empty_and_all_failed_runs_summarize_to_nan_latencies():
     assert set(latency_stats([], "x")) == {"x_mean_ms", "x_std_ms", "x_median_ms", "x_p90_ms", "x_p99_ms"}
 
 
-def test_missing_usage_falls_back_to_counting_the_text():
-    r = result("r", start=0, ttft=0.1, itl=[0.1, 0.1], out=None)
-    r.text = "abc"
-    assert compute_metrics([r], 1.0, count_tokens=len)["total_output_tokens"] == 3
-    assert compute_metrics([r], 1.0, count_tokens=len)["tpot_mean_ms"] == pytest.approx(100.0)
-
-
 def test_peak_concurrency():
     assert peak_concurrency([]) == 0
     nested = [result("a", start=0, ttft=1, itl=[9], out=2), result("b", start=1, ttft=1, itl=[], out=1),

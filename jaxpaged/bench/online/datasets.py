@@ -73,9 +73,9 @@ def _tokens(rng: np.random.Generator, n: int, vocab_limit: int) -> list[int]:
 
 
 def random_requests(num_requests: int, *, input_len: int, output_len: int, range_ratio: float = 0.0,
-                    seed: int = 0, vocab_limit: int = TOKEN_ID_LIMIT) -> list[BenchRequest]:
-    """``num_requests`` random token prompts; lengths uniform in ``[len * (1 - r), len * (1 + r)]``, at least 1
-    (``vllm bench serve --dataset-name random``)."""
+                    seed: int = 0, vocab_limit: int = TOKEN_ID_LIMIT, name: str = "random") -> list[BenchRequest]:
+    """``num_requests`` random token prompts ``name-<i>``; lengths uniform in ``[len * (1 - r), len * (1 + r)]``,
+    at least 1 (``vllm bench serve --dataset-name random``)."""
     _check_positive(input_len=input_len, output_len=output_len, vocab_limit=vocab_limit)
     if not 0 <= range_ratio < 1:
         raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
@@ -88,7 +88,7 @@ def random_requests(num_requests: int, *, input_len: int, output_len: int, range
     requests = []
     for i in range(num_requests):
         prompt = _tokens(rng, length(input_len), vocab_limit)
-        requests.append(BenchRequest(f"random-{i}", prompt, len(prompt), length(output_len)))
+        requests.append(BenchRequest(f"{name}-{i}", prompt, len(prompt), length(output_len)))
     return requests
 
 

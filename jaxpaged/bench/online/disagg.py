@@ -1,11 +1,7 @@
 """``jaxpaged bench disagg``: colocated against one prefill + one decode process, and the transports' costs.
 
-`run_deployment` serves one `DisaggWorkload` (running decodes, long prompts arriving while they run) by
-one ``jaxpaged serve`` or by a prefill and a decode server behind ``jaxpaged proxy``, after warm-up runs
-on other prompts until no new step shape compiles (the shapes still compiled while timed are counted:
-a disaggregated engine sees other shapes than a colocated one); `class_metrics` gives TTFT, TPOT and
-the worst gap per request class. `measure_transport` times pulls between two processes
-(docs/benchmarks/disaggregation.md).
+`run_deployment` warms a deployment up on other prompts until no new step shape compiles (the shapes still
+compiled while timed are counted: a disaggregated engine sees other shapes than a colocated one).
 """
 
 from __future__ import annotations
@@ -47,11 +43,9 @@ class DisaggWorkload:
     def requests(self) -> tuple[list[BenchRequest], list[float]]:
         """The requests (decodes first) and their arrival offsets."""
         decodes = random_requests(self.num_decodes, input_len=self.decode_prompt_len,
-                                  output_len=self.decode_output_len, seed=self.seed)
+                                  output_len=self.decode_output_len, seed=self.seed, name="decode")
         longs = random_requests(self.num_long, input_len=self.long_prompt_len, output_len=self.long_output_len,
-                                seed=self.seed + 1)
-        decodes = [dataclasses.replace(r, request_id=f"decode-{i}") for i, r in enumerate(decodes)]
-        longs = [dataclasses.replace(r, request_id=f"long-{i}") for i, r in enumerate(longs)]
+                                seed=self.seed + 1, name="long")
         offsets = [0.0] * len(decodes) + [self.long_start_s + i * self.long_interval_s for i in range(len(longs))]
         return decodes + longs, offsets
 
@@ -61,7 +55,7 @@ def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, fl
     chosen = [r for r in results if r.request_id.startswith(prefix)]
     ok = [r for r in chosen if r.success]
     ttft = [r.ttft for r in ok]
-    tpot = [t for r in ok if (t := request_tpot(r, r.output_tokens or 0)) is not None]
+    tpot = [t for r in ok if (t := request_tpot(r)) is not None]
     gaps = [g for r in ok for g in r.itl]
 
     def pct(values, p):
@@ -72,16 +66,13 @@ def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, fl
             "cached_tokens": sum(r.cached_tokens or 0 for r in ok)}
 
 
-def _serve_args(model: str, kv_budget_tokens: int, max_model_len: int) -> list[str]:
-    return [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
-            "--api_server_count=1"]
-
-
 def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
                    max_model_len: int, transport: str | None = None, max_warmup_runs: int = MAX_WARMUP_RUNS) -> dict:
-    """Start ``name``'s processes, run the workload on other prompts (warm-up), then timed, and stop them."""
+    """Start one ``jaxpaged serve`` (``transport`` None) or a prefill and a decode one behind ``jaxpaged proxy``,
+    run the workload on other prompts (warm-up), then timed, and stop them; TTFT, TPOT, the worst gap per class."""
     requests, offsets = workload.requests()
-    base = _serve_args(model, kv_budget_tokens, max_model_len)
+    base = [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
+            "--api_server_count=1"]
     servers, proxy = [], None
     try:
         if transport is None:
@@ -128,8 +119,6 @@ def _step_shapes(servers: Sequence[ServerProcess]) -> int:
     """Step shapes the servers' engines have compiled so far (counted in their logs)."""
     return sum(server.log_path.read_text(errors="replace").count(STEP_SHAPE_LOG) for server in servers)
 
-
-# ---------------------------------------------------------------- transports
 
 def _block_server(listen: str, transport: str, block_shape, dtype: str, num_blocks: int, ready) -> None:
     """Child process: an outbox of random blocks served on ``listen`` until killed."""
@@ -185,8 +174,6 @@ def measure_transport(transport: str, block_shape: Sequence[int], dtype: str, *,
             "batch_blocks": num_blocks, "batch_bytes": many[0][1], "batch_ms": seconds * 1e3,
             "bandwidth_mb_s": many[0][1] / seconds / 1e6}
 
-
-# ---------------------------------------------------------------- report
 
 def disagg_table(serving: Sequence[dict], transports: Sequence[dict]) -> str:
     """Two Markdown tables: the deployments side by side, then the transports."""

@@ -44,14 +44,10 @@ def main(argv):
     from jaxpaged.engine import EngineConfig
     from jaxpaged.kv_pool.pool import kv_dtype_from_name
     o, workload, model = COMMAND.options(), COMMAND.options(DisaggWorkload), COMMAND.engine_value("model")
-    serving = []
-    if not o.skip_serving:
-        common = dict(kv_budget_tokens=o.kv_budget_tokens, max_model_len=COMMAND.engine_value("max_model_len"),
-                      max_warmup_runs=o.max_warmup_runs)
-        serving.append(run_deployment("colocated", model, workload, **common))
-        for transport in o.transports:
-            serving.append(run_deployment(f"1 prefill + 1 decode ({transport})", model, workload,
-                                          transport=transport, **common))
+    serving = [run_deployment("colocated" if t is None else f"1 prefill + 1 decode ({t})", model, workload,
+                              transport=t, kv_budget_tokens=o.kv_budget_tokens, max_warmup_runs=o.max_warmup_runs,
+                              max_model_len=COMMAND.engine_value("max_model_len"))
+               for t in ([] if o.skip_serving else [None, *o.transports])]
     config = model_config(model)
     dtype = kv_dtype_from_name("auto", config.dtype)
     shape = (2, config.num_layers, config.num_kv_heads, EngineConfig().block_size, config.head_dim)
