@@ -29,15 +29,8 @@ SHAREGPT_MIN_LEN = 4
 
 @dataclasses.dataclass(frozen=True)
 class BenchRequest:
-    """One request to send.
-
-    Attributes:
-      request_id: unique id within the benchmark.
-      prompt: token ids or text, sent as the completion's ``prompt``.
-      prompt_len: tokens the prompt is (by the served model's tokenizer for text).
-      output_len: tokens to generate (``max_tokens``; with ``ignore_eos`` exactly this many).
-      cache_salt: tenant salt isolating the prefix cache, or None.
-    """
+    """One request to send: its ``prompt`` (token ids or text) is ``prompt_len`` tokens by the served model's
+    tokenizer, and it generates ``output_len`` (``max_tokens``); ``cache_salt`` isolates its prefix cache."""
 
     request_id: str
     prompt: str | list[int]
@@ -63,6 +56,7 @@ def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
 
 
 def _check_positive(**lengths: int) -> None:
+    """ValueError naming the first of ``lengths`` under 1."""
     for name, value in lengths.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
@@ -125,11 +119,10 @@ def sharegpt_requests(path: str | Path, num_requests: int, *, tokenizer: Tokeniz
     """``num_requests`` first turns of a ShareGPT-format JSON file, sampled (shuffled by ``seed``).
 
     The file is a list of ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}, ...]}``;
-    a ``value`` is text or a list of token ids, the second turn's length the output length. Conversations with fewer than two turns are skipped; so are those whose
-    prompt or reply is under 4 tokens, whose prompt exceeds ``max_prompt_len``
-    or whose prompt plus output exceeds ``max_total_len`` (vLLM's filter). With
-    ``output_len`` every request generates that many tokens instead of its
-    reply's length. ValueError when fewer usable conversations remain than asked.
+    a ``value`` is text or a list of token ids. Skipped, as vLLM skips them: conversations of fewer than two
+    turns, a prompt or reply under 4 tokens, a prompt over ``max_prompt_len``, prompt plus output over
+    ``max_total_len``. The output length is the reply's, or ``output_len``. ValueError when fewer usable
+    conversations remain than asked.
     """
     entries = json.loads(Path(path).read_text())
     if not isinstance(entries, list):

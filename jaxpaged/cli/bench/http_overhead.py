@@ -10,31 +10,16 @@ flags of ``bench serving --backend=http``. docs/benchmarks/serving.md, "Online s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from absl import app
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
-from jaxpaged.bench.online.http_overhead import comparison_table, offline_vs_http, serve_args
+from jaxpaged.bench.online.http_overhead import HttpOverheadOptions, comparison_table, offline_vs_http, serve_args
 from jaxpaged.bench.online.http_run import HttpDriver
-from jaxpaged.bench.options import option
 from jaxpaged.cli.http_bench import HTTP_OPTIONS, command_requests, define_http_flags
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.workloads import WORKLOADS
-
-
-@dataclasses.dataclass(frozen=True)
-class HttpOverheadOptions:
-    """The workload, the rounds, and the server compared with the offline engine."""
-
-    workload: str = option("chatbot", "workload for --dataset_name=workload", choices=list(WORKLOADS))
-    repeats: int = option(3, "timed runs per side, interleaved; medians reported", at_least=1)
-    warmup_runs: int = option(1, "untimed runs per side first (they compile the step shapes)", at_least=0)
-    start_server: bool = option(True, "start jaxpaged serve with the offline engine's settings; false: use the "
-                                      "server at --base_url, which must run with the settings this script prints")
-
 
 COMMAND = CommandFlags(HttpOverheadOptions, *HTTP_OPTIONS, engine=SERVING_ENGINE_FIELDS,
                        engine_defaults={"model": "small"})
@@ -57,12 +42,7 @@ def main(argv):
     setup = workload.setup(engine, max(r.prompt_len + r.output_len for r in requests))
     args = serve_args(engine["model"], setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))
-    result = offline_vs_http(engine["model"], setup, requests, offsets, server_args=args,
-                             start_server=options.start_server, base_url=driver.base_url,
-                             env=compile_cache.child_env(cache_dir), ignore_eos=driver.ignore_eos,
-                             timeout_s=driver.request_timeout_s, repeats=options.repeats,
-                             warmup_runs=options.warmup_runs)
-    compiles = result.pop("offline_compiles_per_run")
-    meta = {"num_requests": len(requests), "setup": setup.__dict__, "serve_args": args,
-            "offline_compiles_per_run": compiles}
+    result = offline_vs_http(engine["model"], setup, requests, offsets, options, driver, server_args=args,
+                             env=compile_cache.child_env(cache_dir))
+    meta = {"num_requests": len(requests), "setup": setup.__dict__, "serve_args": args}
     COMMAND.out.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))
