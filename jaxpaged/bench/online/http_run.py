@@ -114,7 +114,7 @@ def http_requests(workload: ServingWorkload, request_set: RequestSet, driver: Ht
                                       max_total_len=workload.max_model_len or 2048,
                                       tokenizer=request_set.tokenizer or model)
     if workload.trace:
-        trace = workload.trace_requests()
+        trace = workload.requests(name)
         return request_set.build(trace), [r.arrival_time for r in trace]
     requests = request_set.build(workload.workload(name) if request_set.dataset_name == "workload" else None)
     offsets = arrival_offsets(len(requests), workload.request_rate, burstiness=driver.burstiness, seed=workload.seed)
