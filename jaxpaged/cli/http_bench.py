@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from jaxpaged.bench.offline.serving_workload import ServingWorkload
 from jaxpaged.bench.online.http_run import HttpDriver, RequestSet, http_requests, run_http_benchmark
-from jaxpaged.bench.online.online_client import fetch_model_name
 from jaxpaged.bench.online.online_metrics import online_markdown_table, parse_goodput
 from jaxpaged.cli.options import CommandFlags
 
@@ -37,12 +36,9 @@ def run_http(command: CommandFlags, workload: str, *, extra_args: Sequence[str] 
     if extra_args and not goodput:
         raise ValueError(f"unexpected arguments {list(extra_args)}")
     slos = parse_goodput([*goodput, *extra_args])
-    driver, dataset = command.options(HttpDriver), command.options(RequestSet)
-    model = driver.served_model_name or fetch_model_name(driver.base_url)
     requests, offsets = command_requests(command, workload)
-    run = run_http_benchmark(driver.base_url, model, requests, offsets, goodput_slos=slos,
-                             max_concurrency=driver.max_concurrency, ignore_eos=driver.ignore_eos,
-                             timeout_s=driver.request_timeout_s, progress=progress)
-    result = {"model": model, "dataset_name": "trace" if command.options(ServingWorkload).trace else
-              dataset.dataset_name, "num_requests": len(requests), "goodput_slos_ms": slos} | run
+    run = run_http_benchmark(command.options(HttpDriver), requests, offsets, goodput_slos=slos, progress=progress)
+    dataset = "trace" if command.options(ServingWorkload).trace else command.options(RequestSet).dataset_name
+    result = {"model": run["model"], "dataset_name": dataset, "num_requests": len(requests),
+              "goodput_slos_ms": slos} | run
     command.out.write(result, online_markdown_table({"http": run["metrics"]}))

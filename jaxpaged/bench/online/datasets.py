@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 from jaxtyping import Float
 
-from jaxpaged.config import load_config
 from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, WorkloadRequest
-from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from jaxpaged.tokenizer import Tokenizer, load_tokenizer
 
 PROMPT_FORMATS = ("tokens", "text")
 # vLLM's ShareGPT filter: drop conversations shorter than this on either side
@@ -41,18 +40,9 @@ class BenchRequest:
 
 def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
     """The tokenizer a server of ``name_or_dir`` (a shipped config name, a checkpoint directory or a GGUF
-    file) uses."""
-    from jaxpaged.gguf_file import is_gguf_file
-
-    path = Path(name_or_dir)
-    if is_gguf_file(path):
-        from jaxpaged.tokenizer import load_gguf_tokenizer
-        return load_gguf_tokenizer(path)
-    if (path / "tokenizer.json").is_file():
-        return HFTokenizer.from_dir(path)
-    if path.is_dir():
-        return ByteTokenizer()  # a checkpoint without a tokenizer: the engine falls back to bytes too
-    return load_tokenizer(None, load_config(name_or_dir))
+    file) uses: the engine's own choice."""
+    from jaxpaged.checkpoint import model_config
+    return load_tokenizer(name_or_dir, model_config(name_or_dir))
 
 
 def _check_positive(**lengths: int) -> None:

@@ -20,7 +20,7 @@ from jaxpaged.bench.offline.serving_workload import ServingWorkload
 from jaxpaged.bench.online.datasets import (PROMPT_FORMATS, BenchRequest, arrival_offsets, from_workload,
                                             load_bench_tokenizer, prefix_repetition_requests, random_requests,
                                             sharegpt_requests, with_prompt_format)
-from jaxpaged.bench.online.online_client import fetch_metric, run_requests
+from jaxpaged.bench.online.online_client import fetch_metric, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.options import option
 from jaxpaged.sim.workloads import WorkloadRequest
@@ -160,18 +160,18 @@ def residency_delta(before: dict[str, float] | None, after: dict[str, float] | N
     return out
 
 
-def run_http_benchmark(base_url: str, model: str, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
-                       goodput_slos: dict[str, float] | None = None, max_concurrency: int | None = None,
-                       ignore_eos: bool = True, timeout_s: float = 600.0, progress: bool = True) -> dict:
-    """Send ``requests[i]`` at ``offsets[i]`` to the server at ``base_url``; print its residency and failures.
-
-    Returns the run's ``metrics``, ``kv_residency`` and each request's record (its text left out).
-    """
+def run_http_benchmark(driver: HttpDriver, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
+                       goodput_slos: dict[str, float] | None = None, progress: bool = True) -> dict:
+    """Send ``requests[i]`` at ``offsets[i]`` to the server at ``driver.base_url``; print its residency and
+    failures. Returns the ``model`` sent, the run's ``metrics``, ``kv_residency`` and each request's record."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    base_url = driver.base_url
+    model = driver.served_model_name or fetch_model_name(base_url)
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     kv_before, busy_before = scrape_kv_metrics(base_url), fetch_metric(base_url, DEVICE_BUSY_METRIC)
-    results, duration = run_requests(base_url, model, requests, offsets, max_concurrency=max_concurrency,
-                                     ignore_eos=ignore_eos, timeout_s=timeout_s, on_done=lambda _: bar.update())
+    results, duration = run_requests(base_url, model, requests, offsets, max_concurrency=driver.max_concurrency,
+                                     ignore_eos=driver.ignore_eos, timeout_s=driver.request_timeout_s,
+                                     on_done=lambda _: bar.update())
     bar.close()
     kv_residency = residency_delta(kv_before, scrape_kv_metrics(base_url))
     busy_after = fetch_metric(base_url, DEVICE_BUSY_METRIC)
@@ -183,5 +183,5 @@ def run_http_benchmark(base_url: str, model: str, requests: Sequence[BenchReques
     for r in results:
         if not r.success:
             print(f"failed: {r.request_id}: {r.error}")
-    return {"metrics": metrics, "kv_residency": kv_residency,
+    return {"model": model, "metrics": metrics, "kv_residency": kv_residency,
             "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}

@@ -65,9 +65,7 @@ class CompletionStream:
 
     def __init__(self, result: RequestResult) -> None:
         """Fill ``result``, whose ``start_time`` is when the request was sent."""
-        self.result = result
-        self.done = False
-        self._last_chunk_time: float | None = None
+        self.result, self.done, self.has_content = result, False, False
 
     def on_payload(self, payload: str, now: float) -> None:
         """Take one event's data that arrived at ``now``; ValueError for an error chunk or bad JSON."""
@@ -84,31 +82,26 @@ class CompletionStream:
             raise ValueError(f"a chunk is not a JSON object: {payload[:200]!r}")
         if "error" in chunk:
             raise ValueError(f"error chunk: {json.dumps(chunk['error'])[:500]}")
-        choices = chunk.get("choices")
-        if choices:
-            self._on_content(choices[0], now)
-        usage = chunk.get("usage")
-        if usage:
-            self.result.output_tokens = usage.get("completion_tokens")
-            self.result.prompt_len = usage.get("prompt_tokens", self.result.prompt_len)
-            self.result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-
-    def _on_content(self, choice: dict, now: float) -> None:
         r = self.result
-        if self._last_chunk_time is None:
-            r.ttft = now - r.start_time
-        else:
-            r.itl.append(now - self._last_chunk_time)
-        self._last_chunk_time = now
-        r.latency = now - r.start_time
-        r.text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-        r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        if chunk.get("choices"):  # a content chunk (its text may be empty)
+            choice = chunk["choices"][0]
+            if self.has_content:
+                r.itl.append(now - (r.start_time + r.latency))
+            else:
+                r.ttft = now - r.start_time
+            self.has_content, r.latency = True, now - r.start_time
+            r.text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        if usage := chunk.get("usage"):
+            r.output_tokens = usage.get("completion_tokens")
+            r.prompt_len = usage.get("prompt_tokens", r.prompt_len)
+            r.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
     def finish(self) -> None:
         """Mark the result successful, or ValueError when the stream ended early or held no content."""
         if not self.done:
             raise ValueError("the stream ended before data: [DONE]")
-        if self._last_chunk_time is None:
+        if not self.has_content:
             raise ValueError("the stream held no content chunk")
         self.result.success = True
 
