@@ -61,11 +61,8 @@ def make_runner(model, setup: ServingSetup) -> TimedRunner:
 def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
              *, on_finish: Callable[[RequestOutput], None] | None = None,
              engine_hook: Callable[[Engine], None] | None = None, model_name: str | None = None) -> dict[str, float]:
-    """Run one mode on a fresh engine (fresh cache manager, shared runner) and summarize it.
-
-    ``engine_hook`` sees the engine before the run (e.g. to attach metrics). ``model_name`` (default: the
-    config's name) is what the engine's tokenizer is loaded from: the checkpoint path of a real model.
-    """
+    """Run one mode on a fresh engine (fresh cache manager, shared runner), seen first by ``engine_hook``, and
+    summarize it; the engine loads its tokenizer from ``model_name`` (default: the config's name)."""
     engine = Engine(engine_config(setup, mode, model_name or model.config.name), model, runner=runner,
                     clock=runner.clock)
     if engine_hook is not None:

@@ -144,11 +144,8 @@ def sharegpt_requests(path: str | Path, num_requests: int, *, tokenizer: Tokeniz
 
 
 def from_workload(requests: Sequence[WorkloadRequest]) -> list[BenchRequest]:
-    """A jaxpaged workload's requests as bench requests (token prompts, cache salts kept).
-
-    Multiturn workloads are refused: a later turn's prompt holds the earlier
-    turns' generated tokens, which a completion stream does not return as ids.
-    """
+    """A jaxpaged workload's requests as bench requests (token prompts, cache salts kept); not a multiturn one:
+    a later turn's prompt holds the earlier turns' generated tokens, which a stream does not return as ids."""
     if any(r.conversation_id is not None for r in requests):
         raise ValueError("multiturn workloads need each turn's generated token ids; "
                          "the online benchmark sends single-turn workloads only")

@@ -96,11 +96,8 @@ def result_from_output(output: RequestOutput) -> RequestResult:
 
 def offline_results(engine, requests: Sequence[BenchRequest], offsets: Sequence[float]
                     ) -> tuple[list[RequestResult], float]:
-    """Run ``requests`` (sent at ``offsets``) through ``engine``; results in request order and the duration.
-
-    Text prompts are tokenized by the engine's tokenizer first. Every request
-    is greedy with ``ignore_eos``, as the HTTP benchmark sends them.
-    """
+    """Run ``requests`` (sent at ``offsets``; text tokenized by the engine's tokenizer) through ``engine``, greedy
+    with ``ignore_eos`` as the HTTP benchmark sends them; results in request order and the duration."""
     if len(offsets) != len(requests):
         raise ValueError(f"{len(offsets)} arrival offsets for {len(requests)} requests")
     workload = []

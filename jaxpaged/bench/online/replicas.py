@@ -70,11 +70,8 @@ def prepare(base_url: str, policy: str) -> None:
 def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], offsets: Sequence[float], *,
                  policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
                  env: Mapping[str, str] | None = None, num_warmup: int = 0) -> dict[str, dict]:
-    """Start the replicas once, then run ``requests`` under each policy; metrics per policy.
-
-    First, under each policy, the first ``num_warmup`` requests at their own
-    arrivals, untimed: each policy's hits give its own step shapes to compile.
-    """
+    """Start the replicas once, run the first ``num_warmup`` requests untimed under each policy (its hits give
+    its own step shapes to compile), then ``requests`` under each policy; metrics per policy."""
     summaries = {}
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
