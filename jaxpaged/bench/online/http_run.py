@@ -1,9 +1,9 @@
 """``jaxpaged bench serving --backend=http``: one request set sent to a running server, and what it measured.
 
 `RequestSet` names the requests (a jaxpaged workload or trace, ``random``, ``prefix_repetition`` or
-``sharegpt``, as ``vllm bench serve --dataset-name``); `run_http_benchmark` sends them and adds to the
-vllm-bench-serve metrics the server's KV residency over the run (its ``/metrics`` differenced: `kv_residency`)
-and the device-busy fraction when the server runs a simulated device.
+``sharegpt``, as ``vllm bench serve --dataset-name``), `http_requests` builds them, `run_http_benchmark` sends
+them and adds the server's KV residency over the run (its ``/metrics`` differenced) and the device-busy
+fraction of a simulated device to the vllm-bench-serve metrics.
 """
 
 from __future__ import annotations
@@ -53,42 +53,6 @@ class RequestSet:
                                                    "length)", at_least=1)
     tokenizer: str | None = option(None, "config name or checkpoint directory whose tokenizer measures text "
                                          "prompts (default: --model)")
-    # given by the command, not flags
-    num_requests: int = 16
-    seed: int = 0
-    max_total_len: int = 2048  # ShareGPT: longest prompt + output kept
-
-    def build(self, workload: Sequence[WorkloadRequest] | None = None) -> list[BenchRequest]:
-        """The requests; ``workload`` (a jaxpaged workload or trace), when given, is sent instead of the dataset.
-
-        The tokenizer is loaded only when text has to be measured or converted.
-        """
-        tokenizer = None
-        if self.dataset_name == "sharegpt" or self.prompt_format is not None:
-            tokenizer = load_bench_tokenizer(self.tokenizer)
-        if workload is not None:
-            requests = from_workload(workload)
-        elif self.dataset_name == "random":
-            requests = random_requests(self.num_requests, input_len=self.random_input_len,
-                                       output_len=self.random_output_len, range_ratio=self.random_range_ratio,
-                                       seed=self.seed)
-        elif self.dataset_name == "prefix_repetition":
-            requests = prefix_repetition_requests(
-                self.num_requests, prefix_len=self.prefix_repetition_prefix_len,
-                suffix_len=self.prefix_repetition_suffix_len, num_prefixes=self.prefix_repetition_num_prefixes,
-                output_len=self.prefix_repetition_output_len, seed=self.seed)
-        elif self.dataset_name == "sharegpt":
-            if not self.dataset_path:
-                raise ValueError("--dataset_name=sharegpt needs --dataset_path")
-            requests = sharegpt_requests(self.dataset_path, self.num_requests, tokenizer=tokenizer, seed=self.seed,
-                                         output_len=self.sharegpt_output_len,
-                                         max_prompt_len=min(1024, self.max_total_len - 1),
-                                         max_total_len=self.max_total_len)
-        else:
-            raise ValueError(f"dataset {self.dataset_name!r} needs the workload's requests")
-        if self.prompt_format is not None:
-            requests = with_prompt_format(requests, self.prompt_format, tokenizer)
-        return requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,16 +73,34 @@ def http_requests(workload: ServingWorkload, request_set: RequestSet, driver: Ht
                   model: str) -> tuple[list[BenchRequest], list[float]]:
     """The requests and their arrival offsets (seconds): ``workload.trace`` at its own (time-scaled) arrivals,
     else the jaxpaged workload ``name`` (``--dataset_name=workload``) or the dataset at ``request_rate`` and
-    ``burstiness``; text is measured with ``request_set.tokenizer``, else ``model``'s."""
-    request_set = dataclasses.replace(request_set, num_requests=workload.num_requests, seed=workload.seed,
-                                      max_total_len=workload.max_model_len or 2048,
-                                      tokenizer=request_set.tokenizer or model)
+    ``burstiness``; text is measured with ``request_set.tokenizer``, else ``model``'s (loaded only if needed)."""
+    rs, n, seed = request_set, workload.num_requests, workload.seed
+    tokenizer = None
+    if rs.dataset_name == "sharegpt" or rs.prompt_format is not None:
+        tokenizer = load_bench_tokenizer(rs.tokenizer or model)
+    if workload.trace or rs.dataset_name == "workload":
+        served = workload.requests(name)
+        requests = from_workload(served)
+    elif rs.dataset_name == "random":
+        requests = random_requests(n, input_len=rs.random_input_len, output_len=rs.random_output_len,
+                                   range_ratio=rs.random_range_ratio, seed=seed)
+    elif rs.dataset_name == "prefix_repetition":
+        requests = prefix_repetition_requests(
+            n, prefix_len=rs.prefix_repetition_prefix_len, suffix_len=rs.prefix_repetition_suffix_len,
+            num_prefixes=rs.prefix_repetition_num_prefixes, output_len=rs.prefix_repetition_output_len, seed=seed)
+    else:
+        if not rs.dataset_path:
+            raise ValueError("--dataset_name=sharegpt needs --dataset_path")
+        max_total_len = workload.max_model_len or 2048  # the longest prompt + output kept
+        requests = sharegpt_requests(rs.dataset_path, n, tokenizer=tokenizer, seed=seed,
+                                     output_len=rs.sharegpt_output_len, max_prompt_len=min(1024, max_total_len - 1),
+                                     max_total_len=max_total_len)
+    if rs.prompt_format is not None:
+        requests = with_prompt_format(requests, rs.prompt_format, tokenizer)
     if workload.trace:
-        trace = workload.requests(name)
-        return request_set.build(trace), [r.arrival_time for r in trace]
-    requests = request_set.build(workload.workload(name) if request_set.dataset_name == "workload" else None)
-    offsets = arrival_offsets(len(requests), workload.request_rate, burstiness=driver.burstiness, seed=workload.seed)
-    return requests, offsets.tolist()
+        return requests, [r.arrival_time for r in served]
+    return requests, arrival_offsets(len(requests), workload.request_rate, burstiness=driver.burstiness,
+                                     seed=seed).tolist()
 
 
 def scrape_kv_metrics(base_url: str, *, timeout_s: float = 10.0) -> dict[str, float] | None:
