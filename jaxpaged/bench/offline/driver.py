@@ -23,21 +23,15 @@ from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 
 @dataclasses.dataclass
-class StepSample:
-    """KV state right after one engine step."""
-
-    usage: float
-    filled_slots: int
-    reserved_slots: int
-    num_running: int
-
-
-@dataclasses.dataclass
 class RunRecord:
-    """Everything a run produced: finished outputs, per-step samples, wall span and engine counters."""
+    """Everything a run produced: finished outputs, the KV state after every step (usage; slots filled and
+    reserved, summed over the steps; the most sequences running), wall span and engine counters."""
 
     outputs: list[RequestOutput]
-    samples: list[StepSample]
+    kv_usage: list[float]
+    filled_slots: int
+    reserved_slots: int
+    max_running_seqs: int
     start: float
     end: float
     num_preemptions: int
@@ -62,7 +56,7 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
     by_id = {r.request_id: r for r in requests}
     prompts: dict[str, list[int]] = {}
     outputs: list[RequestOutput] = []
-    samples: list[StepSample] = []
+    usage, filled, reserved, running = [], 0, 0, 0
     start = clock()
     while pending or engine.has_unfinished_requests():
         now = clock() - start
@@ -82,8 +76,10 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
             time.sleep(max(0.0, next_arrival - now))
             continue
         finished = engine.step()
-        filled, reserved = engine.kv_slot_usage()
-        samples.append(StepSample(engine.kv_stats().usage, filled, reserved, engine.load().num_running))
+        step_filled, step_reserved = engine.kv_slot_usage()
+        filled, reserved = filled + step_filled, reserved + step_reserved
+        usage.append(engine.kv_stats().usage)
+        running = max(running, engine.load().num_running)
         for out in finished:
             request = by_id[out.request_id]
             history.record(request, prompts[out.request_id], out.outputs[0].token_ids)
@@ -92,7 +88,7 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
                 on_finish(out)
     kv = engine.kv_stats()
     stats = engine.stats
-    return RunRecord(outputs, samples, start, clock(), engine.num_preemptions,
+    return RunRecord(outputs, usage, filled, reserved, running, start, clock(), engine.num_preemptions,
                      kv.prefix_queries_tokens, kv.prefix_hits_tokens, kv.num_evictions,
                      stats.spec_num_drafts, stats.spec_num_accepted_tokens)
 
@@ -110,9 +106,7 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
     duration = max(record.end - record.start, 1e-9)
     output_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     metrics = [o.metrics for o in outs]
-    reserved = sum(s.reserved_slots for s in record.samples)
-    filled = sum(s.filled_slots for s in record.samples)
-    usage = [s.usage for s in record.samples] or [0.0]
+    usage = record.kv_usage or [0.0]
     return {
         "num_requests": len(outs),
         "duration_s": duration,
@@ -128,8 +122,8 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
         "kv_usage_peak": max(usage),
         "kv_usage_mean": float(np.mean(usage)),
         # slot-steps reserved but not holding a token, over slot-steps reserved
-        "kv_waste": 1.0 - filled / reserved if reserved else 0.0,
-        "max_running_seqs": max((s.num_running for s in record.samples), default=0),
+        "kv_waste": 1.0 - record.filled_slots / record.reserved_slots if record.reserved_slots else 0.0,
+        "max_running_seqs": record.max_running_seqs,
         "num_preemptions": record.num_preemptions,
         "num_evictions": record.num_evictions,
         # tokens a verify step emits per sequence, as vLLM reports it (1.0: no speculation)
