@@ -21,9 +21,22 @@ from jaxpaged.bench.online.server_process import ServerProcess, free_port
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
-MAX_WARMUP_RUNS = 4
 PROXY_COMMAND = (sys.executable, "-m", "jaxpaged", "proxy")
 STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it compiles (or loads from the cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggBenchOptions:
+    """The engines' KV pool, the transports, and which parts run."""
+
+    kv_budget_tokens: int = option(16384, "each engine's KV pool in tokens", at_least=1)
+    transports: tuple[str, ...] = option(("zmq", "jax"), "transports to measure (zmq, jax)", choices=["zmq", "jax"])
+    transport_blocks: int = option(256, "blocks in the bandwidth pull", at_least=1)
+    repeats: int = option(20, "pulls per transport measurement (medians)", at_least=1)
+    max_warmup_runs: int = option(4, "warm-up runs at most per deployment (each until a run compiles no new step "
+                                     "shape)", at_least=1)
+    skip_serving: bool = option(False, "measure the transports only")
+    skip_transports: bool = option(False, "measure the deployments only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +79,27 @@ def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, fl
             "cached_tokens": sum(r.cached_tokens or 0 for r in ok)}
 
 
+def run_disagg(o: DisaggBenchOptions, workload: DisaggWorkload, model: str, max_model_len: int) -> tuple[dict, str]:
+    """The deployments (colocated, then one prefill + one decode server per transport) and the transports' pulls
+    of ``model``'s KV blocks, as ``o`` asks; the result and its tables."""
+    from jaxpaged.checkpoint import model_config
+    from jaxpaged.engine import EngineConfig
+    from jaxpaged.kv_pool.pool import kv_dtype_from_name
+    serving = [run_deployment("colocated" if t is None else f"1 prefill + 1 decode ({t})", model, workload,
+                              transport=t, kv_budget_tokens=o.kv_budget_tokens, max_warmup_runs=o.max_warmup_runs,
+                              max_model_len=max_model_len)
+               for t in ([] if o.skip_serving else [None, *o.transports])]
+    config = model_config(model)
+    dtype = str(kv_dtype_from_name("auto", config.dtype))
+    shape = (2, config.num_layers, config.num_kv_heads, EngineConfig().block_size, config.head_dim)
+    transports = [] if o.skip_transports else [
+        measure_transport(t, shape, dtype, num_blocks=o.transport_blocks, repeats=o.repeats) for t in o.transports]
+    result = {"serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": dtype}
+    return result, disagg_table(serving, transports)
+
+
 def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
-                   max_model_len: int, transport: str | None = None, max_warmup_runs: int = MAX_WARMUP_RUNS) -> dict:
+                   max_model_len: int, transport: str | None = None, max_warmup_runs: int = 4) -> dict:
     """Start one ``jaxpaged serve`` (``transport`` None) or a prefill and a decode one behind ``jaxpaged proxy``,
     run the workload on other prompts (warm-up), then timed, and stop them; TTFT, TPOT, the worst gap per class."""
     requests, offsets = workload.requests()

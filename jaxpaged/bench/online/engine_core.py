@@ -139,15 +139,15 @@ def host_overhead_rows(bench: EngineCoreBench) -> list[dict]:
 
 def engine_core_table(rows: Sequence[Mapping], host_rows: Sequence[Mapping] = ()) -> str:
     """The runs' table, and the core's host work per decode step alone under it when measured."""
-    cells = []
-    for r in rows:
-        core = ("-" if r["core_host_ms_per_step"] is None
-                else f"{r['core_host_ms_per_step']:.2f} / {r['core_loop_cpu_ms_per_step']:.2f}")
-        cells.append([r["config"], r["concurrency"], f"{r['output_tok_s']:.0f}", f"{r['device_busy']:.2f}",
-                      f"{r['never_idle_tok_s']:.0f}", f"{r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f}",
-                      f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f}",
-                      ", ".join(f"{k}: {v:.1f}" for k, v in r["cpu_us_per_token"].items()),
-                      f"{r['load_generator_us_per_token']:.1f}", core])
+    def pair(r: Mapping, a: str, b: str, digits: int) -> str:
+        return "-" if r[a] is None else f"{r[a]:.{digits}f} / {r[b]:.{digits}f}"
+
+    cells = [[r["config"], r["concurrency"], f"{r['output_tok_s']:.0f}", f"{r['device_busy']:.2f}",
+              f"{r['never_idle_tok_s']:.0f}", pair(r, "tpot_p50_ms", "tpot_p99_ms", 1),
+              pair(r, "itl_p50_ms", "itl_p99_ms", 1),
+              ", ".join(f"{k}: {v:.1f}" for k, v in r["cpu_us_per_token"].items()),
+              f"{r['load_generator_us_per_token']:.1f}",
+              pair(r, "core_host_ms_per_step", "core_loop_cpu_ms_per_step", 2)] for r in rows]
     table = markdown_table(["config", "clients", "out tok/s", "device busy", "never-idle tok/s", "TPOT p50/p99 ms",
                             "ITL p50/p99 ms", "CPU µs per streamed token (per process)", "load generator µs/token",
                             "core host / loop CPU ms per decode step"], cells, align="l" * 10)
