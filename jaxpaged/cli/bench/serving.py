@@ -16,9 +16,11 @@ import logging
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving import MODES, serve_modes, serving_tables
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
+from jaxpaged.bench.online.http_run import HttpDriver, RequestSet, run_http_benchmark
+from jaxpaged.bench.online.online_metrics import online_markdown_table, parse_goodput
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
-from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, run_http
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, command_requests, define_http_flags
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
@@ -48,7 +50,7 @@ def main(argv):
     """Build the workload, run every mode (or drive the server), print and write the results."""
     options, workload = COMMAND.options(), COMMAND.options(ServingWorkload)
     if options.backend == "http":
-        run_http(COMMAND, options.workload, extra_args=argv[1:], progress=options.progress)
+        serve_http(options, argv[1:])
         return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     engine = COMMAND.engine.kwargs()
@@ -60,3 +62,19 @@ def main(argv):
                          log_interval_s=options.log_interval_s, progress=options.progress, model_name=engine["model"])
     meta = {"num_requests": len(requests), "setup": dataclasses.asdict(setup)}
     COMMAND.out.write(meta | result, serving_tables(result))
+
+
+def serve_http(options: ServingOptions, extra_args: list[str]) -> None:
+    """--backend=http against ``--base_url``; ``extra_args`` (leftover positional arguments) are SLOs, so
+    ``--goodput ttft:1 tpot:2`` works."""
+    goodput = FLAGS["goodput"].value
+    if extra_args and not goodput:
+        raise ValueError(f"unexpected arguments {list(extra_args)}")
+    slos = parse_goodput([*goodput, *extra_args])
+    requests, offsets = command_requests(COMMAND, options.workload)
+    run = run_http_benchmark(COMMAND.options(HttpDriver), requests, offsets, goodput_slos=slos,
+                             progress=options.progress)
+    dataset = "trace" if COMMAND.options(ServingWorkload).trace else COMMAND.options(RequestSet).dataset_name
+    result = {"model": run["model"], "dataset_name": dataset, "num_requests": len(requests),
+              "goodput_slos_ms": slos} | run
+    COMMAND.out.write(result, online_markdown_table({"http": run["metrics"]}))
