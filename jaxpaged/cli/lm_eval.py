@@ -38,16 +38,6 @@ FLAGS.non_negative("num_fewshot")
 FLAGS.register_validator("limit", lambda v: v is None or v > 0, message="--limit must be > 0")
 
 
-def tokenizer_dir(tokenizer: str, scratch: str) -> str:
-    """A directory the harness loads with `AutoTokenizer`: ``tokenizer`` itself, or for a GGUF file its tokenizer
-    written as ``tokenizer.json`` (and ``tokenizer_config.json``) into ``scratch``."""
-    if not is_gguf_file(tokenizer):
-        return tokenizer
-    from jaxpaged.checkpoint.convert import write_gguf_tokenizer_files
-    write_gguf_tokenizer_files(Path(tokenizer), Path(scratch))
-    return scratch
-
-
 def main(argv):
     """Ask the server for its model and length, then run lm_eval against it; exit with lm_eval's status."""
     if not TOKENIZER.value or not TASKS.value:
@@ -58,10 +48,14 @@ def main(argv):
     except httpx.HTTPError as err:
         sys.exit(f"no jaxpaged server answers at --base_url={BASE_URL.value}: {err}")
     with tempfile.TemporaryDirectory() as scratch:
-        try:
-            tokenizer = tokenizer_dir(TOKENIZER.value, scratch)
-        except ValueError as error:
-            raise app.UsageError(f"--tokenizer={TOKENIZER.value}: {error}") from None
+        tokenizer = TOKENIZER.value  # a directory the harness loads with AutoTokenizer
+        if is_gguf_file(tokenizer):  # its tokenizer written as tokenizer.json (and tokenizer_config.json)
+            from jaxpaged.checkpoint.convert import write_gguf_tokenizer_files
+            try:
+                write_gguf_tokenizer_files(Path(tokenizer), Path(scratch))
+            except ValueError as error:
+                raise app.UsageError(f"--tokenizer={tokenizer}: {error}") from None
+            tokenizer = scratch
         model_args = ",".join([
             f"model={served['id']}", f"base_url={base_url}/v1/completions", f"tokenizer={tokenizer}",
             "tokenizer_backend=huggingface", "tokenized_requests=True", f"num_concurrent={CONCURRENT.value}",
