@@ -6,6 +6,7 @@ compiled while timed are counted: a disaggregated engine sees other shapes than 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import sys
@@ -105,29 +106,23 @@ def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget
     requests, offsets = workload.requests()
     base = [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
             "--api_server_count=1"]
-    servers, proxy = [], None
-    try:
+    with contextlib.ExitStack() as stack:  # stopped in reverse: the proxy, then the servers
+        def start(args: list[str], **kwargs) -> ServerProcess:
+            return stack.enter_context(ServerProcess(args, **kwargs))
+
         if transport is None:
-            servers.append(ServerProcess(base).start())
+            servers = [start(base)]
             url = servers[0].base_url
         else:
             kv_address = f"tcp://127.0.0.1:{free_port()}"
-            servers.append(ServerProcess(base + ["--kv_role=prefill", f"--kv_listen={kv_address}",
-                                                 f"--kv_transport={transport}"]).start())
-            servers.append(ServerProcess(base + ["--kv_role=decode", f"--kv_peers={kv_address}",
-                                                 f"--kv_transport={transport}"]).start())
-            proxy = ServerProcess([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
-                                  command=PROXY_COMMAND, startup_timeout_s=60).start()
-            url = proxy.base_url
+            servers = [start(base + ["--kv_role=prefill", f"--kv_listen={kv_address}", f"--kv_transport={transport}"]),
+                       start(base + ["--kv_role=decode", f"--kv_peers={kv_address}", f"--kv_transport={transport}"])]
+            url = start([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
+                        command=PROXY_COMMAND, startup_timeout_s=60).base_url
         warmup_runs = _warm_up(url, model, workload, servers, max_warmup_runs)
         compiled = _step_shapes(servers)
         results, duration = run_requests(url, model, requests, offsets)
         compiles = _step_shapes(servers) - compiled
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        for server in reversed(servers):
-            server.stop()
     return {"deployment": name, "duration_s": duration, "warmup_runs": warmup_runs, "compiles": compiles,
             "long": class_metrics(results, "long-"), "decode": class_metrics(results, "decode-")}
 
