@@ -1,16 +1,10 @@
 """Run a real Prometheus against a live jaxpaged server and evaluate every Grafana panel query.
 
-Starts ``jaxpaged serve`` (tiny model unless ``--model``), drives prefix-sharing and
-cache-flooding traffic at it while a ``prometheus`` binary (Debian's ``prometheus``
-package) scrapes ``/metrics`` every second, then runs every query of
-``examples/grafana/jaxpaged-kv-cache.json`` through Prometheus' HTTP API
-(``$__rate_interval`` as ``--rate_interval``) and prints one row per query: its
-status, how many series it returned and their values
-(`jaxpaged.bench.online.dashboard_check`).
-
     jaxpaged check-dashboard --md_out=out/check_dashboard.md
 
-Exits non-zero if a query fails or returns no series.
+Starts ``jaxpaged serve`` and a ``prometheus`` binary (Debian's package) scraping it, sends traffic, then
+runs every query of examples/grafana/jaxpaged-kv-cache.json; exits non-zero if one fails or returns no
+series (docs/benchmarks/eviction.md, "The dashboard against a real Prometheus").
 """
 
 from __future__ import annotations

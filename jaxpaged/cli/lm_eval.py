@@ -1,28 +1,26 @@
 """Run any lm-evaluation-harness task against a live jaxpaged server (needs the `eval` extra).
 
     jaxpaged serve --model=/path/to/checkpoint --port=8000 &
-    jaxpaged lm-eval --base_url=http://127.0.0.1:8000 --tokenizer=/path/to/checkpoint \
+    jaxpaged lm-eval --base_url=http://127.0.0.1:8000 --tokenizer=/path/to/checkpoint \\
         --tasks=hellaswag,arc_easy --limit=100 --output_path=out/lm_eval
 
-The model name and `max_model_len` come from the server's `/v1/models`; the
-tokenizer is the checkpoint directory's `tokenizer.json` (the harness tokenizes
-and sends token ids), or a GGUF file's, written to a temporary directory
-(`--tokenizer=data/models/SmolLM2-135M-Instruct.Q4_1.gguf`). The repository
-ships a small local task on the pretrained model, run from the repository root:
-`--include_path=data/eval --tasks=jaxpaged_real_mc,jaxpaged_real_gen`. `--include_path` adds a directory of local task YAMLs;
-set HF_DATASETS_OFFLINE=1 for tasks whose data is local. Extra flags after
-`--` go to lm_eval unchanged.
+`lm_eval --model local-completions` with ``tokenized_requests=True``: the harness tokenizes with
+--tokenizer's ``tokenizer.json`` (a GGUF file's is written to a temporary directory) and sends token ids;
+the model name and ``max_model_len`` come from the server's ``/v1/models``. The repository's local task:
+``--include_path=data/eval --tasks=jaxpaged_real_mc,jaxpaged_real_gen`` (set HF_DATASETS_OFFLINE=1 for local
+data). Flags after ``--`` go to lm_eval unchanged. docs/real-model.md, "lm-eval on the pretrained model".
 """
 
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import httpx
 from absl import app
 
-from jaxpaged.bench.online.eval_harness import lm_eval_command, served_model, tokenizer_dir
 from jaxpaged.cli.flagset import FlagSet
+from jaxpaged.gguf_file import is_gguf_file
 
 FLAGS = FlagSet()
 BASE_URL = FLAGS.DEFINE_string("base_url", "http://127.0.0.1:8000", "the server's address")
@@ -44,16 +42,28 @@ def main(argv):
     """Ask the server for its model and length, then run lm_eval against it; exit with lm_eval's status."""
     if not TOKENIZER.value or not TASKS.value:
         raise app.UsageError("--tokenizer and --tasks are required")
+    base_url = BASE_URL.value.rstrip("/")
     try:
-        model, max_len = served_model(BASE_URL.value)
+        served = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]
     except httpx.HTTPError as err:
         sys.exit(f"no jaxpaged server answers at --base_url={BASE_URL.value}: {err}")
     with tempfile.TemporaryDirectory() as scratch:
-        try:
-            tokenizer = tokenizer_dir(TOKENIZER.value, scratch)
-        except ValueError as error:
-            raise app.UsageError(f"--tokenizer={TOKENIZER.value}: {error}") from None
-        cmd = lm_eval_command(BASE_URL.value, tokenizer, TASKS.value, model=model, max_length=max_len,
-                              num_concurrent=CONCURRENT.value, include_path=INCLUDE.value, output_path=OUTPUT.value,
-                              limit=LIMIT.value, num_fewshot=FEWSHOT.value, log_samples=LOG_SAMPLES.value)
-        sys.exit(subprocess.call(cmd + argv[1:]))
+        tokenizer = TOKENIZER.value  # a directory the harness loads with AutoTokenizer
+        if is_gguf_file(tokenizer):  # its tokenizer written as tokenizer.json (and tokenizer_config.json)
+            from jaxpaged.checkpoint.convert import write_gguf_tokenizer_files
+            try:
+                write_gguf_tokenizer_files(Path(tokenizer), Path(scratch))
+            except ValueError as error:
+                raise app.UsageError(f"--tokenizer={tokenizer}: {error}") from None
+            tokenizer = scratch
+        model_args = ",".join([
+            f"model={served['id']}", f"base_url={base_url}/v1/completions", f"tokenizer={tokenizer}",
+            "tokenizer_backend=huggingface", "tokenized_requests=True", f"num_concurrent={CONCURRENT.value}",
+            "max_retries=1", f"max_length={int(served['max_model_len'])}"])
+        cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", model_args,
+               "--tasks", ",".join(TASKS.value), "--batch_size", "1"]
+        for flag, value in (("--include_path", INCLUDE.value), ("--output_path", OUTPUT.value),
+                            ("--limit", LIMIT.value), ("--num_fewshot", FEWSHOT.value)):
+            if value not in (None, ""):
+                cmd += [flag, str(value)]
+        sys.exit(subprocess.call(cmd + ["--log_samples"] * LOG_SAMPLES.value + argv[1:]))

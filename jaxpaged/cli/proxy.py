@@ -1,12 +1,8 @@
-"""Disaggregation proxy: one OpenAI endpoint over prefill and decode engines (jaxpaged/server/disagg_proxy.py).
+"""Disaggregation proxy: one OpenAI endpoint over prefill and decode engines (docs/disaggregation.md).
 
     jaxpaged serve --model=tiny --port=8100 --kv_role=prefill --kv_listen=tcp://127.0.0.1:5600
     jaxpaged serve --model=tiny --port=8200 --kv_role=decode --kv_peers=tcp://127.0.0.1:5600
     jaxpaged proxy --prefill=http://127.0.0.1:8100 --decode=http://127.0.0.1:8200 --port=8000
-
-Each request runs on a prefill engine with max_tokens=1, then on a decode
-engine as sent; the decode engine pulls the prompt's blocks it lacks from its
---kv_peers and streams the response back through the proxy.
 """
 
 from __future__ import annotations

@@ -107,7 +107,11 @@ def test_prompt_format_conversion_remeasures_lengths():
 
 
 def test_load_bench_tokenizer(tmp_path):
+    from jaxpaged.checkpoint.hf import save_hf_checkpoint
+    from jaxpaged.config import load_config
+    from jaxpaged.model import init_model
     assert isinstance(load_bench_tokenizer("tiny"), ByteTokenizer)
-    assert isinstance(load_bench_tokenizer(str(tmp_path)), ByteTokenizer)  # a directory without tokenizer.json
+    save_hf_checkpoint(init_model(load_config("tiny"), seed=0), tmp_path)
+    assert isinstance(load_bench_tokenizer(str(tmp_path)), ByteTokenizer)  # a checkpoint without tokenizer.json
     with pytest.raises(ValueError, match="unknown model config"):
         load_bench_tokenizer("no-such-model")

@@ -7,20 +7,22 @@ import httpx
 import pytest
 
 from jaxpaged.bench.online.datasets import BenchRequest
-from jaxpaged.bench.online.online_client import (CompletionStream, RequestResult, SSEDecoder, completion_body,
-                                          run_requests)
+from jaxpaged.bench.online.online_client import (CompletionStream, RequestResult, completion_body, run_requests,
+                                                 sse_events)
 
 
 def events(lines):
-    decoder = SSEDecoder()
-    out = [p for p in (decoder.feed_line(line) for line in lines) if p is not None]
-    tail = decoder.flush()
-    return out + ([tail] if tail is not None else [])
+    async def collect():
+        async def feed():
+            for line in lines:
+                yield line
+        return [payload async for payload in sse_events(feed())]
+    return asyncio.run(collect())
 
 
 def test_sse_decoder_splits_events_and_ignores_comments_and_other_fields():
     lines = [": keep-alive", "data: {\"a\": 1}", "", "event: x", "id: 7", "data:{\"b\": 2}\r\n", "\r\n",
-             "data: first", "data:  second", "", "", "data: [DONE]"]  # the last event has no blank line after it
+             "data: first", "data:  second", "", "", ":", "data: [DONE]"]  # the last event has no blank line after it
     assert events(lines) == ['{"a": 1}', '{"b": 2}', "first\n second", "[DONE]"]
     assert events([]) == [] and events(["", ""]) == []
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jaxpaged.bench.online.dashboard_check import dashboard_queries
 from jaxpaged.bench.online.server_process import ServerProcess
-from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
+from jaxpaged.bench.online.http_run import residency_delta, scrape_kv_metrics
 from tests.suite_cache import SUITE_CACHE
 
 CACHE = SUITE_CACHE  # the suite's compile cache (tests/suite_cache.py)

@@ -1,13 +1,8 @@
-"""Drive an Engine through a workload with timed arrivals and record what happened.
+"""Drive an Engine through a workload with timed arrivals (`run_workload`), summarize the run (`summarize`) and
+compare the summaries of several modes (`mode_ratios`, `markdown_table`, `ratio_table`).
 
-``run_workload`` submits each request at its arrival time (relative to the
-start), steps the engine until everything has finished, and samples KV usage
-after every step. Time is the engine's clock: with a :class:`TimedRunner` it is
-``perf_counter`` minus compile time, so latencies and throughput exclude
-compiles (reported separately).
-
-`summarize` turns a run's record into a summary; `mode_ratios`, `markdown_table` and
-`ratio_table` compare the summaries of several modes.
+Time is the engine's clock: with a `TimedRunner` it is ``perf_counter`` minus compile time, so latencies and
+throughput exclude compiles (reported separately).
 """
 
 from __future__ import annotations
@@ -28,21 +23,15 @@ from jaxpaged.sim.workloads import ConversationHistory, WorkloadRequest
 
 
 @dataclasses.dataclass
-class StepSample:
-    """KV state right after one engine step."""
-
-    usage: float
-    filled_slots: int
-    reserved_slots: int
-    num_running: int
-
-
-@dataclasses.dataclass
 class RunRecord:
-    """Everything a run produced: finished outputs, per-step samples, wall span and engine counters."""
+    """Everything a run produced: finished outputs, the KV state after every step (usage; slots filled and
+    reserved, summed over the steps; the most sequences running), wall span and engine counters."""
 
     outputs: list[RequestOutput]
-    samples: list[StepSample]
+    kv_usage: list[float]
+    filled_slots: int
+    reserved_slots: int
+    max_running_seqs: int
     start: float
     end: float
     num_preemptions: int
@@ -53,20 +42,13 @@ class RunRecord:
     spec_num_accepted_tokens: int = 0
 
 
-def _params(request: WorkloadRequest) -> SamplingParams:
-    # greedy, fixed length: every mode generates exactly the same number of tokens
-    return SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True,
-                          output_kind=RequestOutputKind.FINAL_ONLY)
-
-
 def run_workload(engine, requests: Sequence[WorkloadRequest], *,
-                 on_finish: Callable[[RequestOutput], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> RunRecord:
-    """Run ``requests`` through ``engine`` (fresh: no unfinished requests) and return the record.
+                 on_finish: Callable[[RequestOutput], None] | None = None) -> RunRecord:
+    """Run ``requests`` through ``engine`` (fresh: no unfinished requests), sampling KV usage after every step.
 
-    A request is submitted once the engine clock passes ``start + arrival_time``
-    (and, for a multiturn turn, once its previous turn finished); its arrival
-    time is the scheduled one, so queueing before submission counts in TTFT.
+    A request is submitted once the engine clock passes ``start + arrival_time`` (and, for a multiturn turn,
+    once its previous turn finished); its arrival time is the scheduled one, so queueing before submission
+    counts in TTFT. Every request is greedy with ``ignore_eos``: every mode generates the same tokens.
     """
     clock = engine.clock
     history = ConversationHistory()
@@ -74,7 +56,7 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
     by_id = {r.request_id: r for r in requests}
     prompts: dict[str, list[int]] = {}
     outputs: list[RequestOutput] = []
-    samples: list[StepSample] = []
+    usage, filled, reserved, running = [], 0, 0, 0
     start = clock()
     while pending or engine.has_unfinished_requests():
         now = clock() - start
@@ -82,18 +64,22 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
         for r in pending:
             if r.arrival_time <= now and history.ready(r):
                 prompts[r.request_id] = history.full_prompt(r)
-                engine.add_request(r.request_id, prompts[r.request_id], _params(r),
-                                   cache_salt=r.cache_salt, arrival_time=start + r.arrival_time)
+                params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True,
+                                        output_kind=RequestOutputKind.FINAL_ONLY)
+                engine.add_request(r.request_id, prompts[r.request_id], params, cache_salt=r.cache_salt,
+                                   arrival_time=start + r.arrival_time)
             else:
                 still.append(r)
         pending = still
         if not engine.has_unfinished_requests():
             next_arrival = min((r.arrival_time for r in pending), default=now)
-            sleep(max(0.0, next_arrival - now))
+            time.sleep(max(0.0, next_arrival - now))
             continue
         finished = engine.step()
-        filled, reserved = engine.kv_slot_usage()
-        samples.append(StepSample(engine.kv_stats().usage, filled, reserved, engine.load().num_running))
+        step_filled, step_reserved = engine.kv_slot_usage()
+        filled, reserved = filled + step_filled, reserved + step_reserved
+        usage.append(engine.kv_stats().usage)
+        running = max(running, engine.load().num_running)
         for out in finished:
             request = by_id[out.request_id]
             history.record(request, prompts[out.request_id], out.outputs[0].token_ids)
@@ -102,19 +88,16 @@ def run_workload(engine, requests: Sequence[WorkloadRequest], *,
                 on_finish(out)
     kv = engine.kv_stats()
     stats = engine.stats
-    return RunRecord(outputs, samples, start, clock(), engine.num_preemptions,
+    return RunRecord(outputs, usage, filled, reserved, running, start, clock(), engine.num_preemptions,
                      kv.prefix_queries_tokens, kv.prefix_hits_tokens, kv.num_evictions,
                      stats.spec_num_drafts, stats.spec_num_accepted_tokens)
 
 
 def _stats(values: Sequence[float], prefix: str) -> dict[str, float]:
     """Mean, p50 and p99 of ``values`` in milliseconds (NaN when empty)."""
-    if not values:
-        return {f"{prefix}_mean_ms": float("nan"), f"{prefix}_p50_ms": float("nan"),
-                f"{prefix}_p99_ms": float("nan")}
     ms = np.asarray(values, dtype=np.float64) * 1e3
-    return {f"{prefix}_mean_ms": float(ms.mean()), f"{prefix}_p50_ms": float(np.median(ms)),
-            f"{prefix}_p99_ms": float(np.percentile(ms, 99))}
+    stats = (ms.mean(), np.median(ms), np.percentile(ms, 99)) if len(ms) else (float("nan"),) * 3
+    return {f"{prefix}_{name}_ms": float(v) for name, v in zip(("mean", "p50", "p99"), stats)}
 
 
 def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.0) -> dict[str, float]:
@@ -123,10 +106,8 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
     duration = max(record.end - record.start, 1e-9)
     output_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     metrics = [o.metrics for o in outs]
-    reserved = sum(s.reserved_slots for s in record.samples)
-    filled = sum(s.filled_slots for s in record.samples)
-    usage = [s.usage for s in record.samples] or [0.0]
-    summary = {
+    usage = record.kv_usage or [0.0]
+    return {
         "num_requests": len(outs),
         "duration_s": duration,
         "request_throughput": len(outs) / duration,
@@ -141,8 +122,8 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
         "kv_usage_peak": max(usage),
         "kv_usage_mean": float(np.mean(usage)),
         # slot-steps reserved but not holding a token, over slot-steps reserved
-        "kv_waste": 1.0 - filled / reserved if reserved else 0.0,
-        "max_running_seqs": max((s.num_running for s in record.samples), default=0),
+        "kv_waste": 1.0 - record.filled_slots / record.reserved_slots if record.reserved_slots else 0.0,
+        "max_running_seqs": record.max_running_seqs,
         "num_preemptions": record.num_preemptions,
         "num_evictions": record.num_evictions,
         # tokens a verify step emits per sequence, as vLLM reports it (1.0: no speculation)
@@ -151,7 +132,6 @@ def summarize(record: RunRecord, *, num_compiles: int = 0, compile_s: float = 0.
         "num_compiles": num_compiles,
         "compile_s": compile_s,
     }
-    return summary
 
 
 def median_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -1,16 +1,14 @@
-"""The serving benchmark: one workload through several KV modes, side by side in one process.
+"""The serving benchmark (``jaxpaged bench serving``, offline): one workload through several KV modes, side by side.
 
-Modes share one model and one :class:`TimedRunner` (so one pool and one compile
-cache), the same KV budget and the same engine limits; only the KV manager
-differs. Modes run interleaved, repeat by repeat, so machine load hits them alike.
-
-`serve_modes` is ``jaxpaged bench serving`` (offline): `compare_modes` with Prometheus metrics on
-every engine, an optional periodic log line, and each mode's KV residency from the last run.
+Modes share one model and one `TimedRunner` (so one pool and one compile cache), the same KV budget and the
+same engine limits; only the KV manager differs. They run interleaved, repeat by repeat, so machine load hits
+them alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
@@ -37,7 +35,7 @@ RATIO_PAIRS = (("prefix_on", "prefix_off"), ("prefix_on", "contiguous"), ("prefi
 
 @dataclasses.dataclass(frozen=True)
 class ServingSetup:
-    """What every mode shares: KV budget in blocks, block size and engine limits."""
+    """What every mode shares: KV budget in blocks, block size and engine limits (`EngineConfig` fields)."""
 
     num_blocks: int
     block_size: int = EngineConfig.block_size
@@ -52,11 +50,7 @@ def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConf
     """The EngineConfig of ``mode`` under ``setup``."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-    return EngineConfig(model=model_name, block_size=setup.block_size, num_blocks=setup.num_blocks,
-                        max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
-                        max_num_batched_tokens=setup.max_num_batched_tokens,
-                        eviction_policy=setup.eviction_policy,
-                        kv_cache_metrics_sample=setup.kv_cache_metrics_sample, **MODES[mode])
+    return EngineConfig(model=model_name, **dataclasses.asdict(setup), **MODES[mode])
 
 
 def make_runner(model, setup: ServingSetup) -> TimedRunner:
@@ -67,11 +61,8 @@ def make_runner(model, setup: ServingSetup) -> TimedRunner:
 def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],
              *, on_finish: Callable[[RequestOutput], None] | None = None,
              engine_hook: Callable[[Engine], None] | None = None, model_name: str | None = None) -> dict[str, float]:
-    """Run one mode on a fresh engine (fresh cache manager, shared runner) and summarize it.
-
-    ``engine_hook`` sees the engine before the run (e.g. to attach metrics). ``model_name`` (default: the
-    config's name) is what the engine's tokenizer is loaded from: the checkpoint path of a real model.
-    """
+    """Run one mode on a fresh engine (fresh cache manager, shared runner), seen first by ``engine_hook``, and
+    summarize it; the engine loads its tokenizer from ``model_name`` (default: the config's name)."""
     engine = Engine(engine_config(setup, mode, model_name or model.config.name), model, runner=runner,
                     clock=runner.clock)
     if engine_hook is not None:
@@ -81,51 +72,32 @@ def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, request
     return summarize(record, num_compiles=runner.num_compiles - compiles, compile_s=runner.compile_s - compile_s)
 
 
-def compare_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest], *,
-                  modes: Sequence[str] = tuple(MODES), repeats: int = 1, warmup: bool = True,
-                  on_finish: Callable[[RequestOutput], None] | None = None,
-                  engine_hook: Callable[[Engine], None] | None = None, model_name: str | None = None) -> dict:
-    """Run every mode ``repeats`` times, interleaved; returns per-run, median and ratio results.
-
-    With ``warmup``, each mode first runs the workload once untimed, so the timed
-    runs find their step shapes compiled (``warmup`` in the result holds those runs;
-    any compile left in a timed run is excluded from its clock and counted).
-    """
-    runner = make_runner(model, setup)
-    warm = ({mode: run_mode(model, runner, setup, mode, requests, model_name=model_name) for mode in modes}
-            if warmup else {})
-    runs = alternate({mode: lambda m=mode: run_mode(model, runner, setup, m, requests, on_finish=on_finish,
-                                                    engine_hook=engine_hook, model_name=model_name) for mode in modes},
-                     repeats)
-    medians = {mode: median_summary(r) for mode, r in runs.items()}
-    return {"warmup": warm, "runs": runs, "median": medians, "ratios": mode_ratios(medians, RATIO_PAIRS)}
-
-
-def mode_of(config: EngineConfig) -> str:
-    """The `MODES` entry whose overrides ``config`` has."""
-    return next(name for name, overrides in MODES.items()
-                if all(getattr(config, key) == value for key, value in overrides.items()))
-
-
 def serve_modes(model, setup: ServingSetup, requests: Sequence[WorkloadRequest], *, modes: Sequence[str],
                 repeats: int = 1, metrics_port: int | None = None, log_interval_s: float | None = None,
                 progress: bool = True, model_name: str | None = None) -> dict:
-    """`compare_modes`'s result plus ``kv_residency``: per mode, `kv_residency_summary` of its last run's engine.
-    ``model_name``: the checkpoint the engines load their tokenizer from (default: the config's name)."""
+    """Every mode once untimed (``warmup``: the timed runs then find their step shapes compiled; a compile left
+    in a timed run is excluded from its clock and counted), then ``repeats`` times interleaved, Prometheus
+    metrics on every engine: per-run, median and ratio results, and per mode ``kv_residency``
+    (`kv_residency_summary` of its last run's engine). ``model_name``: see `run_mode`."""
     from jaxpaged.metrics import attach_metrics, kv_residency_summary
+    runner = make_runner(model, setup)
+    warm = {mode: run_mode(model, runner, setup, mode, requests, model_name=model_name) for mode in modes}
     bar = tqdm(total=len(requests) * len(modes) * repeats, desc="requests", disable=not progress)
     port = iter([metrics_port])  # the HTTP server can bind once; it serves the first engine's registry
     last_engine = {}  # mode -> its engine in the last run
 
-    def hook(engine):
-        attach_metrics(engine, port=next(port, None), log_interval_s=log_interval_s)
-        last_engine[mode_of(engine.config)] = engine
+    def run(mode: str) -> dict[str, float]:
+        def hook(engine: Engine) -> None:
+            attach_metrics(engine, port=next(port, None), log_interval_s=log_interval_s)
+            last_engine[mode] = engine
+        return run_mode(model, runner, setup, mode, requests, on_finish=lambda _: bar.update(), engine_hook=hook,
+                        model_name=model_name)
 
-    result = compare_modes(model, setup, requests, modes=modes, repeats=repeats, on_finish=lambda _: bar.update(),
-                           engine_hook=hook, model_name=model_name)
+    runs = alternate({mode: functools.partial(run, mode) for mode in modes}, repeats)
     bar.close()
-    result["kv_residency"] = {mode: kv_residency_summary(e) for mode, e in last_engine.items()}
-    return result
+    medians = {mode: median_summary(r) for mode, r in runs.items()}
+    return {"warmup": warm, "runs": runs, "median": medians, "ratios": mode_ratios(medians, RATIO_PAIRS),
+            "kv_residency": {mode: kv_residency_summary(e) for mode, e in last_engine.items()}}
 
 
 def residency_table(residency: Mapping[str, Mapping]) -> str:

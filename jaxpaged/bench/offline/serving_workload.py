@@ -1,9 +1,5 @@
-"""`ServingWorkload`: the requests and KV budget the serving benchmarks share, as options.
-
-``jaxpaged bench serving``, ``bench ablate``, ``bench profile`` and ``bench
-http-overhead`` take these options (their flags are generated from the
-fields) beside the engine fields in `SERVING_ENGINE_FIELDS`.
-"""
+"""`ServingWorkload`: the requests and KV budget ``jaxpaged bench serving``, ``ablate``, ``profile`` and
+``http-overhead`` share, as options (beside the engine fields in `SERVING_ENGINE_FIELDS`)."""
 
 from __future__ import annotations
 
@@ -65,22 +61,17 @@ class ServingWorkload:
         requests = make_workload(name, num_requests=self.num_requests, seed=self.seed, **scales)
         return assign_arrivals(requests, self.request_rate, seed=self.seed)
 
-    def trace_requests(self) -> list[WorkloadRequest]:
-        """The trace as a workload: its first ``trace_limit`` requests at their timestamps times
-        ``trace_time_scale``, prompts cut to ``max_model_len`` (their shared heads kept)."""
+    def requests(self, name: str) -> list[WorkloadRequest]:
+        """The trace when there is one (its first ``trace_limit`` requests at their timestamps times
+        ``trace_time_scale``, prompts cut to ``max_model_len``, their shared heads kept), else the workload ``name``."""
+        if not self.trace:
+            return self.workload(name)
         return trace_workload(load_trace(self.trace, limit=self.trace_limit), time_scale=self.trace_time_scale,
                               max_model_len=self.max_model_len)
 
-    def requests(self, name: str) -> list[WorkloadRequest]:
-        """The trace when there is one, else the workload ``name``."""
-        return self.trace_requests() if self.trace else self.workload(name)
-
     def setup(self, engine: Mapping[str, object], longest_context: int) -> ServingSetup:
-        """The KV budget in blocks and the engine limits (``engine``: the `EngineConfig` fields the command took).
-
-        Without ``max_model_len`` the limit is ``longest_context`` (the longest context the
-        requests reach), rounded up to whole blocks, so every request is admissible.
-        """
+        """The KV budget in blocks and the engine limits (``engine``: the `EngineConfig` fields the command took);
+        without ``max_model_len``, the longest context the requests reach in whole blocks."""
         block_size = engine["block_size"]
         max_model_len = self.max_model_len or cdiv(longest_context, block_size) * block_size
         limits = {k: v for k, v in engine.items() if k in {f.name for f in dataclasses.fields(ServingSetup)}}

@@ -1,13 +1,7 @@
 """The shipped Grafana dashboard against a real Prometheus scraping a live jaxpaged server.
 
-`run_dashboard_check` starts ``jaxpaged serve`` (a small KV pool, so blocks are
-hit, evicted and pinned), a ``prometheus`` binary scraping its ``/metrics``
-every second, sends `traffic` for a while, then runs every panel query of the
-dashboard through Prometheus' HTTP API (`evaluate`). A query fails when
-Prometheus refuses it or it returns no series (`failed_queries`).
-`dashboard_queries` reads the panel queries, replacing Grafana's own
-``$__rate_interval`` (the only variable the dashboard uses) with a fixed window
-as Grafana would before a query reaches Prometheus.
+A query fails when Prometheus refuses it or it returns no series (`failed_queries`). Grafana's own
+``$__rate_interval`` (the only variable the dashboard uses) becomes a fixed window, as Grafana would make it.
 """
 
 from __future__ import annotations
@@ -26,36 +20,19 @@ from jaxpaged.bench.online.server_process import ChildProcess, ServerProcess, fr
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
-
 DASHBOARD = Path(__file__).resolve().parents[3] / "examples" / "grafana" / "jaxpaged-kv-cache.json"
+# a small KV pool, every block sampled: blocks are hit, evicted and pinned
+SERVER_ARGS = ("--kv_budget_tokens=512", "--max_model_len=256", "--max_num_seqs=4",
+               "--max_num_batched_tokens=256", "--kv_cache_metrics_sample=1")
 
 
 @dataclasses.dataclass(frozen=True)
 class PanelQuery:
-    """One target of one panel."""
+    """One target of one panel (``expr`` with Grafana's variables replaced)."""
 
     panel: str
     ref_id: str
-    expr: str  # with Grafana's variables replaced
-
-
-def dashboard_queries(path: str | Path = DASHBOARD, *, rate_interval: str = "1m") -> list[PanelQuery]:
-    """Every panel target's PromQL, ``$__rate_interval`` replaced by ``rate_interval``."""
-    dashboard = json.loads(Path(path).read_text())
-    return [PanelQuery(panel["title"], target["refId"], target["expr"].replace("$__rate_interval", rate_interval))
-            for panel in dashboard["panels"] for target in panel.get("targets", [])]
-
-
-SERVER_ARGS = ("--kv_budget_tokens=512", "--max_model_len=256", "--max_num_seqs=4",
-               "--max_num_batched_tokens=256", "--kv_cache_metrics_sample=1")
-SCRAPE_CONFIG = """global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: jaxpaged
-    static_configs:
-      - targets: ["{target}"]
-"""
+    expr: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +49,13 @@ class DashboardCheck:
     dashboard: Path = DASHBOARD
 
 
+def dashboard_queries(path: str | Path = DASHBOARD, *, rate_interval: str = "1m") -> list[PanelQuery]:
+    """Every panel target's PromQL, ``$__rate_interval`` replaced by ``rate_interval``."""
+    dashboard = json.loads(Path(path).read_text())
+    return [PanelQuery(panel["title"], target["refId"], target["expr"].replace("$__rate_interval", rate_interval))
+            for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
 def traffic(base_url: str, model: str, seconds: float) -> int:
     """Shared-prefix requests mixed with never-seen ones (so blocks are hit, evicted and pinned); returns count."""
     deadline, n = time.monotonic() + seconds, 0
@@ -83,16 +67,6 @@ def traffic(base_url: str, model: str, seconds: float) -> int:
             client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
                                                  "ignore_eos": True}).raise_for_status()
     return n
-
-
-def prometheus_process(binary: str, target: str, workdir: Path) -> ChildProcess:
-    """A Prometheus scraping ``target`` every second (not started: a context manager, ready at ``/-/ready``)."""
-    config = workdir / "prometheus.yml"
-    config.write_text(SCRAPE_CONFIG.format(target=target))
-    port = free_port()
-    return ChildProcess([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-                         f"--web.listen-address=127.0.0.1:{port}"], f"http://127.0.0.1:{port}/-/ready", cwd=None,
-                        startup_timeout_s=30)
 
 
 def evaluate(client: httpx.Client, queries: Sequence[PanelQuery]) -> list[dict]:
@@ -121,17 +95,23 @@ def dashboard_table(rows: Sequence[dict]) -> str:
 
 
 def run_dashboard_check(check: DashboardCheck) -> dict:
-    """Serve, send traffic while Prometheus scrapes, then run every dashboard query; the result to write.
+    """Serve, send traffic while a Prometheus scrapes ``/metrics`` every second, then run every dashboard query.
 
     Keys: ``prometheus_version``, ``num_requests``, ``rate_interval``, ``queries`` (`evaluate`'s rows).
     """
     workdir = Path(tempfile.mkdtemp(prefix="jaxpaged-prometheus-"))
     with ServerProcess([f"--model={check.model}", f"--eviction_policy={check.eviction_policy}",
                         f"--compile_cache_dir={check.compile_cache_dir}", *SERVER_ARGS]) as server:
-        with prometheus_process(check.prometheus, f"{server.host}:{server.port}", workdir) as prometheus:
+        target, address = f"{server.host}:{server.port}", f"127.0.0.1:{free_port()}"
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},  # JSON is YAML too
+                  "scrape_configs": [{"job_name": "jaxpaged", "static_configs": [{"targets": [target]}]}]}
+        (workdir / "prometheus.yml").write_text(json.dumps(config))
+        url = f"http://{address}"
+        with ChildProcess([check.prometheus, f"--config.file={workdir / 'prometheus.yml'}",
+                           f"--storage.tsdb.path={workdir / 'tsdb'}", f"--web.listen-address={address}"],
+                          f"{url}/-/ready", cwd=None, startup_timeout_s=30):
             num_requests = traffic(server.base_url, check.model, check.traffic_s)
             time.sleep(3.0)  # a last scrape or two after the traffic
-            url = prometheus.ready_url.removesuffix("/-/ready")
             with httpx.Client(base_url=url, timeout=30.0, trust_env=False) as client:
                 rows = evaluate(client, dashboard_queries(check.dashboard, rate_interval=check.rate_interval))
                 version = client.get("/api/v1/status/buildinfo").json()["data"]["version"]

@@ -1,38 +1,25 @@
-"""Request sets for the online benchmark: random, prefix repetition, ShareGPT JSON, or a jaxpaged workload.
+"""Request sets for the online benchmark (random, prefix repetition, ShareGPT JSON, a jaxpaged workload) and
+their arrivals.
 
-Every builder returns :class:`BenchRequest` s, deterministic given the seed.
-A prompt is either token ids or text; :func:`with_prompt_format` converts
-between the two with the served model's tokenizer and re-measures the prompt
-length (decoding random ids and re-encoding the text need not give the same
-number of tokens).
-
-- ``random``: prompts of ``input_len`` random token ids and ``output_len``
-  generated tokens, each length drawn uniformly within ``+-range_ratio`` of it
-  (as ``vllm bench serve --dataset-name random``).
-- ``prefix_repetition``: ``num_prefixes`` random prefixes of ``prefix_len``
-  tokens; each request is one of them (round robin, then shuffled) followed by
-  its own random suffix of ``suffix_len`` tokens, with ``output_len`` tokens to
-  generate. The shape that exercises the prefix cache.
-- ``sharegpt``: a ShareGPT-format JSON list of ``{"conversations": [{"from":
-  "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}``; the first turn
-  is the prompt and the second's length (in tokens) is the output length unless
-  a fixed one is given. A ``value`` may be text or a list of token ids.
-- a jaxpaged workload (``jaxpaged.sim.workloads``): its token prompts, output
-  lengths and cache salts, via :func:`from_workload`.
+Every builder returns `BenchRequest` s, deterministic given the seed; a prompt is token ids or text, and
+`with_prompt_format` converts between the two with the served model's tokenizer, re-measuring the length
+(decoding random ids and re-encoding the text need not give as many tokens). `arrival_offsets` sends them
+as ``vllm bench serve`` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from jaxtyping import Float
 
-from jaxpaged.config import load_config
 from jaxpaged.sim.workloads import TOKEN_ID_LIMIT, WorkloadRequest
-from jaxpaged.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from jaxpaged.tokenizer import Tokenizer, load_tokenizer
 
 PROMPT_FORMATS = ("tokens", "text")
 # vLLM's ShareGPT filter: drop conversations shorter than this on either side
@@ -41,15 +28,8 @@ SHAREGPT_MIN_LEN = 4
 
 @dataclasses.dataclass(frozen=True)
 class BenchRequest:
-    """One request to send.
-
-    Attributes:
-      request_id: unique id within the benchmark.
-      prompt: token ids or text, sent as the completion's ``prompt``.
-      prompt_len: tokens the prompt is (by the served model's tokenizer for text).
-      output_len: tokens to generate (``max_tokens``; with ``ignore_eos`` exactly this many).
-      cache_salt: tenant salt isolating the prefix cache, or None.
-    """
+    """One request to send: its ``prompt`` (token ids or text) is ``prompt_len`` tokens by the served model's
+    tokenizer, and it generates ``output_len`` (``max_tokens``); ``cache_salt`` isolates its prefix cache."""
 
     request_id: str
     prompt: str | list[int]
@@ -60,21 +40,13 @@ class BenchRequest:
 
 def load_bench_tokenizer(name_or_dir: str) -> Tokenizer:
     """The tokenizer a server of ``name_or_dir`` (a shipped config name, a checkpoint directory or a GGUF
-    file) uses."""
-    from jaxpaged.gguf_file import is_gguf_file
-
-    path = Path(name_or_dir)
-    if is_gguf_file(path):
-        from jaxpaged.tokenizer import load_gguf_tokenizer
-        return load_gguf_tokenizer(path)
-    if (path / "tokenizer.json").is_file():
-        return HFTokenizer.from_dir(path)
-    if path.is_dir():
-        return ByteTokenizer()  # a checkpoint without a tokenizer: the engine falls back to bytes too
-    return load_tokenizer(None, load_config(name_or_dir))
+    file) uses: the engine's own choice."""
+    from jaxpaged.checkpoint import model_config
+    return load_tokenizer(name_or_dir, model_config(name_or_dir))
 
 
 def _check_positive(**lengths: int) -> None:
+    """ValueError naming the first of ``lengths`` under 1."""
     for name, value in lengths.items():
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
@@ -85,8 +57,9 @@ def _tokens(rng: np.random.Generator, n: int, vocab_limit: int) -> list[int]:
 
 
 def random_requests(num_requests: int, *, input_len: int, output_len: int, range_ratio: float = 0.0,
-                    seed: int = 0, vocab_limit: int = TOKEN_ID_LIMIT) -> list[BenchRequest]:
-    """``num_requests`` random token prompts; lengths uniform in ``[len * (1 - r), len * (1 + r)]``, at least 1."""
+                    seed: int = 0, vocab_limit: int = TOKEN_ID_LIMIT, name: str = "random") -> list[BenchRequest]:
+    """``num_requests`` random token prompts ``name-<i>``; lengths uniform in ``[len * (1 - r), len * (1 + r)]``,
+    at least 1 (``vllm bench serve --dataset-name random``)."""
     _check_positive(input_len=input_len, output_len=output_len, vocab_limit=vocab_limit)
     if not 0 <= range_ratio < 1:
         raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
@@ -99,14 +72,15 @@ def random_requests(num_requests: int, *, input_len: int, output_len: int, range
     requests = []
     for i in range(num_requests):
         prompt = _tokens(rng, length(input_len), vocab_limit)
-        requests.append(BenchRequest(f"random-{i}", prompt, len(prompt), length(output_len)))
+        requests.append(BenchRequest(f"{name}-{i}", prompt, len(prompt), length(output_len)))
     return requests
 
 
 def prefix_repetition_requests(num_requests: int, *, prefix_len: int, suffix_len: int, num_prefixes: int,
                                output_len: int, seed: int = 0,
                                vocab_limit: int = TOKEN_ID_LIMIT) -> list[BenchRequest]:
-    """``num_requests`` prompts, each one of ``num_prefixes`` shared prefixes plus a unique suffix, shuffled."""
+    """``num_requests`` prompts, each one of ``num_prefixes`` shared prefixes (round robin) plus a unique suffix,
+    shuffled: the shape that exercises the prefix cache."""
     _check_positive(prefix_len=prefix_len, suffix_len=suffix_len, num_prefixes=num_prefixes,
                     output_len=output_len, vocab_limit=vocab_limit)
     rng = np.random.default_rng(seed)
@@ -134,11 +108,11 @@ def sharegpt_requests(path: str | Path, num_requests: int, *, tokenizer: Tokeniz
                       max_total_len: int = 2048) -> list[BenchRequest]:
     """``num_requests`` first turns of a ShareGPT-format JSON file, sampled (shuffled by ``seed``).
 
-    Conversations with fewer than two turns are skipped; so are those whose
-    prompt or reply is under 4 tokens, whose prompt exceeds ``max_prompt_len``
-    or whose prompt plus output exceeds ``max_total_len`` (vLLM's filter). With
-    ``output_len`` every request generates that many tokens instead of its
-    reply's length. ValueError when fewer usable conversations remain than asked.
+    The file is a list of ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}, ...]}``;
+    a ``value`` is text or a list of token ids. Skipped, as vLLM skips them: conversations of fewer than two
+    turns, a prompt or reply under 4 tokens, a prompt over ``max_prompt_len``, prompt plus output over
+    ``max_total_len``. The output length is the reply's, or ``output_len``. ValueError when fewer usable
+    conversations remain than asked.
     """
     entries = json.loads(Path(path).read_text())
     if not isinstance(entries, list):
@@ -170,11 +144,8 @@ def sharegpt_requests(path: str | Path, num_requests: int, *, tokenizer: Tokeniz
 
 
 def from_workload(requests: Sequence[WorkloadRequest]) -> list[BenchRequest]:
-    """A jaxpaged workload's requests as bench requests (token prompts, cache salts kept).
-
-    Multiturn workloads are refused: a later turn's prompt holds the earlier
-    turns' generated tokens, which a completion stream does not return as ids.
-    """
+    """A jaxpaged workload's requests as bench requests (token prompts, cache salts kept); not a multiturn one:
+    a later turn's prompt holds the earlier turns' generated tokens, which a stream does not return as ids."""
     if any(r.conversation_id is not None for r in requests):
         raise ValueError("multiturn workloads need each turn's generated token ids; "
                          "the online benchmark sends single-turn workloads only")
@@ -202,3 +173,24 @@ def with_prompt_format(requests: Sequence[BenchRequest], prompt_format: str,
             ids = tokenizer.encode(r.prompt)
             converted.append(dataclasses.replace(r, prompt=ids, prompt_len=len(ids)))
     return converted
+
+
+def arrival_offsets(num_requests: int, request_rate: float, *, burstiness: float = 1.0,
+                    seed: int = 0) -> Float[np.ndarray, " n"]:
+    """Seconds from the start at which each of ``num_requests`` requests is sent (non-decreasing).
+
+    The first goes at 0, each later one a gamma-distributed gap (shape ``burstiness``, mean ``1 / request_rate``)
+    after the one before, as ``vllm bench serve`` sends them: ``burstiness == 1`` is a Poisson process, smaller
+    is burstier (squared coefficient of variation ``1 / burstiness``). A rate of 0 or infinity: all at once.
+    """
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if not request_rate >= 0:  # also rejects NaN
+        raise ValueError(f"request_rate must be >= 0 (0 or inf = all at once), got {request_rate}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise ValueError(f"burstiness must be a positive finite number, got {burstiness}")
+    if request_rate == 0 or math.isinf(request_rate):
+        return np.zeros(num_requests)
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness),
+                                             size=max(num_requests - 1, 0))
+    return np.concatenate([np.zeros(min(num_requests, 1)), np.cumsum(gaps)])

@@ -1,15 +1,12 @@
 """``jaxpaged bench disagg``: colocated against one prefill + one decode process, and the transports' costs.
 
-`run_deployment` serves one `DisaggWorkload` (running decodes, long prompts arriving while they run) by
-one ``jaxpaged serve`` or by a prefill and a decode server behind ``jaxpaged proxy``, after warm-up runs
-on other prompts until no new step shape compiles (the shapes still compiled while timed are counted:
-a disaggregated engine sees other shapes than a colocated one); `class_metrics` gives TTFT, TPOT and
-the worst gap per request class. `measure_transport` times pulls between two processes
-(docs/benchmarks/disaggregation.md).
+`run_deployment` warms a deployment up on other prompts until no new step shape compiles (the shapes still
+compiled while timed are counted: a disaggregated engine sees other shapes than a colocated one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import sys
@@ -25,9 +22,22 @@ from jaxpaged.bench.online.server_process import ServerProcess, free_port
 from jaxpaged.bench.options import option
 from jaxpaged.report import markdown_table
 
-MAX_WARMUP_RUNS = 4
 PROXY_COMMAND = (sys.executable, "-m", "jaxpaged", "proxy")
 STEP_SHAPE_LOG = "core INFO step shape "  # the runner logs each step shape it compiles (or loads from the cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggBenchOptions:
+    """The engines' KV pool, the transports, and which parts run."""
+
+    kv_budget_tokens: int = option(16384, "each engine's KV pool in tokens", at_least=1)
+    transports: tuple[str, ...] = option(("zmq", "jax"), "transports to measure (zmq, jax)", choices=["zmq", "jax"])
+    transport_blocks: int = option(256, "blocks in the bandwidth pull", at_least=1)
+    repeats: int = option(20, "pulls per transport measurement (medians)", at_least=1)
+    max_warmup_runs: int = option(4, "warm-up runs at most per deployment (each until a run compiles no new step "
+                                     "shape)", at_least=1)
+    skip_serving: bool = option(False, "measure the transports only")
+    skip_transports: bool = option(False, "measure the deployments only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +57,9 @@ class DisaggWorkload:
     def requests(self) -> tuple[list[BenchRequest], list[float]]:
         """The requests (decodes first) and their arrival offsets."""
         decodes = random_requests(self.num_decodes, input_len=self.decode_prompt_len,
-                                  output_len=self.decode_output_len, seed=self.seed)
+                                  output_len=self.decode_output_len, seed=self.seed, name="decode")
         longs = random_requests(self.num_long, input_len=self.long_prompt_len, output_len=self.long_output_len,
-                                seed=self.seed + 1)
-        decodes = [dataclasses.replace(r, request_id=f"decode-{i}") for i, r in enumerate(decodes)]
-        longs = [dataclasses.replace(r, request_id=f"long-{i}") for i, r in enumerate(longs)]
+                                seed=self.seed + 1, name="long")
         offsets = [0.0] * len(decodes) + [self.long_start_s + i * self.long_interval_s for i in range(len(longs))]
         return decodes + longs, offsets
 
@@ -61,7 +69,7 @@ def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, fl
     chosen = [r for r in results if r.request_id.startswith(prefix)]
     ok = [r for r in chosen if r.success]
     ttft = [r.ttft for r in ok]
-    tpot = [t for r in ok if (t := request_tpot(r, r.output_tokens or 0)) is not None]
+    tpot = [t for r in ok if (t := request_tpot(r)) is not None]
     gaps = [g for r in ok for g in r.itl]
 
     def pct(values, p):
@@ -72,39 +80,49 @@ def class_metrics(results: Sequence[RequestResult], prefix: str) -> dict[str, fl
             "cached_tokens": sum(r.cached_tokens or 0 for r in ok)}
 
 
-def _serve_args(model: str, kv_budget_tokens: int, max_model_len: int) -> list[str]:
-    return [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
-            "--api_server_count=1"]
+def run_disagg(o: DisaggBenchOptions, workload: DisaggWorkload, model: str, max_model_len: int) -> tuple[dict, str]:
+    """The deployments (colocated, then one prefill + one decode server per transport) and the transports' pulls
+    of ``model``'s KV blocks, as ``o`` asks; the result and its tables."""
+    from jaxpaged.checkpoint import model_config
+    from jaxpaged.engine import EngineConfig
+    from jaxpaged.kv_pool.pool import kv_dtype_from_name
+    serving = [run_deployment("colocated" if t is None else f"1 prefill + 1 decode ({t})", model, workload,
+                              transport=t, kv_budget_tokens=o.kv_budget_tokens, max_warmup_runs=o.max_warmup_runs,
+                              max_model_len=max_model_len)
+               for t in ([] if o.skip_serving else [None, *o.transports])]
+    config = model_config(model)
+    dtype = str(kv_dtype_from_name("auto", config.dtype))
+    shape = (2, config.num_layers, config.num_kv_heads, EngineConfig().block_size, config.head_dim)
+    transports = [] if o.skip_transports else [
+        measure_transport(t, shape, dtype, num_blocks=o.transport_blocks, repeats=o.repeats) for t in o.transports]
+    result = {"serving": serving, "transports": transports, "block_shape": list(shape), "kv_dtype": dtype}
+    return result, disagg_table(serving, transports)
 
 
 def run_deployment(name: str, model: str, workload: DisaggWorkload, *, kv_budget_tokens: int,
-                   max_model_len: int, transport: str | None = None, max_warmup_runs: int = MAX_WARMUP_RUNS) -> dict:
-    """Start ``name``'s processes, run the workload on other prompts (warm-up), then timed, and stop them."""
+                   max_model_len: int, transport: str | None = None, max_warmup_runs: int = 4) -> dict:
+    """Start one ``jaxpaged serve`` (``transport`` None) or a prefill and a decode one behind ``jaxpaged proxy``,
+    run the workload on other prompts (warm-up), then timed, and stop them; TTFT, TPOT, the worst gap per class."""
     requests, offsets = workload.requests()
-    base = _serve_args(model, kv_budget_tokens, max_model_len)
-    servers, proxy = [], None
-    try:
+    base = [f"--model={model}", f"--kv_budget_tokens={kv_budget_tokens}", f"--max_model_len={max_model_len}",
+            "--api_server_count=1"]
+    with contextlib.ExitStack() as stack:  # stopped in reverse: the proxy, then the servers
+        def start(args: list[str], **kwargs) -> ServerProcess:
+            return stack.enter_context(ServerProcess(args, **kwargs))
+
         if transport is None:
-            servers.append(ServerProcess(base).start())
+            servers = [start(base)]
             url = servers[0].base_url
         else:
             kv_address = f"tcp://127.0.0.1:{free_port()}"
-            servers.append(ServerProcess(base + ["--kv_role=prefill", f"--kv_listen={kv_address}",
-                                                 f"--kv_transport={transport}"]).start())
-            servers.append(ServerProcess(base + ["--kv_role=decode", f"--kv_peers={kv_address}",
-                                                 f"--kv_transport={transport}"]).start())
-            proxy = ServerProcess([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
-                                  command=PROXY_COMMAND, startup_timeout_s=60).start()
-            url = proxy.base_url
+            servers = [start(base + ["--kv_role=prefill", f"--kv_listen={kv_address}", f"--kv_transport={transport}"]),
+                       start(base + ["--kv_role=decode", f"--kv_peers={kv_address}", f"--kv_transport={transport}"])]
+            url = start([f"--prefill={servers[0].base_url}", f"--decode={servers[1].base_url}"],
+                        command=PROXY_COMMAND, startup_timeout_s=60).base_url
         warmup_runs = _warm_up(url, model, workload, servers, max_warmup_runs)
         compiled = _step_shapes(servers)
         results, duration = run_requests(url, model, requests, offsets)
         compiles = _step_shapes(servers) - compiled
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        for server in reversed(servers):
-            server.stop()
     return {"deployment": name, "duration_s": duration, "warmup_runs": warmup_runs, "compiles": compiles,
             "long": class_metrics(results, "long-"), "decode": class_metrics(results, "decode-")}
 
@@ -128,8 +146,6 @@ def _step_shapes(servers: Sequence[ServerProcess]) -> int:
     """Step shapes the servers' engines have compiled so far (counted in their logs)."""
     return sum(server.log_path.read_text(errors="replace").count(STEP_SHAPE_LOG) for server in servers)
 
-
-# ---------------------------------------------------------------- transports
 
 def _block_server(listen: str, transport: str, block_shape, dtype: str, num_blocks: int, ready) -> None:
     """Child process: an outbox of random blocks served on ``listen`` until killed."""
@@ -185,8 +201,6 @@ def measure_transport(transport: str, block_shape: Sequence[int], dtype: str, *,
             "batch_blocks": num_blocks, "batch_bytes": many[0][1], "batch_ms": seconds * 1e3,
             "bandwidth_mb_s": many[0][1] / seconds / 1e6}
 
-
-# ---------------------------------------------------------------- report
 
 def disagg_table(serving: Sequence[dict], transports: Sequence[dict]) -> str:
     """Two Markdown tables: the deployments side by side, then the transports."""

@@ -1,15 +1,13 @@
 """``jaxpaged bench http-overhead``: one request set offline (engine in-process) and over HTTP, side by side.
 
-How a run goes is the command's help. Offline, `offline_results` drives an `Engine` through the requests at
-their arrival offsets and turns each finished request's engine timings into the `RequestResult` the HTTP
-client records (TTFT from the scheduled arrival, ITL between tokens, latency to the last token), so the
-difference between the sides is what the HTTP layer (request parsing, the engine loop's queue, streamed
-DELTA outputs and detokenization, SSE, the client) costs.
+Offline, `offline_results` turns each finished request's engine timings into the `RequestResult` the HTTP
+client records, so the difference between the sides is what the HTTP layer costs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import httpx
@@ -19,12 +17,25 @@ from jaxpaged.bench.offline.driver import median_summary, run_workload
 from jaxpaged.bench.offline.serving import ServingSetup, engine_config
 from jaxpaged.bench.offline.timing import alternate
 from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.http_run import HttpDriver
 from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import ROWS, compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.options import option
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.report import markdown_table
-from jaxpaged.sim.workloads import WorkloadRequest
+from jaxpaged.sim.workloads import WORKLOADS, WorkloadRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpOverheadOptions:
+    """The workload, the rounds, and the server compared with the offline engine."""
+
+    workload: str = option("chatbot", "workload for --dataset_name=workload", choices=list(WORKLOADS))
+    repeats: int = option(3, "timed runs per side, interleaved; medians reported", at_least=1)
+    warmup_runs: int = option(1, "untimed runs per side first (they compile the step shapes)", at_least=0)
+    start_server: bool = option(True, "start jaxpaged serve with the offline engine's settings; false: use the "
+                                      "server at --base_url, which must run with the settings this script prints")
 
 
 def serve_args(model: str, setup: ServingSetup, extra: Sequence[str] = ()) -> list[str]:
@@ -35,21 +46,20 @@ def serve_args(model: str, setup: ServingSetup, extra: Sequence[str] = ()) -> li
             *extra]
 
 
-def offline_vs_http(model: str, setup: ServingSetup, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
-                    server_args: Sequence[str], start_server: bool = True, base_url: str | None = None,
-                    env: dict[str, str] | None = None, ignore_eos: bool = True, timeout_s: float = 600.0,
-                    repeats: int = 3, warmup_runs: int = 1) -> dict:
+def offline_vs_http(model: str, setup: ServingSetup, requests: Sequence[BenchRequest], offsets: Sequence[float],
+                    options: HttpOverheadOptions, driver: HttpDriver, *, server_args: Sequence[str],
+                    env: dict[str, str] | None = None) -> dict:
     """Run ``requests`` offline and over HTTP alternately; `compare_offline_http`'s result plus
     ``offline_compiles_per_run`` (warm-up runs first).
 
-    ``start_server``: a ``jaxpaged serve`` with ``server_args`` on a free port;
-    else the server at ``base_url``, which must run with those settings.
+    ``options.start_server``: a ``jaxpaged serve`` with ``server_args`` on a free port; else the server at
+    ``driver.base_url``, which must run with those settings.
     """
     from jaxpaged.checkpoint import load_model
     from jaxpaged.engine import Engine
     engine = Engine(engine_config(setup, "prefix_on", model), load_model(model))
-    with ServerProcess(server_args, env=env) if start_server else contextlib.nullcontext() as server:
-        url = server.base_url if server is not None else base_url
+    with ServerProcess(server_args, env=env) if options.start_server else contextlib.nullcontext() as server:
+        url = server.base_url if server is not None else driver.base_url
         served = fetch_model_name(url)
         offline_compiles: list[int] = []
 
@@ -62,10 +72,11 @@ def offline_vs_http(model: str, setup: ServingSetup, requests: Sequence[BenchReq
 
         def run_http():
             httpx.post(f"{url}/reset_prefix_cache", timeout=30, trust_env=False).raise_for_status()
-            return run_requests(url, served, requests, offsets, ignore_eos=ignore_eos, timeout_s=timeout_s)
+            return run_requests(url, served, requests, offsets, ignore_eos=driver.ignore_eos,
+                                timeout_s=driver.request_timeout_s)
 
-        result = compare_offline_http(run_offline, run_http, compute_metrics, repeats=repeats,
-                                      warmup_runs=warmup_runs)
+        result = compare_offline_http(run_offline, run_http, compute_metrics, repeats=options.repeats,
+                                      warmup_runs=options.warmup_runs)
     print("offline compiles per run (warm-up runs first):", offline_compiles)
     return result | {"offline_compiles_per_run": offline_compiles}
 
@@ -85,11 +96,8 @@ def result_from_output(output: RequestOutput) -> RequestResult:
 
 def offline_results(engine, requests: Sequence[BenchRequest], offsets: Sequence[float]
                     ) -> tuple[list[RequestResult], float]:
-    """Run ``requests`` (sent at ``offsets``) through ``engine``; results in request order and the duration.
-
-    Text prompts are tokenized by the engine's tokenizer first. Every request
-    is greedy with ``ignore_eos``, as the HTTP benchmark sends them.
-    """
+    """Run ``requests`` (sent at ``offsets``; text tokenized by the engine's tokenizer) through ``engine``, greedy
+    with ``ignore_eos`` as the HTTP benchmark sends them; results in request order and the duration."""
     if len(offsets) != len(requests):
         raise ValueError(f"{len(offsets)} arrival offsets for {len(requests)} requests")
     workload = []
@@ -120,10 +128,7 @@ def comparison_table(offline: Mapping[str, float], http: Mapping[str, float]) ->
     for label, key, fmt in ROWS:
         if key not in offline or not (np.isfinite(offline[key]) or np.isfinite(http[key])):
             continue
-        if key in cost:
-            delta = f"x{cost[key]:.3f}" if key.endswith("throughput") else f"{cost[key]:+.1f}"
-        else:
-            delta = ""
+        delta = "" if key not in cost else f"x{cost[key]:.3f}" if key.endswith("throughput") else f"{cost[key]:+.1f}"
         rows.append([label, fmt.format(offline[key]), fmt.format(http[key]), delta])
     return markdown_table(["metric", "offline", "HTTP", "HTTP - offline"], rows)
 

@@ -1,10 +1,9 @@
 """``jaxpaged bench serving --backend=http``: one request set sent to a running server, and what it measured.
 
-`RequestSet` names the requests (a jaxpaged workload or trace, ``random``,
-``prefix_repetition`` or ``sharegpt``, as ``vllm bench serve --dataset-name``);
-`run_http_benchmark` sends them at their arrival offsets and summarises the
-run (vllm-bench-serve metrics, the server's KV residency over the run, and the
-device-busy fraction when the server runs a simulated device).
+`RequestSet` names the requests (a jaxpaged workload or trace, ``random``, ``prefix_repetition`` or
+``sharegpt``, as ``vllm bench serve --dataset-name``), `http_requests` builds them, `run_http_benchmark` sends
+them and adds the server's KV residency over the run (its ``/metrics`` differenced) and the device-busy
+fraction of a simulated device to the vllm-bench-serve metrics.
 """
 
 from __future__ import annotations
@@ -13,28 +12,24 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from tqdm.auto import tqdm
 
-from jaxpaged.bench.online.datasets import (
-    PROMPT_FORMATS,
-    BenchRequest,
-    from_workload,
-    load_bench_tokenizer,
-    prefix_repetition_requests,
-    random_requests,
-    sharegpt_requests,
-    with_prompt_format,
-)
-from jaxpaged.bench.online.online_client import RequestResult, fetch_metric, run_requests
+from jaxpaged.bench.offline.serving_workload import ServingWorkload
+from jaxpaged.bench.online.datasets import (PROMPT_FORMATS, BenchRequest, arrival_offsets, from_workload,
+                                            load_bench_tokenizer, prefix_repetition_requests, random_requests,
+                                            sharegpt_requests, with_prompt_format)
+from jaxpaged.bench.online.online_client import fetch_metric, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
-from jaxpaged.bench.online.online_metrics import online_markdown_table
-from jaxpaged.bench.online.server_residency import residency_delta, scrape_kv_metrics
 from jaxpaged.bench.options import option
 from jaxpaged.sim.workloads import WorkloadRequest
 
 DATASETS = ("workload", "random", "prefix_repetition", "sharegpt")
 # a simulated device (jaxpaged serve --device=simulated) counts the seconds it spent in steps
 DEVICE_BUSY_METRIC = "jaxpaged:device_busy_seconds_total"
+RESIDENCY_HISTOGRAMS = ("kv_block_lifetime_seconds", "kv_block_idle_before_evict_seconds",
+                        "kv_block_reuse_gap_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,47 +53,6 @@ class RequestSet:
                                                    "length)", at_least=1)
     tokenizer: str | None = option(None, "config name or checkpoint directory whose tokenizer measures text "
                                          "prompts (default: --model)")
-    # given by the command, not flags
-    num_requests: int = 16
-    seed: int = 0
-    max_total_len: int = 2048  # ShareGPT: longest prompt + output kept
-
-    def __post_init__(self) -> None:
-        """Refuse an unknown dataset."""
-        if self.dataset_name not in DATASETS:
-            raise ValueError(f"dataset_name must be one of {DATASETS}, got {self.dataset_name!r}")
-
-    def build(self, workload: Sequence[WorkloadRequest] | None = None) -> list[BenchRequest]:
-        """The requests; ``workload`` (a jaxpaged workload or trace), when given, is sent instead of the dataset.
-
-        The tokenizer is loaded only when text has to be measured or converted.
-        """
-        tokenizer = None
-        if self.dataset_name == "sharegpt" or self.prompt_format is not None:
-            tokenizer = load_bench_tokenizer(self.tokenizer)
-        if workload is not None:
-            requests = from_workload(workload)
-        elif self.dataset_name == "random":
-            requests = random_requests(self.num_requests, input_len=self.random_input_len,
-                                       output_len=self.random_output_len, range_ratio=self.random_range_ratio,
-                                       seed=self.seed)
-        elif self.dataset_name == "prefix_repetition":
-            requests = prefix_repetition_requests(
-                self.num_requests, prefix_len=self.prefix_repetition_prefix_len,
-                suffix_len=self.prefix_repetition_suffix_len, num_prefixes=self.prefix_repetition_num_prefixes,
-                output_len=self.prefix_repetition_output_len, seed=self.seed)
-        elif self.dataset_name == "sharegpt":
-            if not self.dataset_path:
-                raise ValueError("--dataset_name=sharegpt needs --dataset_path")
-            requests = sharegpt_requests(self.dataset_path, self.num_requests, tokenizer=tokenizer, seed=self.seed,
-                                         output_len=self.sharegpt_output_len,
-                                         max_prompt_len=min(1024, self.max_total_len - 1),
-                                         max_total_len=self.max_total_len)
-        else:
-            raise ValueError("dataset 'workload' needs the workload's requests")
-        if self.prompt_format is not None:
-            requests = with_prompt_format(requests, self.prompt_format, tokenizer)
-        return requests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,44 +69,101 @@ class HttpDriver:
     request_timeout_s: float = option(600.0, "give up on a request after this long", check="positive_number")
 
 
-@dataclasses.dataclass
-class HttpRun:
-    """One run: every request's result, the run's duration, its metrics and the server's KV residency over it."""
+def http_requests(workload: ServingWorkload, request_set: RequestSet, driver: HttpDriver, name: str,
+                  model: str) -> tuple[list[BenchRequest], list[float]]:
+    """The requests and their arrival offsets (seconds): ``workload.trace`` at its own (time-scaled) arrivals,
+    else the jaxpaged workload ``name`` (``--dataset_name=workload``) or the dataset at ``request_rate`` and
+    ``burstiness``; text is measured with ``request_set.tokenizer``, else ``model``'s (loaded only if needed)."""
+    rs, n, seed = request_set, workload.num_requests, workload.seed
+    tokenizer = None
+    if rs.dataset_name == "sharegpt" or rs.prompt_format is not None:
+        tokenizer = load_bench_tokenizer(rs.tokenizer or model)
+    if workload.trace or rs.dataset_name == "workload":
+        served = workload.requests(name)
+        requests = from_workload(served)
+    elif rs.dataset_name == "random":
+        requests = random_requests(n, input_len=rs.random_input_len, output_len=rs.random_output_len,
+                                   range_ratio=rs.random_range_ratio, seed=seed)
+    elif rs.dataset_name == "prefix_repetition":
+        requests = prefix_repetition_requests(
+            n, prefix_len=rs.prefix_repetition_prefix_len, suffix_len=rs.prefix_repetition_suffix_len,
+            num_prefixes=rs.prefix_repetition_num_prefixes, output_len=rs.prefix_repetition_output_len, seed=seed)
+    else:
+        if not rs.dataset_path:
+            raise ValueError("--dataset_name=sharegpt needs --dataset_path")
+        max_total_len = workload.max_model_len or 2048  # the longest prompt + output kept
+        requests = sharegpt_requests(rs.dataset_path, n, tokenizer=tokenizer, seed=seed,
+                                     output_len=rs.sharegpt_output_len, max_prompt_len=min(1024, max_total_len - 1),
+                                     max_total_len=max_total_len)
+    if rs.prompt_format is not None:
+        requests = with_prompt_format(requests, rs.prompt_format, tokenizer)
+    if workload.trace:
+        return requests, [r.arrival_time for r in served]
+    return requests, arrival_offsets(len(requests), workload.request_rate, burstiness=driver.burstiness,
+                                     seed=seed).tolist()
 
-    results: list[RequestResult]
-    duration_s: float
-    metrics: dict
-    kv_residency: dict | None
 
-    def report(self) -> dict:
-        """The run's part of the benchmark's JSON: metrics, KV residency, and each request (its text left out)."""
-        return {"metrics": self.metrics, "kv_residency": self.kv_residency,
-                "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in self.results]}
+def scrape_kv_metrics(base_url: str, *, timeout_s: float = 10.0) -> dict[str, float] | None:
+    """The server's KV residency samples now, keyed ``name`` or ``kind:label``; None if it exports none (or
+    cannot be reached: the benchmark goes on without them)."""
+    try:
+        response = httpx.get(f"{base_url}/metrics", timeout=timeout_s, trust_env=False)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            name = s.name.removeprefix("jaxpaged:")
+            if name.startswith("kv_cache_evictions_by_reason_total"):
+                values[f"evictions:{s.labels['reason']}"] = s.value
+            elif name.startswith("prefix_cache_tier_hits_total"):
+                values[f"tier_hit_tokens:{s.labels['tier']}"] = s.value
+            elif name == "kv_cache_pinned_blocks":
+                values["pinned_blocks"] = s.value
+            elif any(name in (f"{h}_sum", f"{h}_count") for h in RESIDENCY_HISTOGRAMS):
+                values[name] = s.value
+    return values or None
 
-    def table(self) -> str:
-        """The vllm-bench-serve table of the run."""
-        return online_markdown_table({"http": self.metrics})
+
+def residency_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """What changed between two scrapes: evictions by reason, tier hit tokens, histogram counts and means;
+    the pinned-blocks gauge as of ``after``."""
+    if before is None or after is None:
+        return None
+    diff = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    out = {"evictions_by_reason": {k.split(":")[1]: v for k, v in diff.items() if k.startswith("evictions:")},
+           "tier_hit_tokens": {k.split(":")[1]: v for k, v in diff.items() if k.startswith("tier_hit_tokens:")},
+           "pinned_blocks": after.get("pinned_blocks", 0.0)}
+    for h in RESIDENCY_HISTOGRAMS:
+        count = diff.get(f"{h}_count", 0.0)
+        out[h.removeprefix("kv_block_")] = {"count": count,
+                                            "mean_s": diff.get(f"{h}_sum", 0.0) / count if count else None}
+    return out
 
 
-def run_http_benchmark(base_url: str, model: str, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
-                       goodput_slos: dict[str, float] | None = None, max_concurrency: int | None = None,
-                       ignore_eos: bool = True, timeout_s: float = 600.0, progress: bool = True) -> HttpRun:
-    """Send ``requests[i]`` at ``offsets[i]`` to the server at ``base_url``; print its residency and failures."""
+def run_http_benchmark(driver: HttpDriver, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
+                       goodput_slos: dict[str, float] | None = None, progress: bool = True) -> dict:
+    """Send ``requests[i]`` at ``offsets[i]`` to the server at ``driver.base_url``; print its residency and
+    failures. Returns the ``model`` sent, the run's ``metrics``, ``kv_residency`` and each request's record."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    base_url = driver.base_url
+    model = driver.served_model_name or fetch_model_name(base_url)
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
-    kv_before = scrape_kv_metrics(base_url)
-    busy_before = fetch_metric(base_url, DEVICE_BUSY_METRIC)
-    results, duration = run_requests(base_url, model, requests, offsets, max_concurrency=max_concurrency,
-                                     ignore_eos=ignore_eos, timeout_s=timeout_s, on_done=lambda _: bar.update())
+    kv_before, busy_before = scrape_kv_metrics(base_url), fetch_metric(base_url, DEVICE_BUSY_METRIC)
+    results, duration = run_requests(base_url, model, requests, offsets, max_concurrency=driver.max_concurrency,
+                                     ignore_eos=driver.ignore_eos, timeout_s=driver.request_timeout_s,
+                                     on_done=lambda _: bar.update())
     bar.close()
     kv_residency = residency_delta(kv_before, scrape_kv_metrics(base_url))
     busy_after = fetch_metric(base_url, DEVICE_BUSY_METRIC)
     metrics = compute_metrics(results, duration, goodput_slos=goodput_slos or {})
-    if busy_before is not None and busy_after is not None and duration > 0:
+    if busy_before is not None and busy_after is not None:
         metrics["device_busy_fraction"] = (busy_after - busy_before) / duration
     if kv_residency is not None:
         print(f"server KV residency over the run: {kv_residency}")
     for r in results:
         if not r.success:
             print(f"failed: {r.request_id}: {r.error}")
-    return HttpRun(results, duration, metrics, kv_residency)
+    return {"model": model, "metrics": metrics, "kv_residency": kv_residency,
+            "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "text"} for r in results]}

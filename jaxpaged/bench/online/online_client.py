@@ -1,10 +1,7 @@
 """The online benchmark's HTTP side: streamed OpenAI completions, timed chunk by chunk.
 
-:func:`run_requests` sends every request at its arrival offset (at most ``max_concurrency`` in flight) to
-``POST /v1/completions`` with ``stream`` and ``stream_options.include_usage``, and records for each what
-``vllm bench serve`` records (`RequestResult`). Timing starts when the request is sent, after any wait for
-a concurrency slot. A stream counts as successful only if it ends with ``data: [DONE]`` after at least
-one content chunk.
+`run_requests` sends every request at its arrival offset to ``POST /v1/completions`` (``stream``,
+``stream_options.include_usage``) and records for each what ``vllm bench serve`` records (`RequestResult`).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 
@@ -25,21 +22,12 @@ DONE = "[DONE]"
 
 @dataclasses.dataclass
 class RequestResult:
-    """What one request did, in seconds of ``time.perf_counter``.
+    """What one request did, in seconds of ``time.perf_counter``: sent at ``start_time``, ``ttft`` to the first
+    content chunk, ``itl`` the gaps between content chunks, ``latency`` to the last one (= ttft + sum(itl)).
 
-    Attributes:
-      request_id: the bench request's id.
-      success: the stream completed (content, then ``[DONE]``) without an error.
-      error: why it failed ("" on success): HTTP status and body, an error chunk, or the exception.
-      prompt_len: prompt tokens (the server's ``usage.prompt_tokens`` when reported, else the dataset's count).
-      output_tokens: ``usage.completion_tokens``, or None when the server sent no usage.
-      cached_tokens: ``usage.prompt_tokens_details.cached_tokens``, or None.
-      start_time: when the request was sent.
-      ttft: send to first content chunk.
-      itl: gaps between consecutive content chunks.
-      latency: send to last content chunk (= ttft + sum(itl)).
-      text: the streamed text, concatenated.
-      finish_reason: of the last content chunk.
+    ``success``: the stream held content, then ``[DONE]``, and no error (else ``error`` says why: HTTP status and
+    body, an error chunk, or the exception). ``prompt_len`` is the server's ``usage.prompt_tokens`` when reported,
+    else the dataset's count; ``output_tokens`` and ``cached_tokens`` come from ``usage`` (None without it).
     """
 
     request_id: str
@@ -56,41 +44,28 @@ class RequestResult:
     finish_reason: str | None = None
 
 
-class SSEDecoder:
-    """Server-sent events from lines: feed each line, get an event's data when a blank line ends it."""
-
-    def __init__(self) -> None:
-        """Start between events."""
-        self._data: list[str] = []
-
-    def feed_line(self, line: str) -> str | None:
-        """Take one line (terminator optional); return the finished event's data, else None."""
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Each server-sent event's data (its data lines joined by newlines) as a blank line or the end closes it;
+    comments and the other fields (event:, id:, retry:) carry nothing the benchmark needs."""
+    data: list[str] = []
+    async for line in lines:
         line = line.rstrip("\r\n")
-        if not line:
-            return self.flush()
-        if line.startswith(":"):  # a comment (keep-alive)
-            return None
         field, _, value = line.partition(":")
         if field == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None  # event:, id:, retry: carry nothing the benchmark needs
-
-    def flush(self) -> str | None:
-        """The pending event's data (lines joined by newlines), or None when there is none."""
-        if not self._data:
-            return None
-        data, self._data = "\n".join(self._data), []
-        return data
+            data.append(value.removeprefix(" "))
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
+    if data:
+        yield "\n".join(data)
 
 
 class CompletionStream:
-    """Folds a completion stream's data payloads, with their arrival times, into a :class:`RequestResult`."""
+    """Folds a completion stream's data payloads, with their arrival times, into a `RequestResult`."""
 
     def __init__(self, result: RequestResult) -> None:
         """Fill ``result``, whose ``start_time`` is when the request was sent."""
-        self.result = result
-        self.done = False
-        self._last_chunk_time: float | None = None
+        self.result, self.done, self.has_content = result, False, False
 
     def on_payload(self, payload: str, now: float) -> None:
         """Take one event's data that arrived at ``now``; ValueError for an error chunk or bad JSON."""
@@ -107,31 +82,26 @@ class CompletionStream:
             raise ValueError(f"a chunk is not a JSON object: {payload[:200]!r}")
         if "error" in chunk:
             raise ValueError(f"error chunk: {json.dumps(chunk['error'])[:500]}")
-        choices = chunk.get("choices")
-        if choices:
-            self._on_content(choices[0], now)
-        usage = chunk.get("usage")
-        if usage:
-            self.result.output_tokens = usage.get("completion_tokens")
-            self.result.prompt_len = usage.get("prompt_tokens", self.result.prompt_len)
-            self.result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-
-    def _on_content(self, choice: dict, now: float) -> None:
         r = self.result
-        if self._last_chunk_time is None:
-            r.ttft = now - r.start_time
-        else:
-            r.itl.append(now - self._last_chunk_time)
-        self._last_chunk_time = now
-        r.latency = now - r.start_time
-        r.text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-        r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        if chunk.get("choices"):  # a content chunk (its text may be empty)
+            choice = chunk["choices"][0]
+            if self.has_content:
+                r.itl.append(now - (r.start_time + r.latency))
+            else:
+                r.ttft = now - r.start_time
+            self.has_content, r.latency = True, now - r.start_time
+            r.text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            r.finish_reason = choice.get("finish_reason") or r.finish_reason
+        if usage := chunk.get("usage"):
+            r.output_tokens = usage.get("completion_tokens")
+            r.prompt_len = usage.get("prompt_tokens", r.prompt_len)
+            r.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
     def finish(self) -> None:
         """Mark the result successful, or ValueError when the stream ended early or held no content."""
         if not self.done:
             raise ValueError("the stream ended before data: [DONE]")
-        if self._last_chunk_time is None:
+        if not self.has_content:
             raise ValueError("the stream held no content chunk")
         self.result.success = True
 
@@ -152,19 +122,14 @@ async def send_completion(client: httpx.AsyncClient, request: BenchRequest, body
     """POST ``body`` as a streamed completion and time its chunks; failures come back in the result."""
     result = RequestResult(request.request_id, prompt_len=request.prompt_len)
     result.start_time = clock()
-    stream, decoder = CompletionStream(result), SSEDecoder()
+    stream = CompletionStream(result)
     try:
         async with client.stream("POST", COMPLETIONS_PATH, json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", errors="replace")
                 result.error = f"HTTP {response.status_code}: {text[:500]}"
                 return result
-            async for line in response.aiter_lines():
-                payload = decoder.feed_line(line)
-                if payload is not None:
-                    stream.on_payload(payload, clock())
-            payload = decoder.flush()
-            if payload is not None:
+            async for payload in sse_events(response.aiter_lines()):
                 stream.on_payload(payload, clock())
         stream.finish()
     except Exception as e:  # noqa: BLE001 - a benchmark records every failure and goes on
@@ -193,53 +158,40 @@ def fetch_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float | N
     return None
 
 
-async def _run_requests(base_url: str, bodies: Sequence[tuple[BenchRequest, dict]], offsets: Sequence[float], *,
-                        max_concurrency: int | None, timeout_s: float,
-                        on_done: Callable[[RequestResult], None] | None,
-                        transport: httpx.AsyncBaseTransport | None) -> tuple[list[RequestResult], float]:
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    connections = max_concurrency or max(1, len(bodies))  # never queue in httpx's pool: it would count in TTFT
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
-
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, trust_env=False,
-                                 transport=transport) as client:
-        async def one(request: BenchRequest, body: dict) -> RequestResult:
-            if slots is None:
-                result = await send_completion(client, request, body)
-            else:
-                async with slots:
-                    result = await send_completion(client, request, body)
-            if on_done is not None:
-                on_done(result)
-            return result
-
-        start = time.perf_counter()
-        tasks = []
-        for (request, body), offset in zip(bodies, offsets, strict=True):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(request, body)))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
-
-
 def run_requests(base_url: str, model: str, requests: Sequence[BenchRequest], offsets: Sequence[float], *,
                  max_concurrency: int | None = None, ignore_eos: bool = True, timeout_s: float = 600.0,
                  on_done: Callable[[RequestResult], None] | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> tuple[list[RequestResult], float]:
     """Send ``requests[i]`` at ``offsets[i]`` seconds after the start; returns results (in order) and the duration.
 
-    The duration runs from the start to the last request's end. ``max_concurrency``
-    (None = unlimited) caps requests in flight; a request waiting for a slot is
-    sent late and its timings start when it is sent. ``transport`` replaces the
-    network (tests pass an ``httpx.MockTransport``).
+    The duration runs from the start to the last request's end. ``max_concurrency`` (None = unlimited) caps
+    requests in flight; a request waiting for a slot is sent late and its timings start when it is sent.
+    ``transport`` replaces the network (tests pass an ``httpx.MockTransport``).
     """
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be at least 1 (or None = unlimited), got {max_concurrency}")
     if len(offsets) != len(requests):
         raise ValueError(f"{len(offsets)} arrival offsets for {len(requests)} requests")
-    bodies = [(r, completion_body(r, model, ignore_eos=ignore_eos)) for r in requests]
-    return asyncio.run(_run_requests(base_url.rstrip("/"), bodies, offsets, max_concurrency=max_concurrency,
-                                     timeout_s=timeout_s, on_done=on_done, transport=transport))
+    connections = max_concurrency or max(1, len(requests))  # never queue in httpx's pool: it would count in TTFT
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
+
+    async def run() -> tuple[list[RequestResult], float]:
+        slots = asyncio.Semaphore(connections)
+        async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, limits=limits, trust_env=False,
+                                     transport=transport) as client:
+            async def one(request: BenchRequest, body: dict) -> RequestResult:
+                async with slots:
+                    result = await send_completion(client, request, body)
+                if on_done is not None:
+                    on_done(result)
+                return result
+
+            start, tasks = time.perf_counter(), []
+            for request, offset in zip(requests, offsets):
+                body = completion_body(request, model, ignore_eos=ignore_eos)
+                if (delay := start + offset - time.perf_counter()) > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(request, body)))
+            return list(await asyncio.gather(*tasks)), time.perf_counter() - start
+    return asyncio.run(run())

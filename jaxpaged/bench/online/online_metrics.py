@@ -1,26 +1,14 @@
-"""The online benchmark's numbers, defined as ``vllm bench serve`` defines them.
-
-Over the successful requests of a run lasting ``duration_s`` (first send to
-last end):
-
-- request / output / total token throughput: completed requests, generated
-  tokens, and prompt plus generated tokens, per second of the run;
-- TTFT, E2EL (a request's ``latency``) and ITL as each `RequestResult` records them, ITL pooled over
-  requests (a chunk may carry several tokens, so ITL and TPOT differ when it does);
-- TPOT: ``(E2EL - TTFT) / (output_tokens - 1)`` per request with more than one output token;
-- goodput: requests per second that met every given SLO (in ms, on TTFT, TPOT
-  or E2EL; a one-token request's TPOT counts as 0).
-
-Each latency is reported as mean, std, median, p90 and p99 (numpy's linear
-percentiles) in milliseconds; NaN when there is nothing to summarize.
-The Markdown tables put one run per column (e.g. offline vs HTTP).
+"""The online benchmark's numbers, defined as ``vllm bench serve`` defines them (docs/benchmarks/serving.md,
+"Online serving over HTTP"): throughputs over the run, TTFT, TPOT (``(E2EL - TTFT) / (output_tokens - 1)``),
+ITL pooled over requests and E2EL, each as mean, std, median, p90 and p99 in ms (numpy's linear percentiles;
+NaN when empty), and goodput: requests per second meeting every SLO (a one-token request's TPOT counts as 0).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -60,18 +48,10 @@ def latency_stats(seconds: Sequence[float], name: str) -> dict[str, float]:
     return {key: float(v) for key, v in zip(keys, values)}
 
 
-def output_token_count(result: RequestResult, count_tokens: Callable[[str], int] | None = None) -> int:
-    """The server's completion-token count; without one, the streamed text's tokens (or 0 without a counter)."""
-    if result.output_tokens is not None:
-        return result.output_tokens
-    return count_tokens(result.text) if count_tokens is not None else 0
-
-
-def request_tpot(result: RequestResult, output_tokens: int) -> float | None:
+def request_tpot(result: RequestResult) -> float | None:
     """Time per output token after the first, or None with fewer than two output tokens."""
-    if output_tokens < 2:
-        return None
-    return (result.latency - result.ttft) / (output_tokens - 1)
+    n = result.output_tokens or 0  # the server's usage.completion_tokens
+    return (result.latency - result.ttft) / (n - 1) if n > 1 else None
 
 
 def peak_concurrency(results: Sequence[RequestResult]) -> int:
@@ -86,9 +66,8 @@ def peak_concurrency(results: Sequence[RequestResult]) -> int:
 
 
 def compute_metrics(results: Sequence[RequestResult], duration_s: float, *,
-                    goodput_slos: Mapping[str, float] | None = None,
-                    count_tokens: Callable[[str], int] | None = None) -> dict[str, float]:
-    """The benchmark's summary of ``results`` from a run of ``duration_s`` seconds (see the module docstring)."""
+                    goodput_slos: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The summary of the successful ``results`` of a run of ``duration_s`` seconds (first send to last end)."""
     if not duration_s > 0:
         raise ValueError(f"duration_s must be positive, got {duration_s}")
     slos = dict(goodput_slos or {})
@@ -96,13 +75,12 @@ def compute_metrics(results: Sequence[RequestResult], duration_s: float, *,
     if unknown:
         raise ValueError(f"unknown goodput SLO {sorted(unknown)}; choose from {', '.join(SLO_METRICS)}")
     done = [r for r in results if r.success]
-    outputs = [output_token_count(r, count_tokens) for r in done]
-    tpots = [request_tpot(r, n) for r, n in zip(done, outputs)]
+    tpots = [request_tpot(r) for r in done]
     per_request = {"ttft": [r.ttft for r in done], "tpot": [t or 0.0 for t in tpots],
                    "e2el": [r.latency for r in done]}
     good = sum(all(per_request[name][i] * 1e3 <= slo for name, slo in slos.items()) for i in range(len(done)))
-    input_tokens, output_tokens = sum(r.prompt_len for r in done), sum(outputs)
-    metrics = {
+    input_tokens, output_tokens = sum(r.prompt_len for r in done), sum(r.output_tokens or 0 for r in done)
+    return {
         "completed": len(done),
         "failed": len(results) - len(done),
         "duration_s": duration_s,
@@ -118,7 +96,6 @@ def compute_metrics(results: Sequence[RequestResult], duration_s: float, *,
         **latency_stats([gap for r in done for gap in r.itl], "itl"),
         **latency_stats(per_request["e2el"], "e2el"),
     }
-    return metrics
 
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}

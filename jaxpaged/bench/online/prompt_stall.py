@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import time
 
+from jaxpaged.bench.options import option
 from jaxpaged.outputs import RequestOutputKind
 from jaxpaged.report import markdown_table
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.async_engine import AsyncEngine
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptStallOptions:
+    """The huge prompt, the measured stream, and the rounds."""
+
+    prompt_chars: int = option(20_000_000, "characters of the huge prompt", at_least=1)
+    repeats: int = option(3, "rounds with and without the huge prompt", at_least=1)
+    max_tokens: int = option(600, "tokens the measured stream decodes")
 
 
 async def longest_gap(async_engine: AsyncEngine, tag: str, *, max_tokens: int, huge_prompt_chars: int | None) -> float:
@@ -32,26 +43,24 @@ async def longest_gap(async_engine: AsyncEngine, tag: str, *, max_tokens: int, h
     return max(b - a for a, b in zip(times, times[1:]))
 
 
-def stall_rounds(async_engine: AsyncEngine, *, repeats: int, max_tokens: int, prompt_chars: int) -> dict[bool, list]:
-    """A warm-up stream, then ``repeats`` rounds of the stream alone and with the huge prompt, alternating."""
+def measure_prompt_stall(engine_config, *, options: PromptStallOptions) -> tuple[dict, str]:
+    """On an `AsyncEngine` over a fresh engine of ``engine_config``: a warm-up stream, then ``options.repeats``
+    rounds of the stream alone and with the huge prompt, alternating; the gaps, their medians, a table."""
+    from jaxpaged.engine import Engine
+    async_engine = AsyncEngine(Engine(engine_config))
+    repeats, max_tokens, prompt_chars = options.repeats, options.max_tokens, options.prompt_chars
+
     async def rounds():
         await longest_gap(async_engine, "warm-up", max_tokens=max_tokens, huge_prompt_chars=None)
-        gaps = {False: [], True: []}
         for r in range(repeats):
             for huge in (False, True):
                 gaps[huge].append(await longest_gap(async_engine, f"r{r}-{huge}", max_tokens=max_tokens,
                                                     huge_prompt_chars=prompt_chars if huge else None))
-        return gaps
-    return asyncio.run(rounds())
 
-
-def measure_prompt_stall(engine_config, *, repeats: int, max_tokens: int, prompt_chars: int) -> tuple[dict, str]:
-    """`stall_rounds` on an `AsyncEngine` over a fresh engine of ``engine_config``: the gaps, their medians, a table."""
-    from jaxpaged.engine import Engine
-    async_engine = AsyncEngine(Engine(engine_config))
+    gaps: dict[bool, list[float]] = {False: [], True: []}
     async_engine.start()
     try:
-        gaps = stall_rounds(async_engine, repeats=repeats, max_tokens=max_tokens, prompt_chars=prompt_chars)
+        asyncio.run(rounds())
     finally:
         async_engine.shutdown()
     quiet, loud = statistics.median(gaps[False]), statistics.median(gaps[True])

@@ -1,35 +1,49 @@
 """Routing policies over engine replicas on Ray Serve, side by side on one cluster per replica count.
 
-For each replica count, `jaxpaged serve --data_parallel_size=N` is started
-once (with its debug endpoints); then for each policy in turn the ingress is
-switched to it (``POST /debug/routing_policy``), every replica's prefix cache is
-reset, and the same request set is sent at the same arrivals. Untimed
-warm-up runs first, one per policy (a policy's cache hits give its own
-prefill shapes), compile the step shapes; a persistent compile cache shared
-by every replica and cluster saves compiling a shape twice. Per run: prefix hit rate (the
-share of prompt tokens served from a replica's prefix cache, from each
-response's ``usage.prompt_tokens_details.cached_tokens``), TTFT and
-throughput (``jaxpaged.bench.online.online_metrics``), and how the requests spread
-over the replicas.
+On each ``jaxpaged serve --data_parallel_size=N`` (its debug endpoints on), every policy in turn gets the
+ingress (``POST /debug/routing_policy``) and the same requests at the same arrivals, from reset prefix caches,
+after an untimed warm-up run per policy (a policy's cache hits give its own prefill shapes); the replicas
+share a persistent compile cache. docs/benchmarks/replicas.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
 import httpx
 
 from jaxpaged import compile_cache
-from jaxpaged.bench.online.datasets import BenchRequest
+from jaxpaged.bench.online.datasets import BenchRequest, arrival_offsets, prefix_repetition_requests
 from jaxpaged.bench.online.online_client import RequestResult, fetch_model_name, run_requests
 from jaxpaged.bench.online.online_metrics import compute_metrics
 from jaxpaged.bench.online.server_process import ServerProcess
+from jaxpaged.bench.options import option
 from jaxpaged.report import metrics_table
 
 POLICY_ORDER = ("prefix_aware", "round_robin", "least_loaded")
 # Each replica's XLA runs single-threaded: the replicas, not one replica's threads, share the cores.
 REPLICA_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicasOptions:
+    """The clusters and policies compared, the shared-prefix requests, their arrivals, each replica's KV pool."""
+
+    replicas: tuple[int, ...] = option((2, 4), "replica counts, one cluster each", at_least=1)
+    policies: tuple[str, ...] = option(tuple(POLICY_ORDER), "routing policies to compare", choices=POLICY_ORDER)
+    num_prefixes: int = option(8, "shared prefixes", at_least=1)
+    prefix_len: int = option(512, "tokens per shared prefix", at_least=1)
+    suffix_len: int = option(128, "tokens of each request's own suffix", at_least=1)
+    output_len: int = option(16, "tokens generated per request (ignore_eos)", at_least=1)
+    num_requests: int = option(64, "requests per policy run", at_least=1)
+    warmup_requests: int = option(32, "untimed run per policy first on each cluster: the first N requests "
+                                      "(compiles)", at_least=0)
+    request_rate: float = option(2.0, "Poisson arrival rate (requests/s)", at_least=1)
+    max_concurrency: int | None = option(None, "cap on requests in flight (default: none)", at_least=1)
+    kv_budget_tokens: int = option(3072, "KV pool of each replica, in tokens", at_least=1)
+    seed: int = option(0, "workload and arrival seed", at_least=0)
 
 
 def hit_rate(results: Sequence[RequestResult]) -> float:
@@ -56,11 +70,8 @@ def prepare(base_url: str, policy: str) -> None:
 def run_policies(serve_args: Sequence[str], requests: Sequence[BenchRequest], offsets: Sequence[float], *,
                  policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
                  env: Mapping[str, str] | None = None, num_warmup: int = 0) -> dict[str, dict]:
-    """Start the replicas once, then run ``requests`` under each policy; metrics per policy.
-
-    First, under each policy, the first ``num_warmup`` requests at their own
-    arrivals, untimed: each policy's hits give its own step shapes to compile.
-    """
+    """Start the replicas once, run the first ``num_warmup`` requests untimed under each policy (its hits give
+    its own step shapes to compile), then ``requests`` under each policy; metrics per policy."""
     summaries = {}
     with ServerProcess(["--enable_debug_endpoints", *serve_args], env=env, startup_timeout_s=600) as server:
         base = server.base_url
@@ -105,17 +116,19 @@ def replica_env(compile_cache_dir: str | None = None, xla_flags: str | None = No
     return env | compile_cache.child_env(compile_cache_dir)  # '' = off in every replica
 
 
-def run_replica_counts(model: str, replica_counts: Sequence[int], requests: Sequence[BenchRequest],
-                       offsets: Sequence[float], *, kv_budget_tokens: int, max_num_batched_tokens: int,
-                       max_model_len: int, policies: Sequence[str] = POLICY_ORDER, max_concurrency: int | None = None,
-                       compile_cache_dir: str | None = None, num_warmup: int = 0) -> dict[int, dict]:
-    """`run_policies` on one ``jaxpaged serve --data_parallel_size=N`` cluster per N in ``replica_counts``."""
+def run_replica_counts(o: ReplicasOptions, model: str, *, max_num_batched_tokens: int,
+                       compile_cache_dir: str | None = None) -> dict[int, dict]:
+    """`run_policies` on one ``jaxpaged serve --data_parallel_size=N`` cluster per N in ``o.replicas``, every
+    replica's engine ``model`` with ``max_num_batched_tokens``, sharing the compile cache ``compile_cache_dir``."""
+    requests = prefix_repetition_requests(o.num_requests, prefix_len=o.prefix_len, suffix_len=o.suffix_len,
+                                          num_prefixes=o.num_prefixes, output_len=o.output_len, seed=o.seed)
+    offsets = arrival_offsets(len(requests), o.request_rate, seed=o.seed)
     env = replica_env(compile_cache_dir)
     results = {}
-    for n in replica_counts:
-        serve_args = [f"--model={model}", f"--data_parallel_size={n}", f"--kv_budget_tokens={kv_budget_tokens}",
-                      f"--max_model_len={max_model_len}", f"--max_num_batched_tokens={max_num_batched_tokens}",
-                      "--max_num_seqs=64"]
-        results[n] = run_policies(serve_args, requests, offsets, policies=policies, max_concurrency=max_concurrency,
-                                  env=env, num_warmup=min(num_warmup, len(requests)))
+    for n in o.replicas:
+        serve_args = [f"--model={model}", f"--data_parallel_size={n}", f"--kv_budget_tokens={o.kv_budget_tokens}",
+                      f"--max_model_len={o.prefix_len + o.suffix_len + o.output_len}",
+                      f"--max_num_batched_tokens={max_num_batched_tokens}", "--max_num_seqs=64"]
+        results[n] = run_policies(serve_args, requests, offsets, policies=o.policies, max_concurrency=o.max_concurrency,
+                                  env=env, num_warmup=min(o.warmup_requests, len(requests)))
     return results

@@ -2,9 +2,6 @@
 
     with ServerProcess(["--model=tiny", "--kv_budget_tokens=1024"]) as server:
         run_requests(server.base_url, ...)
-
-A child that exits, or does not answer ``GET`` on its ready URL with 200 in
-time, raises RuntimeError quoting its log's end.
 """
 
 from __future__ import annotations
@@ -48,7 +45,8 @@ class ChildProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> ChildProcess:
-        """Launch the command and block until its ready URL answers 200 (RuntimeError otherwise)."""
+        """Launch the command and block until its ready URL answers 200; RuntimeError quoting the log's end if it
+        exits or does not answer in time."""
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command, cwd=self.cwd, env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT)
@@ -96,5 +94,4 @@ class ServerProcess(ChildProcess):
         self.host = host
         self.port = free_port(host)
         self.base_url = f"http://{host}:{self.port}"
-        self.args = [*args, f"--host={host}", f"--port={self.port}"]
-        super().__init__([*command, *self.args], f"{self.base_url}/health", **child)
+        super().__init__([*command, *args, f"--host={host}", f"--port={self.port}"], f"{self.base_url}/health", **child)

@@ -1,46 +1,25 @@
 """What the HTTP layer costs: one request set offline (engine in-process) and over HTTP, side by side.
 
     jaxpaged bench http-overhead --model=tiny --dataset_name=random --num_prompts=16 \
-        --random_input_len=64 --random_output_len=32 --request_rate=4 --repeats=3 \
-        --json_out=out/http_overhead.json --md_out=out/http_overhead.md
+        --random_input_len=64 --random_output_len=32 --repeats=3 --md_out=out/http_overhead.md
 
-Starts jaxpaged serve on a free loopback port with the same engine settings
-as the offline engine (model, block size, KV budget, limits, prefix caching
-on), warms both up with one untimed run, then alternates timed runs; both
-sides reset their prefix cache before every run. Reports medians: offline,
-HTTP, and HTTP - offline per latency (ms) or HTTP / offline per throughput.
-The request set and arrivals come from the same flags as
-``jaxpaged bench serving --backend=http``. The work is
-`jaxpaged.bench.online.http_overhead`.
+Starts ``jaxpaged serve`` with the offline engine's settings, alternates timed runs after a warm-up, and
+reports medians and HTTP - offline (latencies) or HTTP / offline (throughputs). The request set takes the
+flags of ``bench serving --backend=http``. docs/benchmarks/serving.md, "Online serving over HTTP".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from absl import app
 
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
-from jaxpaged.bench.online.http_overhead import comparison_table, offline_vs_http, serve_args
+from jaxpaged.bench.online.http_overhead import HttpOverheadOptions, comparison_table, offline_vs_http, serve_args
 from jaxpaged.bench.online.http_run import HttpDriver
-from jaxpaged.bench.options import option
-from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, http_requests
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, command_requests, define_http_flags
 from jaxpaged.cli.options import CommandFlags
-from jaxpaged.sim.workloads import WORKLOADS
-
-
-@dataclasses.dataclass(frozen=True)
-class HttpOverheadOptions:
-    """The workload, the rounds, and the server compared with the offline engine."""
-
-    workload: str = option("chatbot", "workload for --dataset_name=workload", choices=list(WORKLOADS))
-    repeats: int = option(3, "timed runs per side, interleaved; medians reported", at_least=1)
-    warmup_runs: int = option(1, "untimed runs per side first (they compile the step shapes)", at_least=0)
-    start_server: bool = option(True, "start jaxpaged serve with the offline engine's settings; false: use the "
-                                      "server at --base_url, which must run with the settings this script prints")
-
 
 COMMAND = CommandFlags(HttpOverheadOptions, *HTTP_OPTIONS, engine=SERVING_ENGINE_FIELDS,
                        engine_defaults={"model": "small"})
@@ -59,16 +38,11 @@ def main(argv):
         raise app.UsageError("--max_concurrency has no offline counterpart; use --request_rate")
     engine = COMMAND.engine.kwargs()
     cache_dir = compile_cache.configure(engine["compile_cache_dir"])
-    requests, offsets = http_requests(COMMAND, options.workload)
+    requests, offsets = command_requests(COMMAND, options.workload)
     setup = workload.setup(engine, max(r.prompt_len + r.output_len for r in requests))
     args = serve_args(engine["model"], setup, SERVE_ARGS.value)
     print("server settings:", " ".join(args))
-    result = offline_vs_http(engine["model"], setup, requests, offsets, server_args=args,
-                             start_server=options.start_server, base_url=driver.base_url,
-                             env=compile_cache.child_env(cache_dir), ignore_eos=driver.ignore_eos,
-                             timeout_s=driver.request_timeout_s, repeats=options.repeats,
-                             warmup_runs=options.warmup_runs)
-    compiles = result.pop("offline_compiles_per_run")
-    meta = {"num_requests": len(requests), "setup": setup.__dict__, "serve_args": args,
-            "offline_compiles_per_run": compiles}
+    result = offline_vs_http(engine["model"], setup, requests, offsets, options, driver, server_args=args,
+                             env=compile_cache.child_env(cache_dir))
+    meta = {"num_requests": len(requests), "setup": setup.__dict__, "serve_args": args}
     COMMAND.out.write(meta | result, comparison_table(result["median"]["offline"], result["median"]["http"]))

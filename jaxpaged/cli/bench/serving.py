@@ -1,23 +1,11 @@
-"""Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side.
+"""Serving benchmark: prefix caching on vs off vs a contiguous-KV baseline, side by side; or a live server.
 
-    jaxpaged bench serving --model=small --workload=chatbot --num_requests=16 \
-        --json_out=out/bench_serving.json --md_out=out/bench_serving.md
+    jaxpaged bench serving --model=small --workload=chatbot --num_requests=16 --md_out=out/bench_serving.md
+    jaxpaged bench serving --backend=http --base_url=http://127.0.0.1:8000 --dataset_name=random --num_prompts=32
 
-With ``--backend=http`` it drives a running server (jaxpaged serve) over
-async HTTP instead, as ``vllm bench serve`` does (jaxpaged/cli/http_bench.py):
-
-    jaxpaged bench serving --backend=http --base_url=http://127.0.0.1:8000 \
-        --dataset_name=random --num_prompts=32 --request_rate=4 --goodput=ttft:500,tpot:100
-
-With ``--trace`` (a Mooncake-format JSONL trace) the requests and their arrivals
-come from the trace, offline and over HTTP alike (timestamps times ``--trace_time_scale``; prompts longer than
-``--max_model_len`` keep their shared head), instead of ``--workload``:
-
-    jaxpaged bench serving --model=small --trace=data/traces/mooncake_conversation_trace.jsonl \
-        --trace_limit=32 --trace_time_scale=0.01 --max_model_len=1024 --eviction_policy=slru
-
-Latencies and throughput exclude compile time (reported separately); see
-jaxpaged/bench/ for the driver and docs/BENCHMARKS.md for measured tables.
+``--backend=http`` drives a running ``jaxpaged serve`` as ``vllm bench serve`` does; ``--trace`` serves a
+Mooncake-format JSONL trace instead of ``--workload``. Latencies and throughput exclude compile time.
+docs/benchmarks/serving.md; the trace: docs/cache.md, "Traces".
 """
 
 from __future__ import annotations
@@ -28,9 +16,11 @@ import logging
 from jaxpaged import compile_cache
 from jaxpaged.bench.offline.serving import MODES, serve_modes, serving_tables
 from jaxpaged.bench.offline.serving_workload import SERVING_ENGINE_FIELDS, ServingWorkload
+from jaxpaged.bench.online.http_run import HttpDriver, RequestSet, run_http_benchmark
+from jaxpaged.bench.online.online_metrics import online_markdown_table, parse_goodput
 from jaxpaged.bench.options import option
 from jaxpaged.checkpoint import load_model
-from jaxpaged.cli.http_bench import HTTP_OPTIONS, define_http_flags, run_http
+from jaxpaged.cli.http_bench import HTTP_OPTIONS, command_requests, define_http_flags
 from jaxpaged.cli.options import CommandFlags
 from jaxpaged.sim.workloads import WORKLOADS, max_context_len
 
@@ -60,7 +50,7 @@ def main(argv):
     """Build the workload, run every mode (or drive the server), print and write the results."""
     options, workload = COMMAND.options(), COMMAND.options(ServingWorkload)
     if options.backend == "http":
-        run_http(COMMAND, options.workload, extra_args=argv[1:], progress=options.progress)
+        serve_http(options, argv[1:])
         return
     logging.getLogger("jaxpaged").setLevel(logging.INFO)
     engine = COMMAND.engine.kwargs()
@@ -72,3 +62,19 @@ def main(argv):
                          log_interval_s=options.log_interval_s, progress=options.progress, model_name=engine["model"])
     meta = {"num_requests": len(requests), "setup": dataclasses.asdict(setup)}
     COMMAND.out.write(meta | result, serving_tables(result))
+
+
+def serve_http(options: ServingOptions, extra_args: list[str]) -> None:
+    """--backend=http against ``--base_url``; ``extra_args`` (leftover positional arguments) are SLOs, so
+    ``--goodput ttft:1 tpot:2`` works."""
+    goodput = FLAGS["goodput"].value
+    if extra_args and not goodput:
+        raise ValueError(f"unexpected arguments {list(extra_args)}")
+    slos = parse_goodput([*goodput, *extra_args])
+    requests, offsets = command_requests(COMMAND, options.workload)
+    run = run_http_benchmark(COMMAND.options(HttpDriver), requests, offsets, goodput_slos=slos,
+                             progress=options.progress)
+    dataset = "trace" if COMMAND.options(ServingWorkload).trace else COMMAND.options(RequestSet).dataset_name
+    result = {"model": run["model"], "dataset_name": dataset, "num_requests": len(requests),
+              "goodput_slos_ms": slos} | run
+    COMMAND.out.write(result, online_markdown_table({"http": run["metrics"]}))
