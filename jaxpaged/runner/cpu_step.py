@@ -71,12 +71,14 @@ CHOICES = (AUTO, OFF, *PRESETS)
 # what "auto" sets, by weight dtype: (preset, on steps of at most this many tokens); a dtype not listed keeps
 # jaxlib's default. Empty: no preset was both faster and cacheable (the module docstring)
 AUTO_PRESETS: dict[str, tuple[str, int]] = {}
-GEMM_XLA, GEMM_ONEDNN = "xla", "onednn"
-GEMM_CHOICES = (AUTO, GEMM_XLA, GEMM_ONEDNN)
+GEMM_XLA, GEMM_ONEDNN, GEMM_MKL = "xla", cpu_gemm.ONEDNN, cpu_gemm.MKL
+GEMM_CHOICES = (AUTO, GEMM_XLA, GEMM_ONEDNN, GEMM_MKL)
 EVERY_ROW = (("float32", 1, 1 << 62), ("bfloat16", 1, 1 << 62))
-# what "auto" sends to oneDNN: (weight dtype, fewest rows, most rows) of a product where the whole step was
-# measured faster with it (docs/benchmarks/cpu-performance.md); a product outside every range stays XLA's
-AUTO_GEMM_ROWS: tuple[tuple[str, int, int], ...] = (("bfloat16", 1, 32),)
+# what "auto" routes, by weight dtype: the library and the products (rows, the LM head or not) where the whole
+# step was measured faster with it (docs/benchmarks/cpu-performance.md); a dtype not listed stays XLA's
+AUTO_GEMM: dict[str, cpu_gemm.GemmRoute] = {
+    "bfloat16": cpu_gemm.GemmRoute(rows=(("bfloat16", 1, 32),), library=cpu_gemm.ONEDNN),
+}
 # the fewest decode rows of a CPU step, by weight dtype: a one-row dot is XLA:CPU's slow path
 MIN_DECODE_ROWS: dict[str, int] = {"bfloat16": 2, "float32": 2}
 
@@ -110,21 +112,26 @@ def check_gemm_setting(setting: str) -> None:
 
 
 def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1) -> cpu_gemm.GemmRoute | None:
-    """Which weight GEMMs of a model with weights in `dtype` go to oneDNN for `setting` (one of `GEMM_CHOICES`);
-    None: all are XLA's.
+    """Which weight GEMMs of a model with weights in `dtype` go to which library for `setting` (one of
+    `GEMM_CHOICES`); None: all are XLA's.
 
-    None off the CPU platform, with tensor parallelism (the custom call does not partition), for ``"xla"``,
-    where the setting routes no product of this dtype (oneDNN is then not even loaded), and where the oneDNN
-    GEMM is not available (`cpu_gemm.available()` logs why, once).
+    ``"onednn"``: every product, ``"mkl"``: every float32 product, ``"auto"``: `AUTO_GEMM`'s route for the
+    dtype. None off the CPU platform, with tensor parallelism (the custom call does not partition), for
+    ``"xla"``, where the setting routes no product of this dtype (the library is then not even loaded), and
+    where the library's GEMM is not available (`cpu_gemm.available()` logs why, once).
     """
     check_gemm_setting(setting)
     if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
         return None
     name = jnp.dtype(dtype).name
-    rows = tuple(entry for entry in (EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS) if entry[0] == name)
-    if not rows or not cpu_gemm.available():
+    if setting == AUTO:
+        route = AUTO_GEMM.get(name)
+    else:
+        rows = tuple(entry for entry in EVERY_ROW if entry[0] == name)
+        route = cpu_gemm.GemmRoute(rows=rows, library=setting)
+    if route is None or not any(route.takes(dtype, fewest) for _, fewest, _ in route.rows):
         return None
-    return cpu_gemm.GemmRoute(rows=rows)
+    return route if cpu_gemm.available(route.library) else None
 
 
 def min_decode_rows(platform: str, dtype) -> int:
