@@ -107,10 +107,13 @@ ffi::Error GemmImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, bool transpose_w, ffi::R
 
 }  // namespace
 
-// 1 when oneDNN can create its CPU engine here, 0 when not (e.g. its SYCL build finds no CPU device).
-extern "C" int JaxpagedGemmProbe() {
+// 1 when oneDNN can create its CPU engine here and a matmul in float32 (`bfloat16` 0) or bfloat16 (1) on this
+// CPU, 0 when not (its SYCL build finds no CPU device; it has no bfloat16 matmul on an AVX2-only CPU).
+extern "C" int JaxpagedGemmProbe(int bfloat16) {
   try {
-    CpuEngine();
+    const auto dtype = bfloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+    dnnl::matmul::primitive_desc(CpuEngine(), Plain(2, 2, dtype, false), Plain(2, 2, dtype, false),
+                                 Plain(2, 2, dtype, false));
     return 1;
   } catch (const dnnl::error&) {
     return 0;

@@ -70,9 +70,10 @@ LIBRARIES = {
 }
 
 
-def available(library: str = ONEDNN) -> bool:
-    """Whether `library`'s GEMM (one of `LIBRARIES`) is built (or can be) and registered with XLA on this machine."""
-    return _registered(library) is not None
+def available(library: str = ONEDNN, dtype=jnp.float32) -> bool:
+    """Whether `library`'s GEMM (one of `LIBRARIES`) is built (or can be) and registered with XLA on this machine,
+    and runs products in `dtype` on this CPU."""
+    return _registered(library) is not None and _runs(library, jnp.dtype(dtype).name)
 
 
 def _wheel_file(distribution: str, suffix: str) -> Path:
@@ -133,12 +134,24 @@ def _registered(library: str = ONEDNN) -> Path | None:
     handle = ctypes.cdll.LoadLibrary(str(built))
     if library == MKL:
         handle.MKL_Set_Threading_Layer(MKL_THREADING)  # before MKL's first call
-    if not getattr(handle, spec.probe)():
+    if not getattr(handle, spec.probe)(0):
         log.warning("%s cannot run here (OCL_ICD_FILENAMES=%s); XLA's dot is used", spec.name,
                     os.environ.get("OCL_ICD_FILENAMES"))
         return None
     cpu_kernels.register(built, spec.symbol, spec.target)
     return built
+
+
+@functools.cache
+def _runs(library: str, dtype: str) -> bool:
+    """Whether `library`'s registered GEMM runs products in `dtype` on this CPU (one warning when it does not)."""
+    spec = LIBRARIES[library]
+    if jnp.dtype(dtype) not in spec.dtypes:
+        return False
+    if getattr(ctypes.cdll.LoadLibrary(str(_registered(library))), spec.probe)(int(dtype == "bfloat16")):
+        return True
+    log.warning("%s has no %s GEMM on this CPU; XLA's dot is used", spec.name, dtype)
+    return False
 
 
 def gemm(x: Float[Array, "... K"], w: Float[Array, "K N"], *, transpose_w: bool = False,

@@ -39,8 +39,12 @@ ffi::Error SgemmImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, bool tran
 
 }  // namespace
 
-// 1 when MKL computes a small product right here (its libraries load and run), 0 when not.
-extern "C" int JaxpagedMklProbe() {
+// 1 when MKL computes a small float32 product right here (its libraries load and run), 0 when not; 0 for
+// bfloat16 (`bfloat16` 1), which this kernel does not take.
+extern "C" int JaxpagedMklProbe(int bfloat16) {
+  if (bfloat16) {
+    return 0;
+  }
   const float x[2] = {1.0f, 2.0f}, w[6] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
   float y[3] = {0.0f, 0.0f, 0.0f};
   Sgemm(x, w, y, 1, 2, 3, false);

@@ -118,7 +118,7 @@ def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1
     ``"onednn"``: every product, ``"mkl"``: every float32 product, ``"auto"``: `AUTO_GEMM`'s route for the
     dtype. None off the CPU platform, with tensor parallelism (the custom call does not partition), for
     ``"xla"``, where the setting routes no product of this dtype (the library is then not even loaded), and
-    where the library's GEMM is not available (`cpu_gemm.available()` logs why, once).
+    where the library's GEMM is not available in that dtype (`cpu_gemm.available()` logs why, once).
     """
     check_gemm_setting(setting)
     if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
@@ -131,7 +131,7 @@ def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1
         route = cpu_gemm.GemmRoute(rows=rows, library=setting)
     if route is None or not any(route.takes(dtype, fewest) for _, fewest, _ in route.rows):
         return None
-    return route if cpu_gemm.available(route.library) else None
+    return route if cpu_gemm.available(route.library, dtype) else None
 
 
 def min_decode_rows(platform: str, dtype) -> int:

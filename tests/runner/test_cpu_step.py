@@ -2,6 +2,7 @@
 decode steps padded to two rows with the results of one."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -79,7 +80,8 @@ def test_a_decode_pads_to_two_rows_with_the_result_of_one(tiny_config, dtype):
 def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
     """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", MKL every float32 product with
     "mkl" (none in bfloat16), `AUTO_GEMM`'s route for the dtype with "auto", none with "xla", off the CPU
-    platform, with tensor parallelism, or where the library's GEMM is not available."""
+    platform, with tensor parallelism, or where the library's GEMM is not available (in that dtype)."""
+    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: True)  # the routing alone, on any CPU
     for dtype in ("float32", "bfloat16"):
         every = tuple(r for r in cpu_step.EVERY_ROW if r[0] == dtype)
         route = cpu_step.gemm_route("onednn", "cpu", dtype)
@@ -96,7 +98,11 @@ def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
         cpu_step.gemm_route("blas", "cpu", "float32")
     with pytest.raises(ValueError, match="cpu_gemm"):
         EngineConfig(cpu_gemm="blas")
-    monkeypatch.setattr(cpu_gemm, "available", lambda library: False)
+    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: jnp.dtype(dtype) != jnp.bfloat16)
+    assert cpu_step.gemm_route("onednn", "cpu", "bfloat16") is None  # oneDNN on an AVX2-only CPU
+    assert cpu_step.gemm_route("auto", "cpu", "bfloat16") is None
+    assert cpu_step.gemm_route("onednn", "cpu", "float32") is not None
+    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: False)
     assert cpu_step.gemm_route("onednn", "cpu", "float32") is None
     assert cpu_step.gemm_route("mkl", "cpu", "float32") is None
 
