@@ -1,13 +1,11 @@
 """C++ kernels for XLA:CPU: compiled once per machine with the system compiler, registered as FFI targets.
 
 A kernel is one C++ source file next to the Python module that calls it
-(`attention/cpu_attention.cc`, `model/cpu_gemm.cc`, `model/mkl_gemm.cc`),
-with any header of ours beside it (`model/cpu_gemm_shape.h`). `build`
-compiles it on first use against the XLA FFI headers jaxlib ships (plus any
-library the kernel names), into the per-user cache
-(`$JAXPAGED_CPU_KERNEL_DIR`, else `~/.cache/jaxpaged/cpu-kernels`), keyed by
-the source and its headers, the flags, the jaxlib version and the CPU's
-instruction-set flags; `register` loads the library and
+(`attention/cpu_attention.cc`, `model/cpu_gemm.cc`). `build` compiles it on
+first use against the XLA FFI headers jaxlib ships (plus any library the
+kernel names), into the per-user cache (`$JAXPAGED_CPU_KERNEL_DIR`, else
+`~/.cache/jaxpaged/cpu-kernels`), keyed by the source, the flags, the jaxlib
+version and the CPU's instruction-set flags; `register` loads the library and
 registers its handler with XLA. Custom calls registered this way can be
 written to the persistent compile cache, unlike XLA's own oneDNN rewrites.
 """
@@ -36,14 +34,12 @@ LINK_FLAGS = ("-shared",)
 
 @dataclass(frozen=True)
 class KernelSource:
-    """One kernel: its C++ file, the stem of its built library, what else it compiles and links with, and the
-    headers of ours it includes (part of the build's key, like the source)."""
+    """One kernel: its C++ file, the stem of its built library, and what else it compiles and links with."""
 
     source: Path
     name: str
     include_dirs: tuple[str, ...] = ()
     link_args: tuple[str, ...] = ()
-    headers: tuple[Path, ...] = ()
 
 
 def build(kernel: KernelSource) -> Path:
@@ -91,8 +87,6 @@ def cache_dir() -> Path:
 def _build_key(kernel: KernelSource, compiler: str, includes: list[str]) -> str:
     """A digest of what the binary depends on: source, flags, compiler, jaxlib and the CPU's features."""
     digest = hashlib.sha256(kernel.source.read_bytes())
-    for header in kernel.headers:
-        digest.update(header.read_bytes())
     digest.update(" ".join((compiler, *COMPILE_FLAGS, *includes, *LINK_FLAGS, *kernel.link_args,
                             jaxlib.__version__, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]

@@ -125,9 +125,8 @@ class EngineConfig:
                                      choices=cpu_step.CHOICES)
     cpu_gemm: str = knob(cpu_step.AUTO, "who runs the model's weight GEMMs on the CPU platform (one device only): "
                          "xla (XLA's dot), onednn (a oneDNN matmul over the XLA FFI, every projection and the "
-                         "LM head), mkl (MKL's sgemm over the XLA FFI, every float32 one; both need the cpu "
-                         "extra), or auto (a library by weight dtype, row count and layer where it was "
-                         "measured faster; jaxpaged/runner/cpu_step.py)", choices=cpu_step.GEMM_CHOICES)
+                         "LM head; needs the cpu extra), or auto (oneDNN by weight dtype and row count where it "
+                         "was measured faster; jaxpaged/runner/cpu_step.py)", choices=cpu_step.GEMM_CHOICES)
     # process-wide, set when the engine is built (jaxpaged.compile_cache)
     compile_cache_dir: str | None = knob(compile_cache.AUTO, "persistent XLA compile cache: 'auto' (the per-user "
                                          "directory: $JAXPAGED_CACHE_DIR, else $XDG_CACHE_HOME/jaxpaged/xla or "

@@ -17,7 +17,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "cpu_gemm_shape.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -82,11 +81,15 @@ ffi::Error GemmImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, bool transpose_w, ffi::R
   } else {
     return ffi::Error::InvalidArgument("the oneDNN GEMM takes float32 or bfloat16");
   }
-  GemmShape shape;
-  if (ffi::Error error = ReadGemmShape(x.dimensions(), w.dimensions(), transpose_w, shape); error.failure()) {
-    return error;
+  auto x_dims = x.dimensions(), w_dims = w.dimensions();
+  if (x_dims.size() != 2 || w_dims.size() != 2) {
+    return ffi::Error::InvalidArgument("x and w must be 2-D");
   }
-  const int64_t m = shape.m, k = shape.k, n = shape.n;
+  const int64_t m = x_dims[0], k = x_dims[1];
+  const int64_t n = transpose_w ? w_dims[0] : w_dims[1];
+  if ((transpose_w ? w_dims[1] : w_dims[0]) != k) {
+    return ffi::Error::InvalidArgument("x's columns and w's contracted dimension differ");
+  }
   if (m == 0 || n == 0) {
     return ffi::Error::Success();
   }
@@ -107,13 +110,10 @@ ffi::Error GemmImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, bool transpose_w, ffi::R
 
 }  // namespace
 
-// 1 when oneDNN can create its CPU engine here and a matmul in float32 (`bfloat16` 0) or bfloat16 (1) on this
-// CPU, 0 when not (its SYCL build finds no CPU device; it has no bfloat16 matmul on an AVX2-only CPU).
-extern "C" int JaxpagedGemmProbe(int bfloat16) {
+// 1 when oneDNN can create its CPU engine here, 0 when not (e.g. its SYCL build finds no CPU device).
+extern "C" int JaxpagedGemmProbe() {
   try {
-    const auto dtype = bfloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-    dnnl::matmul::primitive_desc(CpuEngine(), Plain(2, 2, dtype, false), Plain(2, 2, dtype, false),
-                                 Plain(2, 2, dtype, false));
+    CpuEngine();
     return 1;
   } catch (const dnnl::error&) {
     return 0;

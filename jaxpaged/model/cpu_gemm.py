@@ -1,23 +1,17 @@
-"""Weight GEMMs through oneDNN (cpu_gemm.cc) or MKL (mkl_gemm.cc) on XLA:CPU, called through the XLA FFI.
+"""Weight GEMMs through oneDNN on XLA:CPU (cpu_gemm.cc), called through the XLA FFI.
 
-`gemm(x, w, library=...)` is `x @ w` run by a library instead of XLA:CPU's
-dot: ``"onednn"``, a oneDNN matmul, float32 or bfloat16 (float32
-accumulation); ``"mkl"``, MKL's `cblas_sgemm`, float32 only. Each kernel
-links against its library's wheels (the `cpu` extra: `onednn` and
-`onednn-devel`, `mkl` and `mkl-include`) and is built and cached per machine
-like the other CPU kernels (`jaxpaged/cpu_kernels.py`). Where the compiler,
-the headers or the library are missing, or the library cannot run here,
-`available(library)` is False (one warning) and callers keep XLA's dot.
+`gemm(x, w)` is `x @ w` for float32 or bfloat16 (float32 accumulation), run
+by a oneDNN matmul primitive instead of XLA:CPU's dot. The kernel links
+against the oneDNN of the `onednn` and `onednn-devel` wheels (the `cpu`
+extra) and is built and cached per machine like the other CPU kernels
+(`jaxpaged/cpu_kernels.py`). Where the compiler, the headers or the library
+are missing, or oneDNN finds no CPU device, `available()` is False (one
+warning) and callers keep XLA's dot.
 
-The oneDNN wheels are its SYCL build (TBB threads): its CPU engine is the
+The wheels' oneDNN is its SYCL build (TBB threads): its CPU engine is the
 Intel OpenCL CPU runtime of the `intel-opencl-rt` wheel, which the OpenCL
 loader finds through `OCL_ICD_FILENAMES` (the wheel's own ICD file names a
 placeholder path); `_registered` sets that variable when it is unset.
-
-MKL runs on `MKL_THREADING` (its OpenMP layer, the `intel-openmp` wheel's
-libiomp5, loaded first so MKL finds it wherever the wheels put it) with
-`KMP_BLOCKTIME=0` unless set: OpenMP's threads then sleep as soon as a
-product ends instead of spinning against XLA's own threads for the cores.
 """
 
 from __future__ import annotations
@@ -42,38 +36,15 @@ from jaxpaged.model.decoder import DecoderModel
 
 log = logging.getLogger(__name__)
 
-ONEDNN, MKL = "onednn", "mkl"
 TARGET = "jaxpaged_onednn_gemm"
-MKL_TARGET = "jaxpaged_mkl_sgemm"
-SHAPE_HEADER = Path(__file__).with_name("cpu_gemm_shape.h")  # included by both kernels
-# MKL's threading layer (MKL_Set_Threading_Layer): 0 OpenMP (libiomp5), 1 sequential, 4 TBB
-MKL_THREADING = 0
+SYMBOL = "JaxpagedGemm"
+SOURCE = Path(__file__).with_name("cpu_gemm.cc")
+DTYPES = (jnp.float32, jnp.bfloat16)
 
 
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """A GEMM library's kernel: its source, FFI target and handler, its probe function, the dtypes it takes."""
-
-    name: str
-    source: Path
-    target: str
-    symbol: str
-    probe: str
-    dtypes: tuple
-
-
-LIBRARIES = {
-    ONEDNN: Library("oneDNN", Path(__file__).with_name("cpu_gemm.cc"), TARGET, "JaxpagedGemm",
-                    "JaxpagedGemmProbe", (jnp.float32, jnp.bfloat16)),
-    MKL: Library("MKL", Path(__file__).with_name("mkl_gemm.cc"), MKL_TARGET, "JaxpagedMklSgemm",
-                 "JaxpagedMklProbe", (jnp.float32,)),
-}
-
-
-def available(library: str = ONEDNN, dtype=jnp.float32) -> bool:
-    """Whether `library`'s GEMM (one of `LIBRARIES`) is built (or can be) and registered with XLA on this machine,
-    and runs products in `dtype` on this CPU."""
-    return _registered(library) is not None and _runs(library, jnp.dtype(dtype).name)
+def available() -> bool:
+    """Whether the oneDNN GEMM is built (or can be) and registered with XLA on this machine."""
+    return _registered() is not None
 
 
 def _wheel_file(distribution: str, suffix: str) -> Path:
@@ -88,112 +59,66 @@ def _wheel_file(distribution: str, suffix: str) -> Path:
     raise OSError(f"the {distribution} package has no {suffix}")
 
 
-def _kernel(library: str) -> cpu_kernels.KernelSource:
-    """`library`'s kernel build description, against its wheels' headers and library.
-
-    DT_RPATH, not RUNPATH: it also finds the library's own dependencies (TBB, the SYCL runtime, MKL's
-    per-CPU and threading libraries) beside it.
-    """
-    if library == ONEDNN:
-        include_dir = _wheel_file("onednn-devel", "oneapi/dnnl/dnnl.hpp").parents[2]
-        library_dir, link = _wheel_file("onednn", "libdnnl.so").parent, "-ldnnl"
-    else:
-        include_dir = _wheel_file("mkl-include", "include/mkl_cblas.h").parent
-        runtime = _wheel_file("mkl", "libmkl_rt.so.3")  # the wheel ships no unversioned link
-        library_dir, link = runtime.parent, f"-l:{runtime.name}"
-    return cpu_kernels.KernelSource(LIBRARIES[library].source, f"{library}_gemm", include_dirs=(str(include_dir),),
-                                    link_args=(f"-L{library_dir}", link,
-                                               f"-Wl,--disable-new-dtags,-rpath,{library_dir}"),
-                                    headers=(SHAPE_HEADER,))
-
-
-def _prepare(library: str, kernel: cpu_kernels.KernelSource) -> None:
-    """What `library` needs in the process before its first call (see the module docstring)."""
-    if library == ONEDNN:
-        opencl_cpu = Path(kernel.link_args[0][2:]) / "libintelocl.so"
-        if opencl_cpu.exists():
-            os.environ.setdefault("OCL_ICD_FILENAMES", str(opencl_cpu))
-        return
-    os.environ.setdefault("KMP_BLOCKTIME", "0")  # read when OpenMP starts, at MKL's first threaded call
-    if MKL_THREADING == 0:
-        ctypes.CDLL(str(_wheel_file("intel-openmp", "libiomp5.so")), mode=ctypes.RTLD_GLOBAL)
+def _kernel() -> cpu_kernels.KernelSource:
+    """The kernel's build description, against the oneDNN wheels' headers and library."""
+    header = _wheel_file("onednn-devel", "oneapi/dnnl/dnnl.hpp")
+    library_dir = _wheel_file("onednn", "libdnnl.so").parent
+    # DT_RPATH, not RUNPATH: it also finds libdnnl's own dependencies (TBB, the SYCL runtime) beside it.
+    return cpu_kernels.KernelSource(SOURCE, "onednn_gemm", include_dirs=(str(header.parents[2]),),
+                                    link_args=(f"-L{library_dir}", "-ldnnl",
+                                               f"-Wl,--disable-new-dtags,-rpath,{library_dir}"))
 
 
 @functools.cache
-def _registered(library: str = ONEDNN) -> Path | None:
-    """Build `library`'s kernel if needed, check the library runs here, register its FFI target; None if it
-    cannot be."""
-    spec = LIBRARIES[library]
+def _registered() -> Path | None:
+    """Build the kernel if needed, check oneDNN's CPU engine, register the FFI target; None if it cannot be."""
     try:
-        kernel = _kernel(library)
-        built = cpu_kernels.build(kernel)
-        _prepare(library, kernel)
+        kernel = _kernel()
+        library = cpu_kernels.build(kernel)
     except (OSError, subprocess.CalledProcessError) as err:
-        log.warning("%s GEMM not built (%s); XLA's dot is used", spec.name, err)
+        log.warning("oneDNN GEMM not built (%s); XLA's dot is used", err)
         return None
-    handle = ctypes.cdll.LoadLibrary(str(built))
-    if library == MKL:
-        handle.MKL_Set_Threading_Layer(MKL_THREADING)  # before MKL's first call
-    if not getattr(handle, spec.probe)(0):
-        log.warning("%s cannot run here (OCL_ICD_FILENAMES=%s); XLA's dot is used", spec.name,
+    opencl_cpu = Path(kernel.link_args[0][2:]) / "libintelocl.so"
+    if opencl_cpu.exists():
+        os.environ.setdefault("OCL_ICD_FILENAMES", str(opencl_cpu))
+    if not ctypes.cdll.LoadLibrary(str(library)).JaxpagedGemmProbe():
+        log.warning("oneDNN found no CPU device (OCL_ICD_FILENAMES=%s); XLA's dot is used",
                     os.environ.get("OCL_ICD_FILENAMES"))
         return None
-    cpu_kernels.register(built, spec.symbol, spec.target)
-    return built
+    cpu_kernels.register(library, SYMBOL, TARGET)
+    return library
 
 
-@functools.cache
-def _runs(library: str, dtype: str) -> bool:
-    """Whether `library`'s registered GEMM runs products in `dtype` on this CPU (one warning when it does not)."""
-    spec = LIBRARIES[library]
-    if jnp.dtype(dtype) not in spec.dtypes:
-        return False
-    if getattr(ctypes.cdll.LoadLibrary(str(_registered(library))), spec.probe)(int(dtype == "bfloat16")):
-        return True
-    log.warning("%s has no %s GEMM on this CPU; XLA's dot is used", spec.name, dtype)
-    return False
+def gemm(x: Float[Array, "... K"], w: Float[Array, "K N"], *, transpose_w: bool = False) -> Float[Array, "... N"]:
+    """`x @ w` through oneDNN (`x @ w.T` with `transpose_w`, w then `[N, K]`); x's leading axes are kept.
 
-
-def gemm(x: Float[Array, "... K"], w: Float[Array, "K N"], *, transpose_w: bool = False,
-         library: str = ONEDNN) -> Float[Array, "... N"]:
-    """`x @ w` through `library` (`x @ w.T` with `transpose_w`, w then `[N, K]`); x's leading axes are kept.
-
-    x and w must share a dtype that `library` takes (oneDNN: float32 or bfloat16; MKL: float32); the result
-    has it too. `available(library)` must be True.
+    x and w must share a dtype, float32 or bfloat16; the result has it too. `available()` must be True.
     """
-    spec = LIBRARIES[library]
-    if _registered(library) is None:
-        raise RuntimeError(f"the {spec.name} GEMM is not available on this machine (see the warning logged)")
-    if x.dtype != w.dtype or x.dtype not in spec.dtypes:
-        names = " or ".join(jnp.dtype(d).name for d in spec.dtypes)
-        raise ValueError(f"{spec.name}'s gemm takes {names} x and w of one dtype, got {x.dtype} and {w.dtype}")
+    if _registered() is None:
+        raise RuntimeError("the oneDNN GEMM is not available on this machine (see the warning logged)")
+    if x.dtype != w.dtype or x.dtype not in DTYPES:
+        raise ValueError(f"gemm takes float32 or bfloat16 x and w of one dtype, got {x.dtype} and {w.dtype}")
     n = w.shape[0] if transpose_w else w.shape[1]
     rows = x.reshape(-1, x.shape[-1])
-    call = jax.ffi.ffi_call(spec.target, jax.ShapeDtypeStruct((rows.shape[0], n), x.dtype))
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], n), x.dtype))
     return call(rows, w, transpose_w=transpose_w).reshape(*x.shape[:-1], n)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmRoute:
-    """Which weight GEMMs `library` takes: per weight dtype, the row counts `(fewest, most)` it runs; the LM
-    head's product too unless `head` is False."""
+    """Which weight GEMMs oneDNN takes: per weight dtype, the row counts `(fewest, most)` it runs."""
 
     rows: tuple[tuple[str, int, int], ...]
-    library: str = ONEDNN
-    head: bool = True
 
-    def takes(self, dtype, num_rows: int, *, head: bool = False) -> bool:
-        """Whether a `num_rows`-row product with weights in `dtype` (the LM head's with `head`) goes to
-        `library`."""
+    def takes(self, dtype, num_rows: int) -> bool:
+        """Whether a `num_rows`-row product with weights in `dtype` goes to oneDNN."""
         name = jnp.dtype(dtype).name
-        return ((self.head or not head) and jnp.dtype(dtype) in LIBRARIES[self.library].dtypes
-                and any(name == d and fewest <= num_rows <= most for d, fewest, most in self.rows))
+        return any(name == d and fewest <= num_rows <= most for d, fewest, most in self.rows)
 
 
 def dot_general(route: GemmRoute, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                out_sharding=None, *, head: bool = False):
-    """`jax.lax.dot_general` for a weight product (the LM head's with `head`), through `route.library` where
-    `route` takes it.
+                out_sharding=None):
+    """`jax.lax.dot_general` for a weight product, through oneDNN where `route` takes it.
 
     A weight product contracts the activations' last axis with a 2-D weight's
     axis 0 (nnx.Linear's `[K, N]` kernel) or axis 1 (a tied embedding's
@@ -202,11 +127,11 @@ def dot_general(route: GemmRoute, lhs, rhs, dimension_numbers, precision=None, p
     """
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     weight_product = (rhs.ndim == 2 and not lhs_batch and not rhs_batch and tuple(lhs_contract) == (lhs.ndim - 1,)
-                      and len(rhs_contract) == 1 and lhs.dtype == rhs.dtype
+                      and len(rhs_contract) == 1 and lhs.dtype == rhs.dtype and lhs.dtype in DTYPES
                       and preferred_element_type in (None, lhs.dtype))
     num_rows = math.prod(lhs.shape[:-1])
-    if weight_product and route.takes(rhs.dtype, num_rows, head=head):
-        return gemm(lhs, rhs, transpose_w=tuple(rhs_contract) == (1,), library=route.library)
+    if weight_product and route.takes(rhs.dtype, num_rows):
+        return gemm(lhs, rhs, transpose_w=tuple(rhs_contract) == (1,))
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type, out_sharding=out_sharding)
 
@@ -215,9 +140,9 @@ def route_model(model: DecoderModel, route: GemmRoute) -> DecoderModel:
     """A copy of `model` (sharing its arrays) whose projections and LM head run their products through `dot_general`
     with `route`; `model` itself is unchanged."""
     routed = nnx.merge(*nnx.split(model))
-    head_dot = functools.partial(dot_general, route, head=True)
+    routed_dot = functools.partial(dot_general, route)
     for _, module in nnx.iter_graph(routed):
         if isinstance(module, nnx.Linear):
-            module.dot_general = head_dot if module is routed.lm_head else functools.partial(dot_general, route)
-    routed.tied_head_dot_general = head_dot
+            module.dot_general = routed_dot
+    routed.tied_head_dot_general = routed_dot
     return routed

@@ -33,21 +33,16 @@ bfloat16, not cacheable and not safe (above). The options are part of the cache'
 the module), so steps compiled with and without them never share an entry.
 
 **Weight GEMMs.** `EngineConfig.cpu_gemm` sends the model's projections and
-LM head to a oneDNN matmul or MKL's sgemm called through the XLA FFI
-(`jaxpaged.model.cpu_gemm`) instead of XLA's dot: ``"onednn"`` every product,
-``"mkl"`` every float32 product, ``"xla"`` none, ``"auto"`` the route
-`AUTO_GEMM` gives the weight dtype (a library, row counts, the LM head or not).
+LM head to a oneDNN matmul called through the XLA FFI (`jaxpaged.model.cpu_gemm`)
+instead of XLA's dot: ``"onednn"`` every product, ``"xla"`` none, ``"auto"``
+those `AUTO_GEMM_ROWS` lists (by weight dtype and the product's row count).
 Measured on the whole step (docs/benchmarks/cpu-performance.md, "oneDNN GEMMs
 over the XLA FFI"): in bfloat16 a decode step of 2-32 rows took 0.45-0.88x as
 long with oneDNN (XLA:CPU's small bf16 dots are slow), 64 rows 0.95-0.99x, a
 512-token prefill 1.4-1.6x; in float32 no step was consistently faster
 (0.94-1.16x). So ``"auto"`` routes bfloat16 products of at most 32 rows, which
-includes a prefill's LM-head rows. MKL's float32 sgemm ("MKL float32 GEMMs
-over the XLA FFI", an AVX2 AMD EPYC under heavy load): a two-row decode step
-took 0.76x as long, 16- and 64-row decodes 1.31x, a 512-token prefill 0.94x
-(spread 0.59-1.79x); so ``"auto"`` routes float32 products of exactly two
-rows (batch-1 and batch-2 decodes) to MKL. Only with one device: the custom
-call does not partition over a mesh.
+includes a prefill's LM-head rows. Only with one device: the custom call does
+not partition over a mesh.
 
 **Decode rows.** XLA:CPU lowers a one-row dot to a matrix-vector product
 outside YNNPACK: in bfloat16 it converts the whole weight matrix to float32
@@ -76,17 +71,12 @@ CHOICES = (AUTO, OFF, *PRESETS)
 # what "auto" sets, by weight dtype: (preset, on steps of at most this many tokens); a dtype not listed keeps
 # jaxlib's default. Empty: no preset was both faster and cacheable (the module docstring)
 AUTO_PRESETS: dict[str, tuple[str, int]] = {}
-GEMM_XLA, GEMM_ONEDNN, GEMM_MKL = "xla", cpu_gemm.ONEDNN, cpu_gemm.MKL
-GEMM_CHOICES = (AUTO, GEMM_XLA, GEMM_ONEDNN, GEMM_MKL)
+GEMM_XLA, GEMM_ONEDNN = "xla", "onednn"
+GEMM_CHOICES = (AUTO, GEMM_XLA, GEMM_ONEDNN)
 EVERY_ROW = (("float32", 1, 1 << 62), ("bfloat16", 1, 1 << 62))
-# what "auto" routes, by weight dtype: the library and the products (rows, the LM head or not) where the whole
-# step was measured faster with it (docs/benchmarks/cpu-performance.md); a dtype not listed stays XLA's
-AUTO_GEMM: dict[str, cpu_gemm.GemmRoute] = {
-    "bfloat16": cpu_gemm.GemmRoute(rows=(("bfloat16", 1, 32),), library=cpu_gemm.ONEDNN),
-    # a two-row decode step (batch 1 or 2) took 0.76x as long with MKL, the LM head included; 16 and 64 rows
-    # were slower and a prefill no faster, one row was not measured
-    "float32": cpu_gemm.GemmRoute(rows=(("float32", 2, 2),), library=cpu_gemm.MKL),
-}
+# what "auto" sends to oneDNN: (weight dtype, fewest rows, most rows) of a product where the whole step was
+# measured faster with it (docs/benchmarks/cpu-performance.md); a product outside every range stays XLA's
+AUTO_GEMM_ROWS: tuple[tuple[str, int, int], ...] = (("bfloat16", 1, 32),)
 # the fewest decode rows of a CPU step, by weight dtype: a one-row dot is XLA:CPU's slow path
 MIN_DECODE_ROWS: dict[str, int] = {"bfloat16": 2, "float32": 2}
 
@@ -120,26 +110,21 @@ def check_gemm_setting(setting: str) -> None:
 
 
 def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1) -> cpu_gemm.GemmRoute | None:
-    """Which weight GEMMs of a model with weights in `dtype` go to which library for `setting` (one of
-    `GEMM_CHOICES`); None: all are XLA's.
+    """Which weight GEMMs of a model with weights in `dtype` go to oneDNN for `setting` (one of `GEMM_CHOICES`);
+    None: all are XLA's.
 
-    ``"onednn"``: every product, ``"mkl"``: every float32 product, ``"auto"``: `AUTO_GEMM`'s route for the
-    dtype. None off the CPU platform, with tensor parallelism (the custom call does not partition), for
-    ``"xla"``, where the setting routes no product of this dtype (the library is then not even loaded), and
-    where the library's GEMM is not available in that dtype (`cpu_gemm.available()` logs why, once).
+    None off the CPU platform, with tensor parallelism (the custom call does not partition), for ``"xla"``,
+    where the setting routes no product of this dtype (oneDNN is then not even loaded), and where the oneDNN
+    GEMM is not available (`cpu_gemm.available()` logs why, once).
     """
     check_gemm_setting(setting)
     if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
         return None
     name = jnp.dtype(dtype).name
-    if setting == AUTO:
-        route = AUTO_GEMM.get(name)
-    else:
-        rows = tuple(entry for entry in EVERY_ROW if entry[0] == name)
-        route = cpu_gemm.GemmRoute(rows=rows, library=setting)
-    if route is None or not any(route.takes(dtype, fewest) for _, fewest, _ in route.rows):
+    rows = tuple(entry for entry in (EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS) if entry[0] == name)
+    if not rows or not cpu_gemm.available():
         return None
-    return route if cpu_gemm.available(route.library, dtype) else None
+    return cpu_gemm.GemmRoute(rows=rows)
 
 
 def min_decode_rows(platform: str, dtype) -> int:

@@ -216,8 +216,7 @@ class ModelRunner:
         `tensor_parallel_size` > 1 splits the weights and the pool over that many
         devices (ValueError if the model's heads do not split that way).
         `cpu_compiler_options`: XLA:CPU's dot path for the step (`jaxpaged.runner.cpu_step`; CPU only).
-        `cpu_gemm`: which weight GEMMs run through oneDNN or MKL instead (`cpu_step.gemm_route`; CPU only, one
-        device).
+        `cpu_gemm`: which weight GEMMs run through oneDNN instead (`cpu_step.gemm_route`; CPU only, one device).
         """
         self.config: ModelConfig = model.config
         self.block_size = block_size
@@ -226,7 +225,7 @@ class ModelRunner:
         self.tp = TensorParallel.create(self.config, tensor_parallel_size) if tensor_parallel_size > 1 else None
         route = cpu_step.gemm_route(cpu_gemm, jax.default_backend(), model.embed_tokens.embedding[...].dtype,
                                     tensor_parallel_size)
-        if route is not None:  # a copy of the model whose projections and LM head call the library
+        if route is not None:  # a copy of the model whose projections and LM head call oneDNN
             model = route_model(model, route)
         if self.tp is None:
             self.backend = backend

@@ -17,7 +17,7 @@ BAD_VALUE = {
     "model": 3,
     "block_size": 0,
     "cpu_compiler_options": "onednn",  # not a preset: it crashed and cannot enter the compile cache
-    "cpu_gemm": "blas",
+    "cpu_gemm": "mkl",
     "num_blocks": -1,
     "kv_cache_bytes": 0,
     "enable_prefix_caching": "yes",

@@ -1,5 +1,4 @@
-"""The oneDNN and MKL GEMMs over the XLA FFI (`jaxpaged.model.cpu_gemm`) against `jnp.dot`, and the model routed
-through them."""
+"""The oneDNN GEMM over the XLA FFI (`jaxpaged.model.cpu_gemm`) against `jnp.dot`, and the model routed through it."""
 
 from __future__ import annotations
 
@@ -21,29 +20,19 @@ EVERY_ROW = cpu_gemm.GemmRoute(rows=(("float32", 1, 1 << 30), ("bfloat16", 1, 1 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
 
 
-LIBRARY_DTYPES = [(cpu_gemm.ONEDNN, jnp.float32), (cpu_gemm.ONEDNN, jnp.bfloat16), (cpu_gemm.MKL, jnp.float32)]
+def test_the_gemm_builds_here():
+    """The suite installs the `cpu` extra (oneDNN): the kernel must build, or the tests below mean nothing."""
+    assert cpu_gemm.available()
 
 
-@pytest.mark.parametrize("library", [cpu_gemm.ONEDNN, cpu_gemm.MKL])
-def test_the_gemm_builds_here(library):
-    """The suite installs the `cpu` extra (oneDNN, MKL): the kernels must build, or the tests below mean nothing.
-    MKL has no bfloat16 kernel here."""
-    assert cpu_gemm.available(library)
-    assert not cpu_gemm.available(cpu_gemm.MKL, jnp.bfloat16)
-
-
-@pytest.mark.parametrize("library, dtype", LIBRARY_DTYPES)
-@pytest.mark.parametrize("m, k, n", [(1, 17, 33), (3, 50, 7), (64, 129, 260), (5, 576, 2053)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("m, k, n", [(1, 17, 33), (3, 50, 7), (64, 129, 260)])
 @pytest.mark.parametrize("transpose_w", [False, True])
-def test_gemm_equals_jnp_dot(library, dtype, m, k, n, transpose_w):
-    """Odd shapes (one row, K and N not multiples of 16), both weight layouts (transposed: a tied LM head's
-    `[vocab, hidden]` embedding), float32 accumulation. oneDNN has no bfloat16 matmul on an AVX2-only CPU:
-    skipped where `available` says so."""
-    if not cpu_gemm.available(library, dtype):
-        pytest.skip(f"{library} has no {jnp.dtype(dtype).name} GEMM on this CPU")
+def test_gemm_equals_jnp_dot(dtype, m, k, n, transpose_w):
+    """Odd shapes (one row, K and N not multiples of 16), both weight layouts, float32 accumulation."""
     x = jax.random.normal(jax.random.key(m), (m, k), dtype)
     w = jax.random.normal(jax.random.key(n), (n, k) if transpose_w else (k, n), dtype)
-    got = jax.jit(lambda x, w: cpu_gemm.gemm(x, w, transpose_w=transpose_w, library=library))(x, w)
+    got = jax.jit(lambda x, w: cpu_gemm.gemm(x, w, transpose_w=transpose_w))(x, w)
     want = jnp.dot(x, w.T if transpose_w else w, preferred_element_type=jnp.float32)
     assert got.shape == (m, n) and got.dtype == dtype
     scale = float(jnp.max(jnp.abs(want)))
@@ -56,8 +45,6 @@ def test_gemm_refuses_mixed_or_unsupported_dtypes():
         cpu_gemm.gemm(x, jnp.ones((4, 3), jnp.bfloat16))
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         cpu_gemm.gemm(x.astype(jnp.float16), jnp.ones((4, 3), jnp.float16))
-    with pytest.raises(ValueError, match="MKL's gemm takes float32 x"):
-        cpu_gemm.gemm(x.astype(jnp.bfloat16), jnp.ones((4, 3), jnp.bfloat16), library=cpu_gemm.MKL)
 
 
 def test_the_route_takes_only_its_dtypes_and_row_counts():
@@ -72,49 +59,35 @@ def test_the_route_takes_only_its_dtypes_and_row_counts():
     assert cpu_gemm.TARGET in hlo
 
 
-def test_an_mkl_route_takes_float32_only_and_the_head_only_when_it_says_so():
-    """MKL has no bfloat16 GEMM: a route naming it never takes bf16; `head=False` leaves the LM head to XLA."""
-    route = cpu_gemm.GemmRoute(rows=(("float32", 2, 64), ("bfloat16", 1, 64)), library=cpu_gemm.MKL, head=False)
-    assert route.takes(jnp.float32, 2) and route.takes(jnp.float32, 64)
-    assert not route.takes(jnp.float32, 1) and not route.takes(jnp.float32, 65)
-    assert not route.takes(jnp.bfloat16, 2)
-    assert not route.takes(jnp.float32, 2, head=True)
-    assert dataclasses.replace(route, head=True).takes(jnp.float32, 2, head=True)
-
-
-@pytest.mark.parametrize("library", [cpu_gemm.ONEDNN, cpu_gemm.MKL])
-def test_a_routed_model_gives_the_dense_forward_of_the_original(tiny_config, library):
-    """Every projection and the LM head go through the library in the routed copy (tied and untied heads), or
-    every projection but the head with `head=False`; the original model is unchanged and the logits agree."""
+def test_a_routed_model_gives_the_dense_forward_of_the_original(tiny_config):
+    """Every projection and the LM head go through oneDNN in the routed copy (tied and untied heads); the
+    original model is unchanged and the logits agree."""
     from jaxpaged.model import init_model
-    target = cpu_gemm.LIBRARIES[library].target
-    for tied, head in ((False, True), (True, True), (False, False), (True, False)):
+    for tied in (False, True):
         config = dataclasses.replace(tiny_config, tie_embeddings=tied)
         model = init_model(config, seed=1)
-        routed = cpu_gemm.route_model(model, dataclasses.replace(EVERY_ROW, library=library, head=head))
+        routed = cpu_gemm.route_model(model, EVERY_ROW)
         ids = jnp.arange(10).reshape(2, 5) % config.vocab_size
         hlo = jax.jit(routed.forward_dense).lower(ids).as_text()
-        assert hlo.count(target) == 7 * config.num_layers + head
+        assert hlo.count(cpu_gemm.TARGET) == 7 * config.num_layers + 1
         assert cpu_gemm.TARGET not in jax.jit(model.forward_dense).lower(ids).as_text()
         np.testing.assert_allclose(np.asarray(routed.forward_dense(ids)), np.asarray(model.forward_dense(ids)),
                                    atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("library", [cpu_gemm.ONEDNN, cpu_gemm.MKL])
-def test_without_its_wheels_the_gemm_is_unavailable_and_warns(monkeypatch, caplog, library):
-    """Where a library's wheels are missing, `available(library)` is False with one warning, and nothing is
-    routed."""
+def test_without_onednn_the_gemm_is_unavailable_and_warns(monkeypatch, caplog):
+    """Where the oneDNN wheels are missing, `available()` is False with one warning, and nothing is routed."""
     def missing(distribution, suffix):
         raise OSError(f"the {distribution} package is not installed")
     monkeypatch.setattr(cpu_gemm, "_wheel_file", missing)
     cpu_gemm._registered.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger=cpu_gemm.__name__):
-            assert not cpu_gemm.available(library)
-            assert not cpu_gemm.available(library)
+            assert not cpu_gemm.available()
+            assert not cpu_gemm.available()
         assert sum("XLA's dot is used" in r.message for r in caplog.records) == 1
     finally:
         monkeypatch.undo()
         cpu_gemm._registered.cache_clear()
-    assert cpu_gemm.available(library)
+    assert cpu_gemm.available()
     assert cpu_kernels.cache_dir().exists()

@@ -2,7 +2,6 @@
 decode steps padded to two rows with the results of one."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -78,61 +77,32 @@ def test_a_decode_pads_to_two_rows_with_the_result_of_one(tiny_config, dtype):
 
 
 def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
-    """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", MKL every float32 product with
-    "mkl" (none in bfloat16), `AUTO_GEMM`'s route for the dtype with "auto", none with "xla", off the CPU
-    platform, with tensor parallelism, or where the library's GEMM is not available (in that dtype)."""
-    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: True)  # the routing alone, on any CPU
+    """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", what `AUTO_GEMM_ROWS` lists for
+    it with "auto", none with "xla", off the CPU platform, with tensor parallelism, or where the oneDNN GEMM
+    is not available."""
     for dtype in ("float32", "bfloat16"):
-        every = tuple(r for r in cpu_step.EVERY_ROW if r[0] == dtype)
-        route = cpu_step.gemm_route("onednn", "cpu", dtype)
-        assert route.rows == every and route.library == "onednn" and route.head
-        route = cpu_step.gemm_route("mkl", "cpu", dtype)
-        assert (route is None) == (dtype == "bfloat16")
-        assert route is None or (route.rows == every and route.library == "mkl" and route.head)
-        assert cpu_step.gemm_route("auto", "cpu", dtype) == cpu_step.AUTO_GEMM.get(dtype)
-        for setting in ("xla", "auto", "onednn", "mkl"):
-            assert cpu_step.gemm_route(setting, "gpu", dtype) is None
-            assert cpu_step.gemm_route(setting, "cpu", dtype, tensor_parallel_size=2) is None
+        assert cpu_step.gemm_route("onednn", "cpu", dtype).rows == tuple(r for r in cpu_step.EVERY_ROW
+                                                                         if r[0] == dtype)
+        auto = tuple(r for r in cpu_step.AUTO_GEMM_ROWS if r[0] == dtype)
+        route = cpu_step.gemm_route("auto", "cpu", dtype)
+        assert (route is None and not auto) or route.rows == auto
         assert cpu_step.gemm_route("xla", "cpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "gpu", dtype) is None
+        assert cpu_step.gemm_route("onednn", "cpu", dtype, tensor_parallel_size=2) is None
     with pytest.raises(ValueError, match="cpu_gemm must be one of"):
-        cpu_step.gemm_route("blas", "cpu", "float32")
+        cpu_step.gemm_route("mkl", "cpu", "float32")
     with pytest.raises(ValueError, match="cpu_gemm"):
-        EngineConfig(cpu_gemm="blas")
-    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: jnp.dtype(dtype) != jnp.bfloat16)
-    assert cpu_step.gemm_route("onednn", "cpu", "bfloat16") is None  # oneDNN on an AVX2-only CPU
-    assert cpu_step.gemm_route("auto", "cpu", "bfloat16") is None
-    assert cpu_step.gemm_route("onednn", "cpu", "float32") is not None
-    monkeypatch.setattr(cpu_gemm, "available", lambda library, dtype: False)
+        EngineConfig(cpu_gemm="mkl")
+    monkeypatch.setattr(cpu_gemm, "available", lambda: False)
     assert cpu_step.gemm_route("onednn", "cpu", "float32") is None
-    assert cpu_step.gemm_route("mkl", "cpu", "float32") is None
 
 
 @cpu_only
-@pytest.mark.parametrize("library", ["onednn", "mkl"])
-def test_library_gemms_give_the_dense_forward(tiny_model, tiny_config, library):
-    """Every weight GEMM through oneDNN or MKL (`cpu_gemm=library`, the tiny model is float32): the paged steps'
-    logits and greedy tokens equal the dense forward's (XLA's dots), over prefill chunks mixed with decodes."""
+def test_onednn_gemms_give_the_dense_forward(tiny_model, tiny_config):
+    """Every weight GEMM through oneDNN (`cpu_gemm="onednn"`): the paged steps' logits and greedy tokens equal
+    the dense forward's (XLA's dots), over prefill chunks mixed with decodes."""
     rng = np.random.default_rng(5)
-    runner = ModelRunner(tiny_model, num_blocks=64, block_size=BS, cpu_gemm=library)
-    assert cpu_gemm.LIBRARIES[library].target in runner.lower(_decode_step(2)).as_text()
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=BS, cpu_gemm="onednn")
+    assert cpu_gemm.TARGET in runner.lower(_decode_step(2)).as_text()
     prompts = [list(rng.integers(0, tiny_config.vocab_size, n)) for n in (5, 17, 9)]
     dense_check(tiny_model, drive(runner, prompts, max_new=5, chunk=7, rng=rng))
-
-
-@cpu_only
-def test_an_engine_forced_onto_mkl_samples_xlas_greedy_tokens():
-    """`LLM(cpu_gemm="mkl")` on the tiny float32 model: its steps call MKL, and the greedy tokens of a batch with
-    a shared prefix (prefix caching on) are those of `cpu_gemm="xla"`."""
-    from jaxpaged import LLM, SamplingParams
-    rng = np.random.default_rng(3)
-    shared = list(rng.integers(0, 256, 12))
-    prompts = [shared + list(rng.integers(0, 256, n)) for n in (3, 9, 20, 1)]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    tokens = {}
-    for setting in ("xla", "mkl"):
-        llm = LLM(model="tiny", block_size=BS, num_blocks=64, cpu_gemm=setting, compile_cache_dir="")
-        hlo = llm.engine.runner.lower(_decode_step(2)).as_text()
-        assert (cpu_gemm.MKL_TARGET in hlo) == (setting == "mkl")
-        tokens[setting] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
-    assert tokens["mkl"] == tokens["xla"]
-    assert all(len(t) == 12 for t in tokens["mkl"])
