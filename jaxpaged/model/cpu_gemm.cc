@@ -120,6 +120,18 @@ extern "C" int JaxpagedGemmProbe() {
   }
 }
 
+// 1 when oneDNN has a matmul in bfloat16 (`bf16` != 0) or float32 on this CPU, 0 when not: the PyPI build has
+// no bfloat16 matmul on an AVX2-only CPU ("could not create a primitive descriptor").
+extern "C" int JaxpagedGemmSupports(int bf16) {
+  try {
+    const ShapeKey key{2, 16, 16, bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, false};
+    Primitive(key);
+    return 1;
+  } catch (const dnnl::error&) {
+    return 0;
+  }
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedGemm, GemmImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()  // x [M, K]

@@ -42,9 +42,19 @@ SOURCE = Path(__file__).with_name("cpu_gemm.cc")
 DTYPES = (jnp.float32, jnp.bfloat16)
 
 
-def available() -> bool:
-    """Whether the oneDNN GEMM is built (or can be) and registered with XLA on this machine."""
-    return _registered() is not None
+def available(dtype=jnp.float32) -> bool:
+    """Whether the oneDNN GEMM is built (or can be), registered with XLA, and has a matmul in `dtype` on this
+    CPU (the PyPI oneDNN has no bfloat16 matmul on an AVX2-only CPU)."""
+    return _registered() is not None and _supports(jnp.dtype(dtype).name)
+
+
+@functools.cache
+def _supports(dtype_name: str) -> bool:
+    """Whether oneDNN builds a matmul in `dtype_name` here (logged once when it cannot)."""
+    ok = bool(ctypes.cdll.LoadLibrary(str(_registered())).JaxpagedGemmSupports(int(dtype_name == "bfloat16")))
+    if not ok:
+        log.warning("oneDNN has no %s matmul on this CPU; XLA's dot is used for it", dtype_name)
+    return ok
 
 
 def _wheel_file(distribution: str, suffix: str) -> Path:
@@ -94,10 +104,10 @@ def gemm(x: Float[Array, "... K"], w: Float[Array, "K N"], *, transpose_w: bool 
 
     x and w must share a dtype, float32 or bfloat16; the result has it too. `available()` must be True.
     """
-    if _registered() is None:
-        raise RuntimeError("the oneDNN GEMM is not available on this machine (see the warning logged)")
     if x.dtype != w.dtype or x.dtype not in DTYPES:
         raise ValueError(f"gemm takes float32 or bfloat16 x and w of one dtype, got {x.dtype} and {w.dtype}")
+    if not available(x.dtype):
+        raise RuntimeError(f"the oneDNN GEMM in {x.dtype} is not available on this machine (see the warning logged)")
     n = w.shape[0] if transpose_w else w.shape[1]
     rows = x.reshape(-1, x.shape[-1])
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], n), x.dtype))

@@ -115,14 +115,15 @@ def gemm_route(setting: str, platform: str, dtype, tensor_parallel_size: int = 1
 
     None off the CPU platform, with tensor parallelism (the custom call does not partition), for ``"xla"``,
     where the setting routes no product of this dtype (oneDNN is then not even loaded), and where the oneDNN
-    GEMM is not available (`cpu_gemm.available()` logs why, once).
+    GEMM is not available in this dtype (`cpu_gemm.available(dtype)` logs why, once; no bfloat16 matmul on an
+    AVX2-only CPU).
     """
     check_gemm_setting(setting)
     if platform != "cpu" or tensor_parallel_size > 1 or setting == GEMM_XLA:
         return None
     name = jnp.dtype(dtype).name
     rows = tuple(entry for entry in (EVERY_ROW if setting == GEMM_ONEDNN else AUTO_GEMM_ROWS) if entry[0] == name)
-    if not rows or not cpu_gemm.available():
+    if not rows or not cpu_gemm.available(dtype):
         return None
     return cpu_gemm.GemmRoute(rows=rows)
 

@@ -29,7 +29,11 @@ def test_the_gemm_builds_here():
 @pytest.mark.parametrize("m, k, n", [(1, 17, 33), (3, 50, 7), (64, 129, 260)])
 @pytest.mark.parametrize("transpose_w", [False, True])
 def test_gemm_equals_jnp_dot(dtype, m, k, n, transpose_w):
-    """Odd shapes (one row, K and N not multiples of 16), both weight layouts, float32 accumulation."""
+    """Odd shapes (one row, K and N not multiples of 16), both weight layouts, float32 accumulation. The PyPI
+    oneDNN has no bfloat16 matmul on an AVX2-only CPU: skipped where `available` says so (the fallback is
+    `test_a_dtype_onednn_cannot_run_here_stays_xlas`)."""
+    if not cpu_gemm.available(dtype):
+        pytest.skip(f"oneDNN has no {jnp.dtype(dtype).name} matmul on this CPU")
     x = jax.random.normal(jax.random.key(m), (m, k), dtype)
     w = jax.random.normal(jax.random.key(n), (n, k) if transpose_w else (k, n), dtype)
     got = jax.jit(lambda x, w: cpu_gemm.gemm(x, w, transpose_w=transpose_w))(x, w)
@@ -48,15 +52,28 @@ def test_gemm_refuses_mixed_or_unsupported_dtypes():
 
 
 def test_the_route_takes_only_its_dtypes_and_row_counts():
-    route = cpu_gemm.GemmRoute(rows=(("bfloat16", 1, 64),))
-    assert route.takes(jnp.bfloat16, 1) and route.takes("bfloat16", 64)
-    assert not route.takes(jnp.bfloat16, 65) and not route.takes(jnp.float32, 2)
+    route = cpu_gemm.GemmRoute(rows=(("float32", 1, 64),))
+    assert route.takes(jnp.float32, 1) and route.takes("float32", 64)
+    assert not route.takes(jnp.float32, 65) and not route.takes(jnp.bfloat16, 2)
     x, w = jnp.ones((2, 8), jnp.float32), jnp.ones((8, 4), jnp.float32)
-    hlo = jax.jit(lambda x, w: cpu_gemm.dot_general(route, x, w, (((1,), (0,)), ((), ())))).lower(x, w).as_text()
-    assert cpu_gemm.TARGET not in hlo  # float32 is not routed: XLA's dot
     hlo = jax.jit(lambda x, w: cpu_gemm.dot_general(route, x, w, (((1,), (0,)), ((), ())))).lower(
         x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).as_text()
+    assert cpu_gemm.TARGET not in hlo  # bfloat16 is not routed: XLA's dot
+    hlo = jax.jit(lambda x, w: cpu_gemm.dot_general(route, x, w, (((1,), (0,)), ((), ())))).lower(x, w).as_text()
     assert cpu_gemm.TARGET in hlo
+
+
+def test_a_dtype_onednn_cannot_run_here_stays_xlas(monkeypatch):
+    """Where oneDNN builds no bfloat16 matmul (an AVX2-only CPU), `available(bfloat16)` is False, `auto` and
+    `onednn` route no bfloat16 product, and `gemm` refuses it by name; float32 is unaffected."""
+    from jaxpaged.runner import cpu_step
+    monkeypatch.setattr(cpu_gemm, "_supports", lambda name: name != "bfloat16")
+    assert cpu_gemm.available(jnp.float32) and not cpu_gemm.available(jnp.bfloat16)
+    assert cpu_step.gemm_route("auto", "cpu", "bfloat16") is None
+    assert cpu_step.gemm_route("onednn", "cpu", "bfloat16") is None
+    assert cpu_step.gemm_route("onednn", "cpu", "float32") is not None
+    with pytest.raises(RuntimeError, match="bfloat16 is not available"):
+        cpu_gemm.gemm(jnp.ones((2, 4), jnp.bfloat16), jnp.ones((4, 3), jnp.bfloat16))
 
 
 def test_a_routed_model_gives_the_dense_forward_of_the_original(tiny_config):

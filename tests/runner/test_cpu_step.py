@@ -80,6 +80,7 @@ def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
     """`cpu_gemm`: oneDNN takes every product of the weights' dtype with "onednn", what `AUTO_GEMM_ROWS` lists for
     it with "auto", none with "xla", off the CPU platform, with tensor parallelism, or where the oneDNN GEMM
     is not available."""
+    monkeypatch.setattr(cpu_gemm, "_supports", lambda name: True)  # a CPU with both (oneDNN: no bf16 on AVX2)
     for dtype in ("float32", "bfloat16"):
         assert cpu_step.gemm_route("onednn", "cpu", dtype).rows == tuple(r for r in cpu_step.EVERY_ROW
                                                                          if r[0] == dtype)
@@ -93,7 +94,7 @@ def test_the_gemm_setting_routes_on_one_cpu_device_only(monkeypatch):
         cpu_step.gemm_route("mkl", "cpu", "float32")
     with pytest.raises(ValueError, match="cpu_gemm"):
         EngineConfig(cpu_gemm="mkl")
-    monkeypatch.setattr(cpu_gemm, "available", lambda: False)
+    monkeypatch.setattr(cpu_gemm, "available", lambda dtype=None: False)
     assert cpu_step.gemm_route("onednn", "cpu", "float32") is None
 
 
