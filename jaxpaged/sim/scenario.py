@@ -80,6 +80,10 @@ class Deployment:
         if budget is None:
             budget = self.memory_utilization * self.device.memory_bytes - self.weight_bytes_per_device()
         blocks = int(budget // self.block_bytes_per_device())
+        if blocks <= 0 and self.kv_cache_bytes is not None:
+            raise ValueError(f"kv_cache_bytes={self.kv_cache_bytes} holds no KV block of {self.model} "
+                             f"({self.block_bytes_per_device():.0f} bytes per block per device); "
+                             f"give at least one block's worth")
         if blocks <= 0:
             where = (self.profile if self.tensor_parallel_size == 1
                      else f"{self.tensor_parallel_size} x {self.profile}")

@@ -53,6 +53,8 @@ def test_deployment_per_device_memory():
     one = Deployment(profile="a100-80gb")
     with pytest.raises(ValueError, match="leave no room"):  # 141 GB of bf16 weights on one 80 GB device
         one.num_blocks()
+    with pytest.raises(ValueError, match="kv_cache_bytes=100 holds no KV block"):  # not the weights' fault
+        Deployment(profile="h100-80gb", tensor_parallel_size=4, kv_cache_bytes=100).num_blocks()
     four = Deployment(profile="h100-80gb", tensor_parallel_size=4)
     budget = 0.9 * 80 * 2**30 - L70.num_params() * 2 / 4
     assert four.num_blocks() == int(budget // (BLOCK / 4))
