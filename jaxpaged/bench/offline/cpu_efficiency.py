@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxpaged.attention.backend import resolve_backend
 from jaxpaged.bench.offline.matmul_floor import matmul_flops, time_matmul_floor
 from jaxpaged.bench.offline.step_profile import profile_step
 from jaxpaged.bench.offline.step_timing import hand_built_steps
@@ -25,7 +26,8 @@ def measure(config_name: str, decode_batch: int, decode_context: int, prefill_le
     model = init_model(config)
     decode, prefills, num_blocks = hand_built_steps(decode_batch, decode_context, sorted(prefill_lens),
                                                     config.vocab_size, block_size, np.random.default_rng(0))
-    runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=decode_batch)
+    runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=decode_batch,
+                         backend=resolve_backend())  # the engine's attention on this platform
     # One decode step and one floor run per round, alternating, so a burst of load on this shared machine
     # slows both sides of a round's ratio rather than one side of the whole comparison.
     rounds = [(median_step_seconds(runner, decode, 1), time_matmul_floor(model, decode_batch, 1))

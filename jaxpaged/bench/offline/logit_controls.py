@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxpaged.attention.backend import resolve_backend
 from jaxpaged.bench.offline.step_timing import StepShape, step_pair
 from jaxpaged.bench.offline.timing import alternate, seconds_of
 from jaxpaged.config import ModelConfig
@@ -67,7 +68,7 @@ def compare_logit_controls(config: ModelConfig, shape: StepShape, *, top_k: int,
     rng = np.random.default_rng(0)
     decode, prefill, num_blocks = step_pair(shape, config.vocab_size, block_size, rng)
     context = shape.decode_context
-    runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size)
+    runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size, backend=resolve_backend())
     decode_res = side_by_side(runner, {"plain": decode,
                                        "penalties+bias": penalised(decode, context, config.vocab_size, rng)}, repeats)
     prefill_res = side_by_side(runner, {"plain": prefill, "prompt_logprobs=0": with_prompt_logprobs(prefill, 0),

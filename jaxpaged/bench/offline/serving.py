@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
+from jaxpaged.attention.backend import resolve_backend
 from jaxpaged.bench.offline.driver import markdown_table as modes_table
 from jaxpaged.bench.offline.driver import median_summary, mode_ratios, run_workload, summarize
 from jaxpaged.bench.offline.timing import TimedRunner, alternate
@@ -55,7 +56,8 @@ def engine_config(setup: ServingSetup, mode: str, model_name: str) -> EngineConf
 
 def make_runner(model, setup: ServingSetup) -> TimedRunner:
     """One timed runner over a pool of ``setup.num_blocks`` blocks, shared by all modes."""
-    return TimedRunner(ModelRunner(model, setup.num_blocks, setup.block_size, max_num_seqs=setup.max_num_seqs))
+    return TimedRunner(ModelRunner(model, setup.num_blocks, setup.block_size, max_num_seqs=setup.max_num_seqs,
+                                   backend=resolve_backend()))
 
 
 def run_mode(model, runner: TimedRunner, setup: ServingSetup, mode: str, requests: Sequence[WorkloadRequest],

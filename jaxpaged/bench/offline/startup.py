@@ -252,10 +252,11 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     """
     from jaxpaged.bench.offline.timing import alternate, seconds_of
     from jaxpaged.checkpoint import load_model
+    from jaxpaged.attention.backend import resolve_backend
     from jaxpaged.runner import ModelRunner, step_input
     from jaxpaged.runner.buckets import StepBuckets
 
-    runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size)
+    runner = ModelRunner(load_model(model_name, seed=0), 2048, block_size, backend=resolve_backend())
 
     def schedule(num_decodes: int, context: int, prefills: Sequence[int] = ()) -> list:
         seqs, next_block = [], 0
