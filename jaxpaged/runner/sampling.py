@@ -87,12 +87,15 @@ def token_logprobs(logits: Float[Array, "S V"], tokens: Int[Array, "S"]) -> Floa
     """log softmax(logits)[row, tokens[row]], without writing the whole log-softmax out.
 
     Shifted by the row's maximum first, as `jax.nn.log_softmax` is, so a token of
-    probability near 1 keeps its small log-probability's relative precision.
+    probability near 1 keeps its small log-probability's relative precision. The
+    chosen logit is shifted on its own rather than gathered from the shifted row
+    (the same subtraction, so the same bits): XLA:CPU then fuses the shift into
+    the exp-sum instead of writing the shifted `[S, V]` row out (9.3 against
+    12.0 ms for the greedy path on 64 x 49,152 logits, a 2-core AMD EPYC).
     """
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shifted = logits - top
-    chosen = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0]
-    return chosen - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+    chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - top
+    return chosen - jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
 
 
 def filters(params: SamplingBatch, vocab: int) -> Bool[Array, "S"]:
