@@ -250,9 +250,9 @@ def padding_costs(model_name: str, *, repeats: int = 9, block_size: int = DEFAUL
     over `repeats` timed runs after one compiling run. Returns rows of case,
     padding, median ms.
     """
+    from jaxpaged.attention.backend import resolve_backend
     from jaxpaged.bench.offline.timing import alternate, seconds_of
     from jaxpaged.checkpoint import load_model
-    from jaxpaged.attention.backend import resolve_backend
     from jaxpaged.runner import ModelRunner, step_input
     from jaxpaged.runner.buckets import StepBuckets
 

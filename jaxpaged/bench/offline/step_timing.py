@@ -61,8 +61,8 @@ def time_prefill_and_decode(config: ModelConfig, shape: StepShape, *, block_size
                             repeats: int) -> tuple[dict, str]:
     """Median seconds of ``shape``'s prefill and of its decode step on ``config``'s random weights, and the tokens/s
     each gives: the result and its table."""
-    from jaxpaged.model import init_model
     from jaxpaged.attention.backend import resolve_backend
+    from jaxpaged.model import init_model
     from jaxpaged.runner import ModelRunner
     decode, prefill, num_blocks = step_pair(shape, 256, block_size, np.random.default_rng(0))
     runner = ModelRunner(init_model(config), num_blocks=num_blocks, block_size=block_size, backend=resolve_backend())
