@@ -4,8 +4,11 @@
 the step-level one. Importing the package stays light (no JAX) until those are used.
 """
 
+from jaxpaged import host_allocator
 from jaxpaged.config import ModelConfig, load_config
 from jaxpaged.sampling_params import SamplingParams
+
+host_allocator.configure()  # before any JAX backend starts its threads (host_allocator's docstring)
 
 __all__ = ["LLM", "Engine", "ModelConfig", "SamplingParams", "load_config"]
 
