@@ -12,9 +12,11 @@ docs/benchmarks/cpu-performance.md, "Page faults of the step's buffers").
 
 `mallopt` must run before XLA's threads first allocate (an arena is chosen at
 a thread's first `malloc`), so `import jaxpaged` calls `configure()` before
-anything initialises a JAX backend (a program that runs JAX work before
-importing jaxpaged gets no effect; `GLIBC_TUNABLES=glibc.malloc.arena_max=1:
-glibc.malloc.mmap_max=0` set before it starts does the same).
+anything initialises a JAX backend. A program that runs JAX work before
+importing jaxpaged gets no effect; for it, glibc's `GLIBC_TUNABLES`
+(`glibc.malloc.arena_max=1`, `glibc.malloc.mmap_max=0` and a large
+`glibc.malloc.trim_threshold`, joined by colons) set before it starts does
+the same.
 `JAXPAGED_HOST_ALLOCATOR` picks:
 
 - ``"auto"`` (default): keep freed memory on Linux with glibc when JAX will
@@ -34,6 +36,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+from collections.abc import Mapping
 
 ENV = "JAXPAGED_HOST_ALLOCATOR"
 AUTO, KEEP, SYSTEM = "auto", "keep", "system"
@@ -45,7 +48,7 @@ _TRIM_ABOVE_BYTES = 2**31 - 1  # mallopt takes an int: trim only when 2 GiB sit 
 _configured: str | None = None
 
 
-def jax_will_run_on_cpu(environ: dict[str, str] | os._Environ = os.environ) -> bool:
+def jax_will_run_on_cpu(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether JAX's default backend will be the CPU, judged without starting a backend.
 
     `JAX_PLATFORMS` decides when set (its first platform); otherwise the CPU is the default exactly when no
@@ -69,7 +72,7 @@ def should_keep_freed_memory(setting: str, *, system: str, libc: str, on_cpu: bo
     return setting == KEEP or on_cpu
 
 
-def configure(environ: dict[str, str] | os._Environ = os.environ) -> str:
+def configure(environ: Mapping[str, str] = os.environ) -> str:
     """Applies `JAXPAGED_HOST_ALLOCATOR` once per process; returns what it did (``"kept"`` or ``"system"``).
 
     Later calls return the first call's result and change nothing.
